@@ -1,0 +1,59 @@
+# ringfence — every target sets up what it needs. `make help` lists them.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+export TESTCONTAINERS_RYUK_DISABLED := true
+
+.PHONY: help venv docker packages gvisor images protos test test-unit demo bench lint clean gc
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@echo "==> setting up $(VENV)" >&2
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $@
+
+venv: $(STAMP) ## create .venv and install ringfence with its dev extra
+
+docker: ## make sure a Docker engine answers (installs docker.io as root on Debian)
+	@bash scripts/ensure-docker.sh
+
+packages: ## host packages the build needs (debootstrap, Docker's default seccomp profile)
+	@bash scripts/ensure-packages.sh
+
+gvisor: docker ## register gVisor (runsc) as a second runtime
+	@bash scripts/ensure-runsc.sh
+
+images: venv docker packages ## build the pinned images (only what is missing or stale) and verify them
+	$(VENV)/bin/ringfence images build
+	$(VENV)/bin/ringfence images verify
+
+protos: venv ## regenerate the protobuf/gRPC modules from protos/
+	$(PY) -m control.api.protos_gen
+
+test: venv images gvisor ## run every test: unit, integration, escape battery, end to end
+	$(VENV)/bin/pytest tests
+
+test-unit: venv ## the fast tests that need no Docker
+	$(VENV)/bin/pytest tests/unit
+
+demo: venv images ## build the images and run the showcase end to end
+	$(PY) -m control.demo
+
+bench: venv images ## run the benchmarks in bench/ (prints ratios against an in-run baseline)
+	$(PY) -m bench
+
+lint: venv ## byte-compile everything and check the import rules
+	$(PY) -m compileall -q control sandbox tests bench
+	$(PY) -m pytest -q tests/unit/test_architecture.py
+
+gc: venv ## remove containers and networks left by dead ringfence instances
+	$(VENV)/bin/ringfence sandbox gc
+
+clean: ## remove the venv and build outputs (not the Docker images)
+	rm -rf $(VENV) images/.build .pytest_cache

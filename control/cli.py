@@ -1,0 +1,44 @@
+"""The `ringfence` command: serve the control plane, run sandboxes, build and verify images."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ringfence",
+        description=(
+            "ringfence admits, authorizes and runs AI agents' tool calls in hardened, "
+            "single-use containers."
+        ),
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # Each area registers its own subcommands; imports stay inside so that `--help` works even
+    # before optional parts (e.g. the generated gRPC code) are present.
+    from sandbox import cli as sandbox_cli
+    from sandbox.images import cli as images_cli
+
+    sandbox_cli.register(sub)
+    images_cli.register(sub)
+    try:
+        from control.api import serve
+    except ImportError:
+        serve = None
+    if serve is not None:
+        serve.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""The SandboxBackend protocol and the request it takes.
+
+A backend runs one request in one fresh sandbox and returns a classified result. The Docker
+backend is the real one; `FakeBackend` (sandbox.fake) serves control-plane unit tests.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from sandbox.errors import ProfileError
+from sandbox.profile import SandboxProfile
+from sandbox.result import SandboxResult
+
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class SandboxRequest:
+    """One call to run.
+
+    `argv` empty means the image's entrypoint (the tool runner, which reads one JSON request on
+    stdin and writes one JSON result on stdout).
+    """
+
+    profile: SandboxProfile = field(default_factory=SandboxProfile)
+    argv: tuple[str, ...] = ()
+    stdin: bytes = b""
+    run_id: str = "adhoc"
+    call_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+    stdin_limit: int = 4 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "argv", tuple(self.argv))
+        for arg in self.argv:
+            if not isinstance(arg, str) or "\0" in arg:
+                raise ProfileError("argv", "arguments must be strings without NUL")
+        if len(self.stdin) > self.stdin_limit:
+            raise ProfileError("stdin", f"{len(self.stdin)} bytes is over the {self.stdin_limit} cap")
+        for name in ("run_id", "call_id"):
+            if not _ID.match(getattr(self, name)):
+                raise ProfileError(name, "must be 1-128 characters of [A-Za-z0-9_.:-]")
+
+
+@runtime_checkable
+class SandboxBackend(Protocol):
+    def run(self, request: SandboxRequest) -> SandboxResult:
+        """Run `request` in a fresh sandbox and classify how it ended.
+
+        Raises ImageError when the image is not pinned and EngineError when the engine cannot
+        be reached; a tool that fails is a result, not an exception.
+        """
+        ...
+
+    def close(self) -> None: ...

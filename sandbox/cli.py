@@ -1,0 +1,142 @@
+"""`ringfence sandbox exec|gc`: run one command in a fresh sandbox, or remove orphans."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from sandbox.errors import SandboxError
+from sandbox.units import parse_duration, parse_size
+
+_DEFAULTS = dict(memory="256m", cpus=1.0, pids=128, timeout="10s", output_limit="1MiB", tmpfs="16MiB")
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def register(subparsers) -> None:
+    sandbox = subparsers.add_parser(
+        "sandbox",
+        help="run a command in a hardened single-use container, or clean up",
+        description="Run commands in the same hardened, single-use sandbox the control plane uses.",
+    )
+    sub = sandbox.add_subparsers(dest="sandbox_command", required=True, metavar="COMMAND")
+
+    exec_ = sub.add_parser(
+        "exec",
+        help="run one command in a fresh sandbox and print one JSON result",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Run CMD in a fresh container of a pinned image: non-root (10001), read-only root,\n"
+            "no capabilities, no-new-privileges, seccomp, no network, a noexec /tmp, and the\n"
+            "limits below. Prints exactly one JSON object on stdout: outcome (ok, tool_error,\n"
+            "oom, timeout, output_limit, start_failed, killed), exit_code, stdout, stderr,\n"
+            "*_truncated, duration_ms, image_id, runtime, and `applied`: the settings read back\n"
+            "from the engine. Exits 0 whenever the command ran, whatever its outcome;\n"
+            "2 for usage errors, 1 when the engine or the image is not usable."
+        ),
+        epilog="example: ringfence sandbox exec --memory 64m --timeout 2s -- sh -c 'id -u'",
+    )
+    exec_.add_argument("--image", default="tool", help="image name from images/images.lock (default: tool)")
+    exec_.add_argument("--memory", type=_size, default=_DEFAULTS["memory"], help="memory limit, e.g. 64m (default 256m)")
+    exec_.add_argument("--cpus", type=float, default=_DEFAULTS["cpus"], help="CPU quota in cores (default 1.0)")
+    exec_.add_argument("--pids", type=int, default=_DEFAULTS["pids"], help="max processes+threads (default 128)")
+    exec_.add_argument("--timeout", type=_duration, default=_DEFAULTS["timeout"], help="wall time, e.g. 5s, 500ms (default 10s)")
+    exec_.add_argument("--output-limit", type=_size, default=_DEFAULTS["output_limit"], help="stdout cap, e.g. 1MiB (default)")
+    exec_.add_argument("--tmpfs", type=_size, default=_DEFAULTS["tmpfs"], help="size of the noexec /tmp (default 16MiB)")
+    exec_.add_argument("--runtime", choices=["runc", "gvisor"], default="runc", help="container runtime (default runc)")
+    exec_.add_argument("--stdin", action="store_true", help="pass this process's stdin to the command")
+    _add_egress_arguments(exec_)
+    exec_.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARG...]", help="the command to run")
+    exec_.set_defaults(func=exec_command)
+
+    gc = sub.add_parser("gc", help="remove containers and networks of dead ringfence instances")
+    gc.set_defaults(func=gc_command)
+
+
+def _add_egress_arguments(parser) -> None:
+    try:
+        from sandbox.egress.cli import add_exec_arguments
+    except ImportError:
+        return
+    add_exec_arguments(parser)
+
+
+def _egress_from_args(args):
+    try:
+        from sandbox.egress.cli import profile_egress_from_args
+    except ImportError:
+        return {}
+    egress = profile_egress_from_args(args)
+    return {"egress": egress} if egress is not None else {}
+
+
+def exec_command(args) -> int:
+    from sandbox.backend import SandboxRequest
+    from sandbox.docker_backend import DockerBackend
+    from sandbox.profile import SandboxProfile
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        print("error: give the command after --, e.g. ringfence sandbox exec -- id -u", file=sys.stderr)
+        return 2
+    try:
+        profile = SandboxProfile(
+            image=args.image,
+            runtime=args.runtime,
+            memory_bytes=args.memory,
+            cpus=args.cpus,
+            pids=args.pids,
+            timeout_s=args.timeout,
+            stdout_limit=args.output_limit,
+            tmpfs_bytes=args.tmpfs,
+            **_egress_from_args(args),
+        )
+        stdin = sys.stdin.buffer.read() if args.stdin else b""
+        request = SandboxRequest(profile=profile, argv=tuple(command), stdin=stdin, run_id="cli")
+    except (ValueError, SandboxError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        backend = DockerBackend()
+        try:
+            result = backend.run(request)
+        finally:
+            backend.close()
+    except SandboxError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    json.dump(result.to_json(), sys.stdout, indent=2, sort_keys=True)
+    sys.stdout.write("\n")
+    return 0
+
+
+def gc_command(args) -> int:
+    import docker
+
+    from sandbox.reaper import reap
+
+    try:
+        client = docker.from_env()
+        reaped = reap(client)
+    except docker.errors.DockerException as e:
+        print(f"error: cannot reach the Docker engine: {e}", file=sys.stderr)
+        return 1
+    for item in reaped:
+        print(f"removed {item.kind} {item.name}: {item.reason}")
+    print(f"{len(reaped)} orphan(s) removed", file=sys.stderr)
+    return 0

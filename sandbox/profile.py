@@ -1,0 +1,147 @@
+"""SandboxProfile: the limits one call runs under.
+
+Only the limits are settable. The hardening itself (non-root, read-only root, no capabilities,
+no-new-privileges, seccomp, private IPC, no network) is not a field: there is nothing to switch
+off. Every field is validated on construction so a bad profile never reaches the engine.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from sandbox.errors import ProfileError
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+RUNTIMES = ("runc", "gvisor")
+# Docker's names for the runtimes above.
+ENGINE_RUNTIME = {"runc": "runc", "gvisor": "runsc"}
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Variables that would let a caller change how the loader or interpreter behaves inside.
+_FORBIDDEN_ENV = frozenset({"LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "PYTHONSTARTUP"})
+
+
+@dataclass(frozen=True)
+class InputMount:
+    """A host directory shown read-only inside the sandbox (prepared by `archive.stage_files`)."""
+
+    host_path: str
+    container_path: str
+
+    def __post_init__(self) -> None:
+        if not posixpath.isabs(self.host_path):
+            raise ProfileError("inputs.host_path", "must be absolute")
+        _check_container_path("inputs.container_path", self.container_path)
+        if self.container_path.rstrip("/") in ("", "/tmp", "/proc", "/sys", "/dev"):
+            raise ProfileError("inputs.container_path", f"{self.container_path!r} is reserved")
+
+
+def _check_container_path(name: str, path: str) -> None:
+    if not posixpath.isabs(path):
+        raise ProfileError(name, "must be an absolute path")
+    norm = posixpath.normpath(path)
+    if norm != path.rstrip("/") and path != "/":
+        raise ProfileError(name, f"{path!r} is not in normal form")
+    # CVE-2024-21626: a workdir under /proc/self/fd leaks a host fd into the container.
+    for reserved in ("/proc", "/sys", "/dev"):
+        if norm == reserved or norm.startswith(reserved + "/"):
+            raise ProfileError(name, f"{path!r} is under {reserved}")
+
+
+def _in_range(name: str, value: int | float, low: int | float, high: int | float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ProfileError(name, "must be a number")
+    if not low <= value <= high:
+        raise ProfileError(name, f"{value} is outside [{low}, {high}]")
+
+
+@dataclass(frozen=True)
+class SandboxProfile:
+    """Limits and inputs for one call. Defaults suit a small stdlib-Python tool."""
+
+    image: str = "tool"
+    """Name of an image in images/images.lock; dispatch resolves it to the pinned ID."""
+
+    runtime: str = "runc"
+    """`runc` (default) or `gvisor` (runsc; only for tools without network)."""
+
+    uid: int = 10001
+    gid: int = 10001
+    """Never 0: the image's `sandbox` user."""
+
+    memory_bytes: int = 256 * MiB
+    """Memory limit; swap is set equal so the container cannot swap past it."""
+
+    cpus: float = 1.0
+    """CPU quota in cores (Docker's nano_cpus)."""
+
+    pids: int = 128
+    """Maximum number of tasks (processes and threads) in the container."""
+
+    timeout_s: float = 10.0
+    """Wall time from start to kill. The *container* is killed, so setsid children die too."""
+
+    stdout_limit: int = 1 * MiB
+    stderr_limit: int = 64 * KiB
+    """Byte caps; past either the container is killed and the outcome is `output_limit`."""
+
+    tmpfs_bytes: int = 16 * MiB
+    """Size of the noexec /tmp tmpfs, the only writable place."""
+
+    nofile: int = 256
+    fsize_bytes: int = 16 * MiB
+    """ulimits: open files and largest file written. core is always 0."""
+
+    workdir: str = "/tmp"
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Explicit environment; the host's is never passed through."""
+
+    inputs: tuple[InputMount, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.image, str) or not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", self.image):
+            raise ProfileError("image", f"{self.image!r} is not an image name from images.lock")
+        if self.runtime not in RUNTIMES:
+            raise ProfileError("runtime", f"{self.runtime!r} is not one of {', '.join(RUNTIMES)}")
+        for name in ("uid", "gid"):
+            value = getattr(self, name)
+            _in_range(name, value, 1, 2**31 - 2)
+            if value == 0:
+                raise ProfileError(name, "root (0) is never allowed")
+        _in_range("memory_bytes", self.memory_bytes, 8 * MiB, 8 * GiB)
+        _in_range("cpus", self.cpus, 0.01, 2.0)
+        _in_range("pids", self.pids, 8, 4096)
+        _in_range("timeout_s", self.timeout_s, 0.1, 3600)
+        _in_range("stdout_limit", self.stdout_limit, 1, 64 * MiB)
+        _in_range("stderr_limit", self.stderr_limit, 1, 64 * MiB)
+        _in_range("tmpfs_bytes", self.tmpfs_bytes, 64 * KiB, 1 * GiB)
+        _in_range("nofile", self.nofile, 16, 65536)
+        _in_range("fsize_bytes", self.fsize_bytes, 4 * KiB, 1 * GiB)
+        _check_container_path("workdir", self.workdir)
+        for key, value in self.env.items():
+            if not isinstance(key, str) or not _ENV_NAME.match(key):
+                raise ProfileError("env", f"{key!r} is not a valid variable name")
+            if key in _FORBIDDEN_ENV:
+                raise ProfileError("env", f"{key} is not allowed")
+            if not isinstance(value, str) or "\0" in value:
+                raise ProfileError("env", f"{key} must be a string without NUL")
+        # Freeze the mapping so a caller cannot mutate a profile after validation.
+        object.__setattr__(self, "env", dict(sorted(self.env.items())))
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        seen = set()
+        for mount in self.inputs:
+            if not isinstance(mount, InputMount):
+                raise ProfileError("inputs", "entries must be InputMount")
+            if mount.container_path in seen:
+                raise ProfileError("inputs", f"{mount.container_path} mounted twice")
+            seen.add(mount.container_path)
+
+    @property
+    def user(self) -> str:
+        return f"{self.uid}:{self.gid}"

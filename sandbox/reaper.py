@@ -1,0 +1,76 @@
+"""Removes the Docker objects of ringfence instances that are gone.
+
+An object is an orphan when its deadline label has passed (every call container carries one:
+its wall limit plus a grace period), or when it belongs to an instance on this host whose
+process no longer exists. Objects of live instances within their deadline are never touched,
+so two control planes on one engine do not reap each other's calls.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+
+import docker
+import docker.errors
+
+from sandbox import labels as L
+
+
+@dataclass(frozen=True)
+class Reaped:
+    kind: str  # "container" | "network"
+    name: str
+    reason: str
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def orphan_reason(labels: dict[str, str], *, now: float, host: str) -> str | None:
+    """Why an object with these labels is an orphan, or None if its owner may still need it."""
+    deadline = labels.get(L.DEADLINE_LABEL)
+    if deadline and deadline.isdigit() and int(deadline) < now:
+        return "past its deadline"
+    if labels.get(L.HOST_LABEL) == host:
+        pid = labels.get(L.PID_LABEL, "")
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            return f"owner process {pid} is gone"
+    return None
+
+
+def reap(client: docker.DockerClient, *, now: float | None = None) -> list[Reaped]:
+    """Remove orphaned ringfence containers, then networks; return what was removed."""
+    now = time.time() if now is None else now
+    host = socket.gethostname()
+    selector = {"label": f"{L.PRODUCT_LABEL}={L.PRODUCT}"}
+    reaped: list[Reaped] = []
+    for container in client.containers.list(all=True, filters=selector):
+        reason = orphan_reason(container.labels, now=now, host=host)
+        if reason:
+            try:
+                container.remove(force=True)
+                reaped.append(Reaped("container", container.name, reason))
+            except docker.errors.NotFound:
+                pass
+    for network in client.networks.list(filters=selector):
+        reason = orphan_reason(network.attrs.get("Labels") or {}, now=now, host=host)
+        if reason:
+            try:
+                network.reload()
+                for member in network.containers:
+                    network.disconnect(member, force=True)
+                network.remove()
+                reaped.append(Reaped("network", network.name, reason))
+            except docker.errors.NotFound:
+                pass
+    return reaped

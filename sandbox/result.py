@@ -1,0 +1,98 @@
+"""Classified results of one sandboxed call.
+
+The retry layer decides from `Outcome` (and `ToolErrorClass` for tool errors) alone, so the
+classification is an enum, never a string match on messages.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+
+class Outcome(enum.StrEnum):
+    OK = "ok"
+    TOOL_ERROR = "tool_error"  # the tool ran and reported (or exited with) a failure
+    OOM = "oom"  # the memory cgroup killed it
+    TIMEOUT = "timeout"  # the wall-time limit was reached; the container was killed
+    OUTPUT_LIMIT = "output_limit"  # stdout or stderr went past its cap; the container was killed
+    START_FAILED = "start_failed"  # engine trouble before the tool ran: transient
+    KILLED = "killed"  # ended by a signal that was not ours and not the OOM killer
+
+
+class ToolErrorClass(enum.StrEnum):
+    INVALID = "invalid"
+    TRANSIENT = "transient"
+    RATE_LIMITED = "rate_limited"
+    FATAL = "fatal"
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    """What happened to one call. `stdout`/`stderr` hold at most the profile's caps."""
+
+    outcome: Outcome
+    exit_code: int | None
+    stdout: bytes
+    stderr: bytes
+    stdout_truncated: bool
+    stderr_truncated: bool
+    duration_ms: int
+    image_id: str
+    runtime: str
+    error_class: ToolErrorClass | None = None
+    message: str = ""
+    # retry-after hint in seconds, from a tool's rate_limited error
+    retry_after_s: float | None = None
+    container_name: str = ""
+    # The settings read back from the engine for this container (see DockerBackend).
+    applied: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome is Outcome.OK
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "outcome": self.outcome.value,
+            "exit_code": self.exit_code,
+            "stdout": self.stdout.decode("utf-8", "replace"),
+            "stderr": self.stderr.decode("utf-8", "replace"),
+            "stdout_truncated": self.stdout_truncated,
+            "stderr_truncated": self.stderr_truncated,
+            "duration_ms": self.duration_ms,
+            "image_id": self.image_id,
+            "runtime": self.runtime,
+            "error_class": self.error_class.value if self.error_class else None,
+            "message": self.message,
+            "applied": dict(self.applied),
+        }
+
+
+def classify_exit(
+    *,
+    exit_code: int | None,
+    killed_for: Outcome | None,
+    oom_killed: bool,
+) -> Outcome:
+    """Classify how a container ended.
+
+    `killed_for` is set when *we* killed the container (deadline or output cap): that reason
+    wins, because the exit status of a container we SIGKILLed says 137 like an OOM kill does.
+    Exit 137 that we did not cause is the kernel's OOM killer (cgroup v1 reports it reliably
+    only for PID 1, so the status code is the second witness).
+    """
+    if killed_for is not None:
+        return killed_for
+    if oom_killed:
+        return Outcome.OOM
+    if exit_code is None:
+        return Outcome.KILLED
+    if exit_code == 137:
+        return Outcome.OOM
+    if exit_code == 0:
+        return Outcome.OK
+    if exit_code > 128:
+        return Outcome.KILLED
+    return Outcome.TOOL_ERROR

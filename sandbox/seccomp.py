@@ -1,0 +1,86 @@
+"""The seccomp profile every tool container runs under.
+
+It is Docker's own default profile (read from the engine's Debian source package, extracted by
+scripts/ensure-packages.sh) with two tightenings the battery asks for:
+
+- io_uring_setup/enter/register are removed: the 20.10 engine's default still allows them, and
+  io_uring has been a steady source of kernel privilege escalations (ESCAPE-BATTERY case 21);
+- socket(AF_VSOCK, ...) is refused: vsock reaches the hypervisor's host side and needs no
+  capability (case 22). AF_PACKET and SOCK_RAW already need CAP_NET_RAW, which is dropped.
+
+The profile is derived, not vendored, so it follows the engine's package when Debian updates it.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from sandbox.errors import EngineError
+
+AF_VSOCK = 40
+REMOVED_SYSCALLS = frozenset({"io_uring_setup", "io_uring_enter", "io_uring_register"})
+SOURCE_ENV = "RINGFENCE_SECCOMP_BASE"
+_REPO = Path(__file__).resolve().parent.parent
+_CANDIDATES = (
+    Path("/usr/share/gocode/src/github.com/docker/docker/profiles/seccomp/default.json"),
+    _REPO / "build" / "seccomp" / "docker-default.json",
+)
+
+
+def source_path() -> Path:
+    override = os.environ.get(SOURCE_ENV)
+    if override:
+        return Path(override)
+    for candidate in _CANDIDATES:
+        if candidate.is_file():
+            return candidate
+    raise EngineError(
+        "Docker's default seccomp profile was not found "
+        f"(looked in {', '.join(str(c) for c in _CANDIDATES)}); run `bash scripts/ensure-packages.sh` "
+        f"or set {SOURCE_ENV}"
+    )
+
+
+def derive(docker_default: dict) -> dict:
+    """Docker's default profile minus io_uring, with AF_VSOCK sockets refused."""
+    profile = copy.deepcopy(docker_default)
+    saw_socket = False
+    for rule in profile["syscalls"]:
+        names = [n for n in rule["names"] if n not in REMOVED_SYSCALLS]
+        if rule.get("action") == "SCMP_ACT_ALLOW" and not rule.get("args") and "socket" in names:
+            names.remove("socket")
+            saw_socket = True
+        rule["names"] = names
+    if not saw_socket:
+        raise EngineError("unexpected Docker seccomp profile: no unconditional socket rule")
+    profile["syscalls"] = [r for r in profile["syscalls"] if r["names"]]
+    profile["syscalls"].append(
+        {
+            "names": ["socket"],
+            "action": "SCMP_ACT_ALLOW",
+            "args": [{"index": 0, "value": AF_VSOCK, "op": "SCMP_CMP_NE"}],
+            "comment": "ringfence: every address family but AF_VSOCK",
+        }
+    )
+    return profile
+
+
+@functools.lru_cache(maxsize=1)
+def profile_json() -> str:
+    """The derived profile as the compact JSON string the engine takes in SecurityOpt."""
+    path = source_path()
+    try:
+        with open(path, encoding="utf-8") as f:
+            base = json.load(f)
+    except (OSError, ValueError) as e:
+        raise EngineError(f"cannot read Docker's default seccomp profile at {path}: {e}") from e
+    return json.dumps(derive(base), separators=(",", ":"), sort_keys=True)
+
+
+def profile_digest() -> str:
+    return "sha256:" + hashlib.sha256(profile_json().encode()).hexdigest()

@@ -1,0 +1,88 @@
+"""Shared fixtures: the real Docker engine, the pinned images, and cleanup by label.
+
+Every Docker object a test run creates carries `ringfence.test-session=<uuid>` (see
+sandbox.labels); the session fixture removes whatever still carries it at the end, and fails
+the run if a test left something behind, so leaks are found rather than hidden.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+from sandbox import labels as L
+
+os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
+SESSION = os.environ.setdefault(L.TEST_SESSION_ENV, uuid.uuid4().hex[:12])
+REQUIRE_DOCKER = os.environ.get("RINGFENCE_REQUIRE_DOCKER") == "1"
+
+
+def _unavailable(reason: str):
+    # In CI a missing engine is a failure, never a silent skip.
+    if REQUIRE_DOCKER:
+        pytest.fail(reason, pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    import docker
+
+    try:
+        client = docker.from_env(timeout=120)
+        client.ping()
+    except Exception as e:  # noqa: BLE001 - any failure means "no engine"
+        _unavailable(f"no Docker engine answers: {e}")
+    yield client
+    leftovers = remove_session_objects(client)
+    client.close()
+    if leftovers:
+        pytest.fail(f"tests left Docker objects behind (removed now): {leftovers}", pytrace=False)
+
+
+def remove_session_objects(client) -> list[str]:
+    """Remove every container and network labelled with this test session; return their names."""
+    selector = f"{L.TEST_SESSION_LABEL}={SESSION}"
+    removed = []
+    for container in client.containers.list(all=True, filters={"label": selector}):
+        removed.append(f"container {container.name}")
+        container.remove(force=True)
+    for network in client.networks.list(filters={"label": selector}):
+        removed.append(f"network {network.name}")
+        network.remove()
+    return removed
+
+
+@pytest.fixture(scope="session")
+def pinned_images(docker_client):
+    """The images of images/images.lock, present with their locked IDs (`make images`)."""
+    from sandbox.images import load_lock, verify
+
+    lock = load_lock()
+    problems = verify(docker_client, lock)
+    if problems:
+        _unavailable("pinned images are missing or drifted (run `make images`): " + "; ".join(map(str, problems)))
+    return lock
+
+
+@pytest.fixture(scope="session")
+def backend(docker_client, pinned_images):
+    from sandbox.docker_backend import DockerBackend
+
+    b = DockerBackend(docker_client, lock=pinned_images)
+    yield b
+
+
+@pytest.fixture(scope="session")
+def gvisor_available(docker_client) -> bool:
+    return "runsc" in (docker_client.info().get("Runtimes") or {})
+
+
+@pytest.fixture(params=["runc", "gvisor"])
+def runtime(request, gvisor_available) -> str:
+    """Parametrizes a test over both runtimes; gVisor must be there in CI (`make gvisor`)."""
+    if request.param == "gvisor" and not gvisor_available:
+        _unavailable("the engine has no runsc runtime (run `make gvisor`)")
+    return request.param

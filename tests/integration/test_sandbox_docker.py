@@ -1,0 +1,149 @@
+"""The Docker backend against the real engine and the pinned tool image: the issue's acceptance
+points, the settings the engine reports, image pinning, and cleanup."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from sandbox import labels as L
+from sandbox.backend import SandboxRequest
+from sandbox.errors import ImageError
+from sandbox.profile import MiB, SandboxProfile
+from sandbox.result import Outcome, ToolErrorClass
+
+pytestmark = pytest.mark.docker
+
+
+def run(backend, argv, *, stdin=b"", **limits):
+    request = SandboxRequest(profile=SandboxProfile(**limits), argv=tuple(argv), stdin=stdin, run_id="itest")
+    return backend.run(request), request
+
+
+def containers_of(docker_client, request):
+    return docker_client.containers.list(all=True, filters={"label": f"{L.CALL_LABEL}={request.call_id}"})
+
+
+def test_id_is_the_sandbox_user(backend, runtime):
+    result, _ = run(backend, ["id", "-u"], runtime=runtime)
+    assert result.outcome is Outcome.OK
+    assert result.stdout == b"10001\n"
+    assert result.runtime == runtime
+    assert result.image_id == backend._image_id("tool")
+
+
+def test_applied_settings_read_back_from_the_engine(backend):
+    result, _ = run(backend, ["true"], memory_bytes=64 * MiB, cpus=0.5, pids=64, tmpfs_bytes=8 * MiB)
+    applied = result.applied
+    assert applied["user"] == "10001:10001"
+    assert applied["read_only"] is True
+    assert applied["cap_drop"] == ["ALL"]
+    assert not applied["cap_add"]
+    assert applied["privileged"] is False
+    assert "no-new-privileges:true" in applied["security_opt"]
+    assert any(o.startswith("seccomp=ringfence-default (sha256:") for o in applied["security_opt"])
+    assert applied["network_mode"] == "none"
+    assert applied["ipc_mode"] == "private"
+    assert applied["memory"] == applied["memory_swap"] == 64 * MiB
+    assert applied["nano_cpus"] == 500_000_000
+    assert applied["pids_limit"] == 64
+    assert applied["tmpfs"] == {"/tmp": f"rw,noexec,nosuid,nodev,size={8 * MiB},mode=1777"}
+    assert {u["name"]: u["hard"] for u in applied["ulimits"]} == {"nofile": 256, "fsize": 16 * MiB, "core": 0}
+    assert applied["dns"] == ["127.0.0.1"]
+    assert applied["mounts"] == []
+
+
+def test_stdin_reaches_the_command_and_stderr_is_separate(backend, runtime):
+    result, _ = run(backend, ["sh", "-c", "cat; echo oops >&2; exit 4"], stdin=b"request body", runtime=runtime)
+    assert result.outcome is Outcome.TOOL_ERROR and result.exit_code == 4
+    assert result.error_class is ToolErrorClass.FATAL
+    assert (result.stdout, result.stderr) == (b"request body", b"oops\n")
+
+
+def test_output_flood_is_cut_at_the_cap(backend, runtime):
+    result, request = run(backend, ["sh", "-c", "yes"], stdout_limit=64 * 1024, runtime=runtime)
+    assert result.outcome is Outcome.OUTPUT_LIMIT
+    assert len(result.stdout) == 64 * 1024 and result.stdout_truncated
+    assert set(result.stdout) == set(b"y\n")
+
+
+def test_memory_bomb_is_oom(backend, runtime):
+    result, _ = run(
+        backend, ["python3", "-c", "x = bytearray(1 << 30); print(len(x))"], memory_bytes=64 * MiB, runtime=runtime
+    )
+    assert result.outcome is Outcome.OOM
+    assert result.stdout == b""
+
+
+def test_setsid_child_does_not_outlive_the_deadline(backend, docker_client, runtime):
+    result, request = run(backend, ["sh", "-c", "setsid sleep 1000 & sleep 100"], timeout_s=2, runtime=runtime)
+    assert result.outcome is Outcome.TIMEOUT
+    assert containers_of(docker_client, request) == []
+
+
+def test_fork_bomb_ends_classified_and_the_host_is_unaffected(backend, docker_client):
+    result, request = run(backend, ["sh", "-c", "f() { f | f & }; f; sleep 3"], pids=32, timeout_s=2)
+    assert result.outcome in (Outcome.TIMEOUT, Outcome.TOOL_ERROR, Outcome.OK)
+    assert containers_of(docker_client, request) == []
+    # The host can still start processes and containers.
+    after, _ = run(backend, ["true"])
+    assert after.outcome is Outcome.OK
+
+
+def test_runner_mode_returns_the_tools_json(backend):
+    body = {"tool": "echo", "arguments": {"text": "hi"}, "call_id": "c1", "idempotency_key": None}
+    result, _ = run(backend, [], stdin=json.dumps(body).encode())
+    assert result.outcome is Outcome.OK, result.stderr
+    assert json.loads(result.stdout)["ok"] is True
+
+
+def test_runner_classified_tool_error_reaches_the_result(backend):
+    body = {"tool": "fail", "arguments": {"class": "transient", "message": "try later"}, "call_id": "c2"}
+    result, _ = run(backend, [], stdin=json.dumps(body).encode())
+    assert result.outcome is Outcome.TOOL_ERROR
+    assert result.error_class is ToolErrorClass.TRANSIENT
+
+
+def test_write_to_root_filesystem_fails(backend):
+    result, _ = run(backend, ["sh", "-c", "echo x > /etc/passwd"])
+    assert result.outcome is Outcome.TOOL_ERROR
+    assert b"Read-only file system" in result.stderr
+
+
+def test_every_container_is_labelled_and_removed(backend, docker_client):
+    since = int(time.time()) - 1
+    result, request = run(backend, ["true"])
+    events = docker_client.events(
+        since=since, until=int(time.time()) + 1, decode=True,
+        filters={"type": "container", "event": "create", "label": f"{L.CALL_LABEL}={request.call_id}"},
+    )
+    created = [e["Actor"]["Attributes"] for e in events]
+    assert len(created) == 1
+    labels = created[0]
+    assert labels[L.PRODUCT_LABEL] == "ringfence"
+    assert labels[L.RUN_LABEL] == "itest" and labels[L.CALL_LABEL] == request.call_id
+    assert labels[L.INSTANCE_LABEL] == L.instance_id()
+    assert int(labels[L.DEADLINE_LABEL]) > since
+    assert containers_of(docker_client, request) == []
+
+
+def test_an_image_not_in_the_lock_is_refused_before_any_container(backend, docker_client):
+    before = docker_client.containers.list(all=True)
+    with pytest.raises(ImageError):
+        run(backend, ["true"], image="not-pinned")
+    assert docker_client.containers.list(all=True) == before
+
+
+def test_a_tag_pointing_elsewhere_does_not_redirect_dispatch(backend, docker_client, pinned_images):
+    """Dispatch uses the locked ID, never a tag: retagging ringfence/tool to the base image
+    changes nothing about what runs."""
+    tool_id = pinned_images.image_id("tool")
+    base = docker_client.images.get(pinned_images.image_id("base"))
+    base.tag("ringfence/tool", "latest")
+    try:
+        result, _ = run(backend, ["true"])
+        assert result.image_id == tool_id
+    finally:
+        docker_client.images.get(tool_id).tag("ringfence/tool", "latest")

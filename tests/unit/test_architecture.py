@@ -1,0 +1,85 @@
+"""The import rules of DESIGN.md (Layout), checked on the source: the architecture as a graph.
+
+- sandbox imports nothing from control: an executor that knows policy can be talked into
+  permitting itself;
+- control.registry never imports control.policy: a tool must not describe itself as permitted;
+- generated protobuf modules are imported only at the edge (control.api, the CLI, the demo);
+- control.executor is imported by nothing but the edge.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def imports_of(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: set[str] = set()
+    try:
+        package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    except ValueError:  # a file outside the tree (the checker's own red test)
+        package = ""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def modules(package: str):
+    for path in sorted((ROOT / package).rglob("*.py")):
+        if "gen" in path.relative_to(ROOT).parts:
+            continue
+        yield path
+
+
+def offenders(paths, predicate) -> list[str]:
+    return [
+        f"{p.relative_to(ROOT)} imports {name}"
+        for p in paths
+        for name in sorted(imports_of(p))
+        if predicate(name)
+    ]
+
+
+def is_edge(path: Path) -> bool:
+    rel = path.relative_to(ROOT).as_posix()
+    return rel.startswith("control/api/") or rel in ("control/cli.py", "control/demo.py")
+
+
+def test_sandbox_imports_nothing_from_control():
+    assert offenders(modules("sandbox"), lambda n: n == "control" or n.startswith("control.")) == []
+
+
+def test_registry_never_imports_policy():
+    registry = [p for p in modules("control") if p.stem == "registry" or "registry" in p.parts]
+    assert offenders(registry, lambda n: "policy" in n.split(".")) == []
+
+
+def test_generated_protos_only_at_the_edge():
+    core = [p for p in modules("control") if not is_edge(p)]
+    assert offenders(core, lambda n: n.startswith("control.api") or n.endswith("_pb2") or n.endswith("_pb2_grpc")) == []
+
+
+def test_only_the_edge_depends_on_the_executor():
+    core = [p for p in modules("control") if not is_edge(p) and p.stem != "executor"]
+    assert offenders(core, lambda n: n == "control.executor" or n.startswith("control.executor.")) == []
+
+
+def test_the_checker_sees_a_violation(tmp_path):
+    # The rule checker itself must turn red on a violating file.
+    bad = tmp_path / "bad.py"
+    bad.write_text("from control import policy\nimport control.executor\n")
+    names = imports_of(bad)
+    assert {"control.policy", "control.executor"} <= names

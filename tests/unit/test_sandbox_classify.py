@@ -1,0 +1,83 @@
+"""Result classification, the attach-stream demultiplexer, the output caps and unit parsing."""
+
+import struct
+
+import pytest
+
+from sandbox.docker_backend import _Demuxer, _Streams, _tool_error
+from sandbox.backend import SandboxRequest
+from sandbox.result import Outcome, ToolErrorClass, classify_exit
+from sandbox.units import parse_duration, parse_size
+
+
+@pytest.mark.parametrize(
+    "exit_code, killed_for, oom, expected",
+    [
+        (0, None, False, Outcome.OK),
+        (1, None, False, Outcome.TOOL_ERROR),
+        (3, None, False, Outcome.TOOL_ERROR),
+        (137, None, False, Outcome.OOM),  # SIGKILL we did not send: the OOM killer
+        (137, None, True, Outcome.OOM),
+        (0, None, True, Outcome.OOM),  # a child was OOM-killed, PID 1 survived
+        (143, None, False, Outcome.KILLED),
+        (None, None, False, Outcome.KILLED),
+        (137, Outcome.TIMEOUT, False, Outcome.TIMEOUT),  # our kill wins over the 137 it causes
+        (137, Outcome.OUTPUT_LIMIT, True, Outcome.OUTPUT_LIMIT),
+    ],
+)
+def test_classify_exit(exit_code, killed_for, oom, expected):
+    assert classify_exit(exit_code=exit_code, killed_for=killed_for, oom_killed=oom) is expected
+
+
+def frame(stream: int, data: bytes) -> bytes:
+    return struct.pack(">BxxxI", stream, len(data)) + data
+
+
+def test_demuxer_splits_frames_across_arbitrary_chunk_boundaries():
+    raw = frame(1, b"hello ") + frame(2, b"warn") + frame(1, b"world")
+    for cut in range(1, len(raw)):
+        demux = _Demuxer()
+        frames = demux.feed(raw[:cut]) + demux.feed(raw[cut:])
+        out = b"".join(d for s, d in frames if s == 1)
+        err = b"".join(d for s, d in frames if s == 2)
+        assert (out, err) == (b"hello world", b"warn")
+
+
+def test_streams_keep_exactly_the_cap_and_flag_truncation():
+    streams = _Streams(stdout_limit=10, stderr_limit=4, stdout=bytearray(), stderr=bytearray())
+    assert not streams.add(1, b"12345")
+    assert streams.add(1, b"6789abcdef")
+    assert bytes(streams.stdout) == b"123456789a" and streams.stdout_truncated
+    assert streams.add(2, b"xxxxx") and bytes(streams.stderr) == b"xxxx"
+
+
+def test_tool_error_class_comes_from_the_runner_json_only_in_runner_mode():
+    body = b'{"ok": false, "error": {"class": "rate_limited", "message": "slow down", "retry_after_s": 2}}\n'
+    cls, message, retry_after = _tool_error(SandboxRequest(), 3, body)
+    assert (cls, message, retry_after) == (ToolErrorClass.RATE_LIMITED, "slow down", 2.0)
+    # A plain command that prints the same JSON is not trusted to classify itself.
+    cls, _, _ = _tool_error(SandboxRequest(argv=("sh",)), 3, body)
+    assert cls is ToolErrorClass.FATAL
+    cls, _, _ = _tool_error(SandboxRequest(), 3, b"not json")
+    assert cls is ToolErrorClass.FATAL
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("1048576", 1 << 20), ("64m", 64 << 20), ("64M", 64 << 20), ("16MiB", 16 << 20), ("512k", 512 << 10), ("1g", 1 << 30)],
+)
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text, expected", [("5s", 5.0), ("500ms", 0.5), ("2m", 120.0), ("3", 3.0)])
+def test_parse_duration(text, expected):
+    assert parse_duration(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "lots", "-1m", "5 parsecs"])
+def test_bad_units_are_refused(text):
+    with pytest.raises(ValueError):
+        parse_size(text)
+    with pytest.raises(ValueError):
+        parse_duration(text)

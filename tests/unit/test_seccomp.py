@@ -1,0 +1,47 @@
+"""Our seccomp profile is Docker's default with io_uring removed and AF_VSOCK refused."""
+
+import json
+
+import pytest
+
+from sandbox import seccomp
+from sandbox.errors import EngineError
+
+
+def allowed_names(profile):
+    return {n for r in profile["syscalls"] if r["action"] == "SCMP_ACT_ALLOW" and not r.get("args") for n in r["names"]}
+
+
+def test_derived_profile_keeps_docker_default_but_removes_io_uring_and_vsock():
+    with open(seccomp.source_path()) as f:
+        base = json.load(f)
+    derived = json.loads(seccomp.profile_json())
+    assert derived["defaultAction"] == base["defaultAction"] == "SCMP_ACT_ERRNO"
+    removed = allowed_names(base) - allowed_names(derived)
+    assert removed == {"io_uring_setup", "io_uring_enter", "io_uring_register", "socket"}
+    socket_rules = [r for r in derived["syscalls"] if "socket" in r["names"]]
+    assert socket_rules == [
+        {
+            "names": ["socket"],
+            "action": "SCMP_ACT_ALLOW",
+            "args": [{"index": 0, "value": seccomp.AF_VSOCK, "op": "SCMP_CMP_NE"}],
+            "comment": "ringfence: every address family but AF_VSOCK",
+        }
+    ]
+    assert not any("io_uring" in n for r in derived["syscalls"] for n in r["names"])
+
+
+def test_a_profile_without_the_expected_socket_rule_is_refused():
+    with pytest.raises(EngineError):
+        seccomp.derive({"defaultAction": "SCMP_ACT_ERRNO", "syscalls": [{"names": ["read"], "action": "SCMP_ACT_ALLOW"}]})
+
+
+def test_missing_source_gives_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv(seccomp.SOURCE_ENV, str(tmp_path / "nope.json"))
+    seccomp.profile_json.cache_clear()
+    try:
+        with pytest.raises(EngineError, match="nope.json"):
+            seccomp.profile_json()
+    finally:
+        monkeypatch.delenv(seccomp.SOURCE_ENV)
+        seccomp.profile_json.cache_clear()
