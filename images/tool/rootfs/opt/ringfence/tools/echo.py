@@ -1,0 +1,5 @@
+"""echo: returns its arguments (a read-only probe of the whole dispatch path)."""
+
+
+def run(arguments, context):
+    return arguments

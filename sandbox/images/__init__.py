@@ -1,0 +1,33 @@
+"""Pinned images built without a registry, deterministically, and checked by ID.
+
+    load_lock(path=None) -> Lock           images/images.lock ($RINGFENCE_IMAGES_LOCK overrides)
+    Lock.image_id(name) -> str             ImageError when the name is not pinned
+    resolve_pinned(client, name, lock=None) -> str
+                                           the pinned ID, only if the engine has exactly it
+    build(names=None, *, update_lock=False, force=False, progress=None, ...) -> BuildReport
+    verify(client, lock=None) -> list[Problem]
+
+Specs live in images/<name>/image.json (+ rootfs/); see sandbox.images.spec.
+"""
+
+from sandbox.images.builder import BuildReport, Built, Drift, build
+from sandbox.images.lock import Lock, LockEntry, default_lock_path, load_lock, package_diff
+from sandbox.images.pinned import Problem, resolve_pinned, verify
+from sandbox.images.spec import ImageSpec, load_specs
+
+__all__ = [
+    "BuildReport",
+    "Built",
+    "Drift",
+    "ImageSpec",
+    "Lock",
+    "LockEntry",
+    "Problem",
+    "build",
+    "default_lock_path",
+    "load_lock",
+    "load_specs",
+    "package_diff",
+    "resolve_pinned",
+    "verify",
+]

@@ -1,0 +1,168 @@
+"""images/images.lock: the image IDs dispatch may use, and what each was built from.
+
+The lock is committed. Dispatch trusts nothing but the IDs in it: a tag can be moved by
+anyone with the Docker socket, an image ID cannot be made to name other content.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from sandbox.errors import ImageError
+
+LOCK_ENV = "RINGFENCE_IMAGES_LOCK"
+LOCK_VERSION = 1
+REPO_ROOT = Path(__file__).resolve().parents[2]
+IMAGES_DIR = REPO_ROOT / "images"
+_ID = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def default_lock_path() -> Path:
+    env = os.environ.get(LOCK_ENV)
+    return Path(env) if env else IMAGES_DIR / "images.lock"
+
+
+@dataclass(frozen=True)
+class LockEntry:
+    name: str
+    id: str
+    inputs_sha256: str
+    parent: str | None = None
+    parent_id: str | None = None
+    # Root images only: "package=version" lines, sorted (the answer to "what changed?").
+    packages: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not _ID.fullmatch(self.id):
+            raise ImageError(f"lock entry {self.name!r}: id {self.id!r} is not sha256:<64 hex>")
+        if (self.parent is None) != (self.parent_id is None):
+            raise ImageError(f"lock entry {self.name!r}: parent and parent_id go together")
+        if self.parent_id is not None and not _ID.fullmatch(self.parent_id):
+            raise ImageError(f"lock entry {self.name!r}: bad parent_id {self.parent_id!r}")
+        object.__setattr__(self, "packages", tuple(self.packages))
+
+    def to_json(self) -> dict:
+        doc: dict = {
+            "id": self.id,
+            "inputs_sha256": self.inputs_sha256,
+            "parent": self.parent,
+            "parent_id": self.parent_id,
+        }
+        if self.packages:
+            doc["packages"] = list(self.packages)
+        return doc
+
+
+@dataclass(frozen=True)
+class Lock:
+    entries: tuple[LockEntry, ...] = ()
+    path: Path | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "entries", tuple(sorted(self.entries, key=lambda e: e.name)))
+        by_name = {e.name: e for e in self.entries}
+        if len(by_name) != len(self.entries):
+            raise ImageError("images.lock names an image twice")
+        for e in self.entries:
+            if e.parent is not None and e.parent not in by_name:
+                raise ImageError(f"images.lock: {e.name!r} names unknown parent {e.parent!r}")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(e.name for e in self.entries)
+
+    def get(self, name: str) -> LockEntry | None:
+        for e in self.entries:
+            if e.name == name:
+                return e
+        return None
+
+    def entry(self, name: str) -> LockEntry:
+        e = self.get(name)
+        if e is None:
+            where = self.path or "images.lock"
+            raise ImageError(f"image {name!r} is not pinned in {where}: run `make images`")
+        return e
+
+    def image_id(self, name: str) -> str:
+        return self.entry(name).id
+
+    def ids(self) -> frozenset[str]:
+        return frozenset(e.id for e in self.entries)
+
+    def with_entry(self, entry: LockEntry) -> Lock:
+        rest = [e for e in self.entries if e.name != entry.name]
+        return replace(self, entries=tuple(rest) + (entry,))
+
+    def to_bytes(self) -> bytes:
+        doc = {"version": LOCK_VERSION, "images": {e.name: e.to_json() for e in self.entries}}
+        return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, path: Path | None = None) -> Lock:
+        where = path or "images.lock"
+        try:
+            doc = json.loads(data)
+        except ValueError as e:
+            raise ImageError(f"{where}: not JSON: {e}") from e
+        if not isinstance(doc, dict) or doc.get("version") != LOCK_VERSION:
+            raise ImageError(f"{where}: expected a version {LOCK_VERSION} lock object")
+        images = doc.get("images")
+        if not isinstance(images, dict):
+            raise ImageError(f"{where}: 'images' must be an object")
+        entries = []
+        for name, e in images.items():
+            if not isinstance(e, dict):
+                raise ImageError(f"{where}: entry {name!r} must be an object")
+            try:
+                entries.append(
+                    LockEntry(
+                        name=name,
+                        id=e["id"],
+                        inputs_sha256=e["inputs_sha256"],
+                        parent=e.get("parent"),
+                        parent_id=e.get("parent_id"),
+                        packages=tuple(e.get("packages", ())),
+                    )
+                )
+            except (KeyError, TypeError) as err:
+                raise ImageError(f"{where}: entry {name!r} is malformed: {err!r}") from err
+        return cls(tuple(entries), path)
+
+    def write(self, path: Path | None = None) -> Path:
+        path = Path(path or self.path or default_lock_path())
+        tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+        tmp.write_bytes(self.to_bytes())
+        os.replace(tmp, path)
+        return path
+
+
+def load_lock(path: str | os.PathLike | None = None) -> Lock:
+    """Read the lock (default: $RINGFENCE_IMAGES_LOCK, else <repo>/images/images.lock)."""
+    path = Path(path) if path is not None else default_lock_path()
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError as e:
+        raise ImageError(f"{path} does not exist: run `make images`") from e
+    except OSError as e:
+        raise ImageError(f"cannot read {path}: {e}") from e
+    return Lock.from_bytes(data, path)
+
+
+def package_diff(old: tuple[str, ...], new: tuple[str, ...]) -> list[str]:
+    """Human lines for how a package manifest changed: '+pkg=v', '-pkg=v', 'pkg a -> b'."""
+    o = dict(p.split("=", 1) for p in old)
+    n = dict(p.split("=", 1) for p in new)
+    lines = []
+    for pkg in sorted(set(o) | set(n)):
+        if pkg not in n:
+            lines.append(f"-{pkg}={o[pkg]}")
+        elif pkg not in o:
+            lines.append(f"+{pkg}={n[pkg]}")
+        elif o[pkg] != n[pkg]:
+            lines.append(f" {pkg} {o[pkg]} -> {n[pkg]}")
+    return lines

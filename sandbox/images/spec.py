@@ -1,0 +1,242 @@
+"""Image specs: `images/<name>/image.json` plus an optional `images/<name>/rootfs/` overlay.
+
+A spec is data, so adding an image (say `images/egress-proxy/`) is a new folder, not new
+Python. Two kinds exist:
+
+- a root image (no "parent") is built from Debian packages with debootstrap; its spec names
+  the suite, mirror and packages, and the unprivileged account to add;
+- a child image ("parent": "<name>") is its parent's layers plus one layer made from its
+  `rootfs/` folder, laid at `/` with normalized modes, owner root and the fixed mtime.
+
+Config fields a child leaves out are inherited from its parent, as `FROM` would (labels
+and exposed ports are merged). A child spec, e.g. `images/egress-proxy/image.json`:
+
+    {
+      "parent": "base",
+      "entrypoint": ["/usr/bin/tini", "--"],
+      "cmd": ["python3", "-I", "-S", "-B", "/opt/ringfence/proxy.py"],
+      "user": "10001:10001",                       (inherited when left out)
+      "workdir": "/tmp",                           (inherited when left out)
+      "env": {"PATH": "/usr/bin:/bin"},            (replaces the parent's env when given)
+      "labels": {"ringfence.image": "egress-proxy"},
+      "exposed_ports": [3128]                      (ints mean tcp; or "53/udp")
+    }
+
+with its files under `images/egress-proxy/rootfs/` (e.g. `rootfs/opt/ringfence/proxy.py`).
+Then `ringfence images build --update-lock egress-proxy` pins it; no Python changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sandbox.errors import ImageError
+from sandbox.images.archive import ContainerConfig, tree_entries
+
+# Bump when the way images are assembled changes (cleaning rules, tar writer, config shape):
+# it is part of every spec's input hash, so the change shows up as stale images.
+BUILDER_VERSION = 1
+
+NAME = re.compile(r"[a-z][a-z0-9-]{0,62}")
+_PORT = re.compile(r"\d{1,5}/(tcp|udp)")
+_KEYS = {
+    "parent", "debootstrap", "account", "entrypoint", "cmd", "user", "workdir", "env",
+    "labels", "exposed_ports", "description",
+}
+
+
+@dataclass(frozen=True)
+class Debootstrap:
+    """How a root image's filesystem is made."""
+
+    suite: str
+    mirror: str
+    include: tuple[str, ...]
+    variant: str = "minbase"
+
+
+@dataclass(frozen=True)
+class Account:
+    """The unprivileged user every sandbox runs as; written into passwd/group/shadow."""
+
+    name: str = "sandbox"
+    uid: int = 10001
+    gid: int = 10001
+    home: str = "/tmp"
+    shell: str = "/usr/sbin/nologin"
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    name: str
+    directory: Path
+    parent: str | None
+    debootstrap: Debootstrap | None
+    account: Account | None
+    # Raw config fields as given (None = inherit from the parent, or Docker's default).
+    entrypoint: tuple[str, ...] | None = None
+    cmd: tuple[str, ...] | None = None
+    user: str | None = None
+    workdir: str | None = None
+    env: tuple[tuple[str, str], ...] | None = None
+    labels: tuple[tuple[str, str], ...] = ()
+    exposed_ports: tuple[str, ...] = ()
+    raw: bytes = field(default=b"", repr=False)
+
+    @property
+    def rootfs(self) -> Path:
+        return self.directory / "rootfs"
+
+    def container_config(self, parent: ContainerConfig | None) -> ContainerConfig:
+        base = parent or ContainerConfig(user="0:0", workdir="/", env=())
+        labels = dict(base.labels)
+        labels.update(self.labels)
+        return ContainerConfig(
+            user=self.user if self.user is not None else base.user,
+            workdir=self.workdir if self.workdir is not None else base.workdir,
+            env=self.env if self.env is not None else base.env,
+            entrypoint=self.entrypoint if self.entrypoint is not None else base.entrypoint,
+            cmd=self.cmd if self.cmd is not None else base.cmd,
+            labels=tuple(sorted(labels.items())),
+            exposed_ports=tuple(sorted(set(base.exposed_ports) | set(self.exposed_ports))),
+        )
+
+    def inputs_sha256(self) -> str:
+        """Hash of everything in the repo this image is made from (not of the parent).
+
+        The spec file's canonical JSON, and each overlay file's path, normalized mode and
+        content: exactly what goes into the layer, so a `chmod` the layer ignores is no change.
+        """
+        h = hashlib.sha256()
+        h.update(f"builder={BUILDER_VERSION}\n".encode())
+        h.update(json.dumps(json.loads(self.raw), sort_keys=True, separators=(",", ":")).encode())
+        h.update(b"\n")
+        if self.rootfs.is_dir():
+            for e in tree_entries(self.rootfs, normalize=True):
+                h.update(f"{e.kind} {e.name} {e.mode:o} {e.linkname}\n".encode())
+                if e.source:
+                    with open(e.source, "rb") as f:
+                        h.update(hashlib.sha256(f.read()).digest())
+        return "sha256:" + h.hexdigest()
+
+
+def _str_list(name: str, field_: str, value) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ImageError(f"images/{name}/image.json: {field_} must be a list of strings")
+    return tuple(value)
+
+
+def _str_map(name: str, field_: str, value) -> tuple[tuple[str, str], ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ImageError(f"images/{name}/image.json: {field_} must map strings to strings")
+    return tuple(sorted(value.items()))
+
+
+def load_spec(directory: Path) -> ImageSpec:
+    directory = Path(directory)
+    name = directory.name
+    if not NAME.fullmatch(name):
+        raise ImageError(f"{directory}: image names must match {NAME.pattern}")
+    path = directory / "image.json"
+    try:
+        raw = path.read_bytes()
+        doc = json.loads(raw)
+    except (OSError, ValueError) as e:
+        raise ImageError(f"{path}: {e}") from e
+    if not isinstance(doc, dict):
+        raise ImageError(f"{path}: must be a JSON object")
+    unknown = set(doc) - _KEYS
+    if unknown:
+        raise ImageError(f"{path}: unknown fields {sorted(unknown)}")
+    parent = doc.get("parent")
+    deb = acct = None
+    if parent is None:
+        d = doc.get("debootstrap")
+        if not isinstance(d, dict) or not isinstance(d.get("suite"), str):
+            raise ImageError(f"{path}: a root image (no parent) needs debootstrap.suite")
+        deb = Debootstrap(
+            suite=d["suite"],
+            mirror=d.get("mirror", "http://deb.debian.org/debian"),
+            include=_str_list(name, "debootstrap.include", d.get("include", [])) or (),
+            variant=d.get("variant", "minbase"),
+        )
+        acct = Account(**doc["account"]) if "account" in doc else Account()
+    else:
+        if not isinstance(parent, str) or not NAME.fullmatch(parent) or parent == name:
+            raise ImageError(f"{path}: parent must name another image")
+        if "debootstrap" in doc or "account" in doc:
+            raise ImageError(f"{path}: only a root image takes debootstrap/account")
+    ports = doc.get("exposed_ports") or []
+    ports = [f"{p}/tcp" if isinstance(p, int) else p for p in ports]
+    if not all(isinstance(p, str) and _PORT.fullmatch(p) for p in ports):
+        raise ImageError(f"{path}: exposed_ports are ints or 'N/tcp' / 'N/udp'")
+    for key in ("user", "workdir"):
+        if key in doc and not isinstance(doc[key], str):
+            raise ImageError(f"{path}: {key} must be a string")
+    return ImageSpec(
+        name=name,
+        directory=directory,
+        parent=parent,
+        debootstrap=deb,
+        account=acct,
+        entrypoint=_str_list(name, "entrypoint", doc.get("entrypoint")),
+        cmd=_str_list(name, "cmd", doc.get("cmd")),
+        user=doc.get("user"),
+        workdir=doc.get("workdir"),
+        env=_str_map(name, "env", doc.get("env")),
+        labels=_str_map(name, "labels", doc.get("labels")) or (),
+        exposed_ports=tuple(ports),
+        raw=raw,
+    )
+
+
+def load_specs(images_dir: Path) -> dict[str, ImageSpec]:
+    """Every `images/*/image.json`, checked for unknown parents and cycles."""
+    images_dir = Path(images_dir)
+    specs = {}
+    for child in sorted(images_dir.iterdir()) if images_dir.is_dir() else ():
+        if child.is_dir() and (child / "image.json").is_file():
+            spec = load_spec(child)
+            specs[spec.name] = spec
+    for spec in specs.values():
+        seen = {spec.name}
+        p = spec.parent
+        while p is not None:
+            if p not in specs:
+                raise ImageError(f"images/{spec.name}: parent {p!r} has no spec")
+            if p in seen:
+                raise ImageError(f"images/{spec.name}: parent cycle through {p!r}")
+            seen.add(p)
+            p = specs[p].parent
+    return specs
+
+
+def build_order(specs: dict[str, ImageSpec], names: list[str] | None) -> list[str]:
+    """`names` (default: all) and their ancestors, parents before children."""
+    wanted = list(specs) if not names else list(names)
+    for n in wanted:
+        if n not in specs:
+            raise ImageError(f"no image spec named {n!r} (known: {', '.join(sorted(specs))})")
+    order: list[str] = []
+
+    def visit(n: str) -> None:
+        if n in order:
+            return
+        p = specs[n].parent
+        if p is not None:
+            visit(p)
+        order.append(n)
+
+    for n in sorted(wanted):
+        visit(n)
+    return order
