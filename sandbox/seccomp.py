@@ -6,7 +6,9 @@ scripts/ensure-packages.sh) with two tightenings the battery asks for:
 - io_uring_setup/enter/register are removed: the 20.10 engine's default still allows them, and
   io_uring has been a steady source of kernel privilege escalations (ESCAPE-BATTERY case 21);
 - socket(AF_VSOCK, ...) is refused: vsock reaches the hypervisor's host side and needs no
-  capability (case 22). AF_PACKET and SOCK_RAW already need CAP_NET_RAW, which is dropped.
+  capability (case 22). AF_PACKET and SOCK_RAW already need CAP_NET_RAW, which is dropped;
+- ptrace is removed: Docker allows it on kernels >= 4.8, and without Yama a tool (uid 10001)
+  could attach to tini (PID 1, same uid), stop it or inject code into it (case 19).
 
 The profile is derived, not vendored, so it follows the engine's package when Debian updates it.
 """
@@ -23,7 +25,7 @@ from pathlib import Path
 from sandbox.errors import EngineError
 
 AF_VSOCK = 40
-REMOVED_SYSCALLS = frozenset({"io_uring_setup", "io_uring_enter", "io_uring_register"})
+REMOVED_SYSCALLS = frozenset({"io_uring_setup", "io_uring_enter", "io_uring_register", "ptrace"})
 SOURCE_ENV = "RINGFENCE_SECCOMP_BASE"
 _REPO = Path(__file__).resolve().parent.parent
 _CANDIDATES = (

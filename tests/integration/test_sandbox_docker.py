@@ -46,13 +46,16 @@ def test_applied_settings_read_back_from_the_engine(backend):
     assert any(o.startswith("seccomp=ringfence-default (sha256:") for o in applied["security_opt"])
     assert applied["network_mode"] == "none"
     assert applied["ipc_mode"] == "private"
+    assert applied["cgroupns"] == "private"
     assert applied["memory"] == applied["memory_swap"] == 64 * MiB
     assert applied["nano_cpus"] == 500_000_000
     assert applied["pids_limit"] == 64
     assert applied["tmpfs"] == {"/tmp": f"rw,noexec,nosuid,nodev,size={8 * MiB},mode=1777"}
     assert {u["name"]: u["hard"] for u in applied["ulimits"]} == {"nofile": 256, "fsize": 16 * MiB, "core": 0}
     assert applied["dns"] == ["127.0.0.1"]
-    assert applied["mounts"] == []
+    # Only our static /etc files (never Docker's copies under its data root), all read-only.
+    assert sorted(m["target"] for m in applied["mounts"]) == ["/etc/hostname", "/etc/hosts", "/etc/resolv.conf"]
+    assert all(m["read_only"] for m in applied["mounts"])
 
 
 def test_stdin_reaches_the_command_and_stderr_is_separate(backend, runtime):
@@ -130,10 +133,15 @@ def test_every_container_is_labelled_and_removed(backend, docker_client):
 
 
 def test_an_image_not_in_the_lock_is_refused_before_any_container(backend, docker_client):
-    before = docker_client.containers.list(all=True)
+    since = int(time.time()) - 1
+    request = SandboxRequest(profile=SandboxProfile(image="not-pinned"), argv=("true",), run_id="unpinned")
     with pytest.raises(ImageError):
-        run(backend, ["true"], image="not-pinned")
-    assert docker_client.containers.list(all=True) == before
+        backend.run(request)
+    events = docker_client.events(
+        since=since, until=int(time.time()) + 1, decode=True,
+        filters={"type": "container", "event": "create", "label": f"{L.CALL_LABEL}={request.call_id}"},
+    )
+    assert list(events) == []
 
 
 def test_a_tag_pointing_elsewhere_does_not_redirect_dispatch(backend, docker_client, pinned_images):

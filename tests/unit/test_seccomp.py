@@ -18,7 +18,7 @@ def test_derived_profile_keeps_docker_default_but_removes_io_uring_and_vsock():
     derived = json.loads(seccomp.profile_json())
     assert derived["defaultAction"] == base["defaultAction"] == "SCMP_ACT_ERRNO"
     removed = allowed_names(base) - allowed_names(derived)
-    assert removed == {"io_uring_setup", "io_uring_enter", "io_uring_register", "socket"}
+    assert removed == {"io_uring_setup", "io_uring_enter", "io_uring_register", "ptrace", "socket"}
     socket_rules = [r for r in derived["syscalls"] if "socket" in r["names"]]
     assert socket_rules == [
         {

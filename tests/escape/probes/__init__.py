@@ -1,0 +1,93 @@
+"""Probe scripts for the posture battery (ESCAPE-BATTERY cases 1-24).
+
+Each probe is a stdlib-only Python script run inside the sandbox with `python3 -I -c` (the
+container cannot see host files), after the shared helpers of `_lib.py`. A probe never exits
+non-zero on a blocked attack: it prints one JSON object describing what each attempt got, and
+the test asserts on the parsed values.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def source(name: str) -> str:
+    return (HERE / "_lib.py").read_text() + "\n# ---- probe: " + name + "\n" + (HERE / f"{name}.py").read_text()
+
+
+def argv(name: str, *args: str) -> list[str]:
+    """The argv that runs probe `name` inside the sandbox (extra args land in sys.argv[1:])."""
+    return ["python3", "-I", "-c", source(name), *args]
+
+
+def report(result) -> dict:
+    """The probe's JSON object; fails with the container's output when the probe itself broke."""
+    text = result.stdout.decode(errors="replace").strip()
+    where = (
+        f"outcome={result.outcome} exit={result.exit_code} message={result.message!r}\n"
+        f"stdout={text[-2000:]!r}\nstderr={result.stderr.decode(errors='replace')[-2000:]!r}"
+    )
+    assert result.exit_code == 0 and text, "probe did not run to completion:\n" + where
+    try:
+        return json.loads(text.splitlines()[-1])
+    except ValueError as e:
+        raise AssertionError(f"probe printed no JSON ({e}):\n" + where) from e
+
+
+# ---- settings changes for the red checks (functions from the settings dict to a new dict) ----
+
+
+def as_root(*caps: str):
+    """uid 0 with exactly `caps` added back (cap_drop=ALL stays): the narrowest root."""
+
+    def change(settings: dict) -> dict:
+        out = {**settings, "user": "0:0"}
+        if caps:
+            out["cap_add"] = list(caps)
+        return out
+
+    return change
+
+
+def with_seccomp(profile_json: str):
+    """Replace the seccomp profile (never to unconfined here: use without_security_opt for that)."""
+
+    def change(settings: dict) -> dict:
+        opts = [o for o in settings["security_opt"] if not o.startswith("seccomp")]
+        return {**settings, "security_opt": opts + ["seccomp=" + profile_json]}
+
+    return change
+
+
+def docker_stock_seccomp() -> str:
+    """Docker's own default profile, unmodified: what we would run without our tightening."""
+    from sandbox import seccomp
+
+    return json.dumps(json.loads(Path(seccomp.source_path()).read_text()), separators=(",", ":"))
+
+
+def errnos(results: dict) -> dict:
+    """{name: errno name or "ok"} from a probe's {name: {"ok"/"ret", "errno"}} map."""
+    out = {}
+    for name, r in results.items():
+        if "ok" in r:
+            out[name] = "ok" if r["ok"] else r["errno"]
+        else:
+            out[name] = "ok" if r["ret"] != -1 else r["errno"]
+    return out
+
+
+def without_security_opt(prefix: str):
+    """Same as tests/escape/conftest.py's helper (conftest modules are not importable by name
+    reliably: tests/ and tests/escape/ both have one)."""
+
+    def change(settings: dict) -> dict:
+        opts = [o for o in settings["security_opt"] if not o.startswith(prefix)]
+        if prefix.startswith("seccomp"):
+            opts.append("seccomp=unconfined")
+        return {**settings, "security_opt": opts}
+
+    return change
