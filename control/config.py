@@ -1,0 +1,312 @@
+"""Configuration: embedded defaults (control/default_config.toml) with a user file merged over.
+
+`load_config(path=None)` returns a validated, frozen `Config`. Every validation error is a
+`ConfigError` naming the dotted key, so a typo in a deployment's file points at itself.
+Merging: tables merge key by key, arrays replace, and a user `[tenants]` table replaces the
+default demo tenant entirely (the dev tokens are public).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+from control.errors import ConfigError
+from control.model import Role
+
+DEFAULT_CONFIG_PATH = Path(__file__).with_name("default_config.toml")
+BUILTIN_TOOLS_DIR = Path(__file__).with_name("tools")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+VERDICTS = ("allow", "ask", "deny")
+AUTONOMY = ("supervised", "standard", "autonomous")
+PREDICATES = ("eq", "ne", "lt", "lte", "gt", "gte", "in", "not_in", "matches", "prefix")
+
+
+@dataclass(frozen=True)
+class TokenConfig:
+    sha256: str
+    """sha256 hex of the bearer token; the plaintext is never stored."""
+    role: Role
+    subject: str
+
+
+@dataclass(frozen=True)
+class TenantConfig:
+    name: str
+    tokens: tuple[TokenConfig, ...]
+
+
+@dataclass(frozen=True)
+class RuleConfig:
+    tool: str
+    """A tool name, or "*" for every tool."""
+    verdict: str
+    when: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """argument name -> {predicate: operand}; every predicate must hold for the rule to match."""
+
+
+@dataclass(frozen=True)
+class GrantConfig:
+    """An exact-call grant: this tool with exactly these arguments is allowed."""
+
+    tool: str
+    arguments: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    autonomy: str = "standard"
+    rules: tuple[RuleConfig, ...] = ()
+    grants: tuple[GrantConfig, ...] = ()
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_steps: int = 10
+    max_plan_steps: int = 100
+    max_argument_bytes: int = 64 * 1024
+    max_message_bytes: int = 1024 * 1024
+    max_concurrent_batches: int = 4
+    max_batch_calls: int = 32
+    max_turns: int = 50
+    max_cost: float = 100.0
+    run_deadline_s: float = 3600.0
+    approval_ttl_s: float = 900.0
+    loop_threshold: int = 3
+    max_attempts: int = 4
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 30.0
+    breaker_threshold: int = 5
+    breaker_cooldown_s: float = 30.0
+    max_parallel_reads: int = 4
+
+
+@dataclass(frozen=True)
+class Config:
+    state_dir: Path
+    listen: str
+    tools_dir: Path
+    tenants: Mapping[str, TenantConfig]
+    policy: PolicyConfig
+    limits: Limits
+    inputs: Mapping[str, str] = field(default_factory=dict)
+    """container root -> host directory, mounted read-only for tools whose roots name it."""
+
+    @property
+    def db_path(self) -> Path:
+        return self.state_dir / "events.sqlite3"
+
+    def principal_for_token(self, token: str):
+        """Convenience for the edge and tests: the (tenant, TokenConfig) of a plaintext token."""
+        import hmac
+
+        digest = hashlib.sha256(token.encode()).hexdigest()
+        for tenant in self.tenants.values():
+            for t in tenant.tokens:
+                if hmac.compare_digest(t.sha256, digest):
+                    return tenant.name, t
+        return None
+
+
+def _merge(base: dict, over: Mapping) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        if key == "tenants":
+            out[key] = value  # replace: never keep the public demo tokens under a real config
+        elif isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merge(dict(out[key]), value)
+        else:
+            out[key] = value
+    return out
+
+
+def _load_toml(path: Path) -> dict:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as e:
+        raise ConfigError("<file>", f"cannot read {path}: {e.strerror}") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError("<file>", f"{path} is not valid TOML: {e}") from e
+
+
+def load_config(path: str | Path | None = None, *, overrides: Mapping[str, Any] | None = None) -> Config:
+    """Defaults, then the file at `path` (if any), then `overrides` (tests), validated."""
+    raw = _load_toml(DEFAULT_CONFIG_PATH)
+    base_dir = Path.cwd()
+    if path is not None:
+        raw = _merge(raw, _load_toml(Path(path)))
+        base_dir = Path(path).resolve().parent
+    if overrides:
+        raw = _merge(raw, overrides)
+    return parse_config(raw, base_dir=base_dir)
+
+
+def _expect(key: str, value: Any, types: type | tuple[type, ...], what: str) -> Any:
+    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        raise ConfigError(key, f"must be {what}")
+    if not isinstance(value, types):
+        raise ConfigError(key, f"must be {what}, not {type(value).__name__}")
+    return value
+
+
+def _known(key: str, table: Mapping, allowed: set[str]) -> None:
+    for k in table:
+        if k not in allowed:
+            raise ConfigError(f"{key}.{k}" if key else k, "unknown key")
+
+
+def parse_config(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> Config:
+    base_dir = base_dir or Path.cwd()
+    _known("", raw, {"state_dir", "listen", "tools_dir", "tenants", "policy", "limits", "inputs"})
+    state_dir = Path(_expect("state_dir", raw.get("state_dir", "./.state"), str, "a path"))
+    if not state_dir.is_absolute():
+        state_dir = base_dir / state_dir
+    listen = _expect("listen", raw.get("listen", "127.0.0.1:50051"), str, "host:port")
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError("listen", f"{listen!r} is not host:port")
+    tools_raw = _expect("tools_dir", raw.get("tools_dir", ""), str, "a path")
+    tools_dir = Path(tools_raw) if tools_raw else BUILTIN_TOOLS_DIR
+    if not tools_dir.is_absolute():
+        tools_dir = base_dir / tools_dir
+    if not tools_dir.is_dir():
+        raise ConfigError("tools_dir", f"{tools_dir} is not a directory")
+
+    inputs_raw = _expect("inputs", raw.get("inputs", {}), Mapping, "a table")
+    inputs: dict[str, str] = {}
+    for root, host_dir in inputs_raw.items():
+        key = f"inputs.{root}"
+        if not root.startswith("/") or root.rstrip("/") in ("", "/tmp", "/proc", "/sys", "/dev"):
+            raise ConfigError(key, "the container root must be an absolute path, not a reserved one")
+        host_dir = _expect(key, host_dir, str, "a host directory")
+        hp = Path(host_dir)
+        if not hp.is_absolute():
+            hp = base_dir / hp
+        inputs[root.rstrip("/")] = str(hp)
+
+    tenants = _parse_tenants(_expect("tenants", raw.get("tenants", {}), Mapping, "a table"))
+    policy = _parse_policy(_expect("policy", raw.get("policy", {}), Mapping, "a table"))
+    limits = _parse_limits(_expect("limits", raw.get("limits", {}), Mapping, "a table"))
+    return Config(
+        state_dir=state_dir,
+        listen=listen,
+        tools_dir=tools_dir,
+        tenants=tenants,
+        policy=policy,
+        limits=limits,
+        inputs=inputs,
+    )
+
+
+def _parse_tenants(raw: Mapping) -> dict[str, TenantConfig]:
+    tenants = {}
+    seen_digests: set[str] = set()
+    for name, table in raw.items():
+        key = f"tenants.{name}"
+        if not _NAME.fullmatch(name):
+            raise ConfigError(key, "tenant names are 1-64 characters of [A-Za-z0-9_.-]")
+        _expect(key, table, Mapping, "a table")
+        _known(key, table, {"tokens"})
+        tokens = []
+        for i, tok in enumerate(_expect(f"{key}.tokens", table.get("tokens", []), list, "an array")):
+            tkey = f"{key}.tokens[{i}]"
+            _expect(tkey, tok, Mapping, "a table")
+            _known(tkey, tok, {"sha256", "role", "subject"})
+            digest = _expect(f"{tkey}.sha256", tok.get("sha256"), str, "sha256 hex")
+            if not _HEX64.fullmatch(digest):
+                raise ConfigError(f"{tkey}.sha256", "must be 64 lowercase hex characters (sha256 of the token)")
+            if digest in seen_digests:
+                raise ConfigError(f"{tkey}.sha256", "the same token is configured twice")
+            seen_digests.add(digest)
+            role = tok.get("role")
+            if role not in {r.value for r in Role}:
+                raise ConfigError(f"{tkey}.role", f"must be one of {', '.join(r.value for r in Role)}")
+            subject = _expect(f"{tkey}.subject", tok.get("subject", f"{name}-{role}"), str, "a string")
+            tokens.append(TokenConfig(digest, Role(role), subject))
+        tenants[name] = TenantConfig(name, tuple(tokens))
+    return tenants
+
+
+def _parse_policy(raw: Mapping) -> PolicyConfig:
+    _known("policy", raw, {"autonomy", "rules", "grants"})
+    autonomy = raw.get("autonomy", "standard")
+    if autonomy not in AUTONOMY:
+        raise ConfigError("policy.autonomy", f"must be one of {', '.join(AUTONOMY)}")
+    rules = []
+    for i, rule in enumerate(_expect("policy.rules", raw.get("rules", []), list, "an array")):
+        key = f"policy.rules[{i}]"
+        _expect(key, rule, Mapping, "a table")
+        _known(key, rule, {"tool", "verdict", "when"})
+        tool = _expect(f"{key}.tool", rule.get("tool"), str, "a tool name or *")
+        verdict = rule.get("verdict")
+        if verdict not in VERDICTS:
+            raise ConfigError(f"{key}.verdict", f"must be one of {', '.join(VERDICTS)}")
+        when = _expect(f"{key}.when", rule.get("when", {}), Mapping, "a table")
+        for arg, preds in when.items():
+            pkey = f"{key}.when.{arg}"
+            _expect(pkey, preds, Mapping, "a table of predicates")
+            if not preds:
+                raise ConfigError(pkey, "needs at least one predicate")
+            for op, operand in preds.items():
+                if op not in PREDICATES:
+                    raise ConfigError(f"{pkey}.{op}", f"unknown predicate; one of {', '.join(PREDICATES)}")
+                if op in ("lt", "lte", "gt", "gte") and (
+                    isinstance(operand, bool) or not isinstance(operand, (int, float))
+                ):
+                    raise ConfigError(f"{pkey}.{op}", "must be a number")
+                if op in ("in", "not_in") and not isinstance(operand, list):
+                    raise ConfigError(f"{pkey}.{op}", "must be an array")
+                if op in ("matches", "prefix") and not isinstance(operand, str):
+                    raise ConfigError(f"{pkey}.{op}", "must be a string")
+                if op == "matches":
+                    try:
+                        re.compile(operand)
+                    except re.error as e:
+                        raise ConfigError(f"{pkey}.{op}", f"bad regular expression: {e}") from e
+        rules.append(RuleConfig(tool, verdict, {k: dict(v) for k, v in when.items()}))
+    grants = []
+    for i, grant in enumerate(_expect("policy.grants", raw.get("grants", []), list, "an array")):
+        key = f"policy.grants[{i}]"
+        _expect(key, grant, Mapping, "a table")
+        _known(key, grant, {"tool", "arguments"})
+        tool = _expect(f"{key}.tool", grant.get("tool"), str, "a tool name")
+        arguments = _expect(f"{key}.arguments", grant.get("arguments", {}), Mapping, "a table")
+        grants.append(GrantConfig(tool, dict(arguments)))
+    return PolicyConfig(autonomy=autonomy, rules=tuple(rules), grants=tuple(grants))
+
+
+def _parse_limits(raw: Mapping) -> Limits:
+    names = {f.name: f for f in fields(Limits)}
+    _known("limits", raw, set(names))
+    values = {}
+    for name, value in raw.items():
+        key = f"limits.{name}"
+        is_int = names[name].type in ("int", int)
+        if is_int:
+            _expect(key, value, int, "an integer")
+        else:
+            _expect(key, value, (int, float), "a number")
+            value = float(value)
+        if value <= 0:
+            raise ConfigError(key, "must be positive")
+        values[name] = value
+    limits = Limits(**values)
+    if limits.max_steps > limits.max_plan_steps:
+        raise ConfigError("limits.max_steps", f"is over limits.max_plan_steps ({limits.max_plan_steps})")
+    if limits.max_attempts > 10:
+        raise ConfigError("limits.max_attempts", "at most 10")
+    if limits.loop_threshold < 2:
+        raise ConfigError("limits.loop_threshold", "at least 2")
+    if limits.max_argument_bytes > limits.max_message_bytes:
+        raise ConfigError("limits.max_argument_bytes", "is over limits.max_message_bytes")
+    return limits
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()

@@ -1,0 +1,103 @@
+"""The control plane's one exception hierarchy.
+
+    ControlError(message)                 base; never raised itself
+    ├── InvalidArgument(message, violations)   bad input, every field violation listed
+    ├── NotFound                          unknown id, or one of another tenant (ids do not leak)
+    ├── AlreadyExists
+    ├── FailedPrecondition                e.g. a batch submitted to a finished run
+    ├── Unauthenticated
+    ├── PermissionDenied                  authenticated, wrong role
+    ├── ResourceExhausted                 sizes, per-tenant concurrency
+    └── Unavailable                       the sandbox engine cannot be reached
+    ConfigError(key, message) < InvalidArgument   a bad config file; `key` is the dotted key
+
+The edge (control/api/status.py) maps these to gRPC status codes in one table; nothing in the
+core knows about gRPC.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+__all__ = [
+    "FieldViolation",
+    "ControlError",
+    "InvalidArgument",
+    "NotFound",
+    "AlreadyExists",
+    "FailedPrecondition",
+    "Unauthenticated",
+    "PermissionDenied",
+    "ResourceExhausted",
+    "Unavailable",
+    "ConfigError",
+]
+
+
+@dataclass(frozen=True)
+class FieldViolation:
+    """One problem with one field; `field` is a dotted path such as `steps[2].arguments.amount`."""
+
+    field: str
+    description: str
+
+
+class ControlError(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InvalidArgument(ControlError):
+    def __init__(self, message: str, violations: Iterable[FieldViolation] = ()) -> None:
+        super().__init__(message)
+        self.violations: tuple[FieldViolation, ...] = tuple(violations)
+
+    def __str__(self) -> str:
+        if not self.violations:
+            return self.message
+        details = "; ".join(f"{v.field}: {v.description}" for v in self.violations)
+        return f"{self.message} ({details})"
+
+
+class NotFound(ControlError):
+    pass
+
+
+class AlreadyExists(ControlError):
+    pass
+
+
+class FailedPrecondition(ControlError):
+    pass
+
+
+class Unauthenticated(ControlError):
+    pass
+
+
+class PermissionDenied(ControlError):
+    pass
+
+
+class ResourceExhausted(ControlError):
+    pass
+
+
+class Unavailable(ControlError):
+    pass
+
+
+class ConfigError(InvalidArgument):
+    """A configuration value is wrong; `key` names it (`limits.max_steps`, `tenants.a.tokens[0]`)."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"config {key}: {message}", (FieldViolation(key, message),))
+        self.key = key
+
+    def __str__(self) -> str:
+        return self.message

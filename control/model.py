@@ -1,0 +1,193 @@
+"""Value objects shared by the control-plane core and its gRPC edge.
+
+All are frozen; the edge converts them to and from protos (control/api), the core never sees a
+protobuf. Mappings held by a value are copied on construction so a caller's later mutation
+cannot change a value that was already admitted.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping
+
+__all__ = [
+    "Role",
+    "Principal",
+    "ToolView",
+    "ProposedCall",
+    "ObservationStatus",
+    "Observation",
+    "RunStatus",
+    "RunOutcome",
+    "Usage",
+    "ApprovalStatus",
+    "Approval",
+    "RunView",
+    "Event",
+    "PlanStep",
+]
+
+
+def _frozen_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return MappingProxyType(dict(value or {}))
+
+
+class Role(enum.StrEnum):
+    AGENT = "agent"
+    APPROVER = "approver"
+    ADMIN = "admin"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: the tenant scopes everything they can see."""
+
+    tenant: str
+    role: Role
+    subject: str
+
+
+@dataclass(frozen=True)
+class ToolView:
+    """What a caller may learn about a tool: never its risk metadata or roots."""
+
+    name: str
+    description: str
+    schema: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class ProposedCall:
+    call_id: str
+    tool: str
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "arguments", _frozen_mapping(self.arguments))
+
+
+class ObservationStatus(enum.StrEnum):
+    EXECUTED = "executed"
+    DENIED = "denied"
+    BLOCKED = "blocked"
+    DECLINED = "declined"
+    UNKNOWN_TOOL = "unknown_tool"
+    PENDING_APPROVAL = "pending_approval"
+    DEDUPLICATED = "deduplicated"
+    HALTED = "halted"
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the caller learns about one call. `executed` says whether a tool actually ran."""
+
+    call_id: str
+    tool: str
+    status: ObservationStatus
+    executed: bool
+    content: Any | None = None
+    error: str | None = None
+    error_class: str | None = None
+    verdict_path: tuple[str, ...] = ()
+    approval_id: str | None = None
+    attempts: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", ObservationStatus(self.status))
+        object.__setattr__(self, "verdict_path", tuple(self.verdict_path))
+
+
+class RunStatus(enum.StrEnum):
+    RUNNING = "running"
+    WAITING_APPROVAL = "waiting_approval"
+    FINISHED = "finished"
+
+
+class RunOutcome(enum.StrEnum):
+    COMPLETED = "completed"
+    LOOP_DETECTED = "loop_detected"
+    GUARDRAIL_STOP = "guardrail_stop"
+    BUDGET_EXHAUSTED = "budget_exhausted"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+    UNCERTAIN = "uncertain"
+
+
+@dataclass(frozen=True)
+class Usage:
+    turns: int = 0
+    calls: int = 0
+    cost: float = 0.0
+
+
+class ApprovalStatus(enum.StrEnum):
+    PENDING = "pending"
+    APPROVED = "approved"
+    DECLINED = "declined"
+    EXPIRED = "expired"
+    USED = "used"
+
+
+@dataclass(frozen=True)
+class Approval:
+    approval_id: str
+    tenant: str
+    run_id: str
+    call_id: str
+    tool: str
+    arguments: Mapping[str, Any]
+    digest: str
+    status: ApprovalStatus
+    created_at: float
+    expires_at: float
+    decided_by: str | None = None
+    reason: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "arguments", _frozen_mapping(self.arguments))
+        object.__setattr__(self, "status", ApprovalStatus(self.status))
+
+
+@dataclass(frozen=True)
+class RunView:
+    run_id: str
+    tenant: str
+    goal: str
+    status: RunStatus
+    outcome: RunOutcome | None
+    turns: int
+    trajectory: tuple[Observation, ...]
+    usage: Usage
+    pending_approvals: tuple[Approval, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "trajectory", tuple(self.trajectory))
+        object.__setattr__(self, "pending_approvals", tuple(self.pending_approvals))
+
+
+@dataclass(frozen=True)
+class Event:
+    """One durable fact in a run's append-only log; `seq` is monotonic per run from 1."""
+
+    run_id: str
+    seq: int
+    type: str
+    data: Mapping[str, Any]
+    schema_version: int
+    at: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "data", _frozen_mapping(self.data))
+
+
+@dataclass(frozen=True)
+class PlanStep:
+    key: str
+    tool: str
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "arguments", _frozen_mapping(self.arguments))

@@ -1,0 +1,230 @@
+"""The tool registry: manifests parsed, checked and looked up by name.
+
+The registry describes tools; it never decides whether a call is permitted (it does not import
+policy): a tool must not be able to describe itself as allowed. `ToolView`, what callers see,
+carries the argument schema only, never risk metadata, roots or hosts.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from control.errors import ConfigError
+from control.model import ToolView
+
+_TOOL_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+_HOST = re.compile(r"(\*\.)?[a-z0-9]([a-z0-9-]{0,62})(\.[a-z0-9]([a-z0-9-]{0,62}))*")
+# ListTools narrows by query only past this many tools: a small set is cheaper to show whole.
+NARROW_ABOVE = 12
+_MANIFEST_KEYS = {
+    "name", "description", "schema", "mutates", "reversible", "cost", "paths",
+    "egress_hosts", "url_arguments", "limits", "runtime", "image",
+}
+_LIMIT_KEYS = {"memory_bytes", "cpus", "pids", "timeout_s", "stdout_limit", "stderr_limit"}
+
+
+@dataclass(frozen=True)
+class ToolLimits:
+    memory_bytes: int = 128 * 1024 * 1024
+    cpus: float = 0.5
+    pids: int = 64
+    timeout_s: float = 10.0
+    stdout_limit: int = 1024 * 1024
+    stderr_limit: int = 64 * 1024
+
+
+@dataclass(frozen=True)
+class ToolManifest:
+    name: str
+    description: str
+    schema: Mapping[str, Any]
+    mutates: bool
+    """It changes the world: writes run serially after reads, and carry an idempotency key."""
+    reversible: bool
+    """False = irreversible: under every autonomy level an ALLOW becomes ASK."""
+    cost: float = 0.0
+    """Charged to the run's cost budget per dispatched call."""
+    paths: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """argument name -> the container roots its value must stay under."""
+    egress_hosts: tuple[str, ...] = ()
+    """Hosts (or *.suffix) the tool may reach; empty = no network."""
+    url_arguments: tuple[str, ...] = ()
+    """Arguments whose value is a URL or host name, checked against egress_hosts."""
+    limits: ToolLimits = field(default_factory=ToolLimits)
+    runtime: str = "runc"
+    image: str = "tool"
+
+    @property
+    def irreversible(self) -> bool:
+        return not self.reversible
+
+    def view(self) -> ToolView:
+        return ToolView(self.name, self.description, json.loads(json.dumps(self.schema)))
+
+
+def _err(source: str, key: str, message: str) -> ConfigError:
+    return ConfigError(f"{source}:{key}", message)
+
+
+def parse_manifest(doc: Mapping[str, Any], source: str = "<manifest>") -> ToolManifest:
+    """Check one manifest document; raise ConfigError naming the file and key."""
+    if not isinstance(doc, Mapping):
+        raise _err(source, "", "a manifest is an object")
+    for key in doc:
+        if key not in _MANIFEST_KEYS:
+            raise _err(source, key, "unknown key")
+    name = doc.get("name")
+    if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+        raise _err(source, "name", "must match [a-z][a-z0-9_]{0,63} (the runner's tool names)")
+    description = doc.get("description", "")
+    if not isinstance(description, str) or not description:
+        raise _err(source, "description", "must be a non-empty string")
+    schema = doc.get("schema")
+    if not isinstance(schema, Mapping) or schema.get("type") != "object":
+        raise _err(source, "schema", 'must be a JSON Schema with "type": "object"')
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as e:
+        raise _err(source, "schema", f"invalid JSON Schema: {e.message}") from e
+    for flag in ("mutates", "reversible"):
+        if not isinstance(doc.get(flag), bool):
+            # Risk metadata is never defaulted: a manifest that forgets it must not pass as safe.
+            raise _err(source, flag, "is required and must be true or false")
+    cost = doc.get("cost", 0.0)
+    if isinstance(cost, bool) or not isinstance(cost, (int, float)) or cost < 0:
+        raise _err(source, "cost", "must be a non-negative number")
+    paths_raw = doc.get("paths", {})
+    if not isinstance(paths_raw, Mapping):
+        raise _err(source, "paths", "must map argument names to arrays of roots")
+    paths = {}
+    for arg, roots in paths_raw.items():
+        if isinstance(roots, str):
+            roots = [roots]
+        if not isinstance(roots, list) or not roots:
+            raise _err(source, f"paths.{arg}", "must be a non-empty array of absolute roots")
+        norm = []
+        for root in roots:
+            if not isinstance(root, str) or not root.startswith("/") or posixpath.normpath(root) == "/":
+                raise _err(source, f"paths.{arg}", f"{root!r} must be an absolute path other than /")
+            norm.append(posixpath.normpath(root))
+        paths[arg] = tuple(norm)
+    hosts = doc.get("egress_hosts", [])
+    if not isinstance(hosts, list) or not all(isinstance(h, str) and _HOST.fullmatch(h) for h in hosts):
+        raise _err(source, "egress_hosts", "must be an array of lowercase host names (or *.suffix)")
+    url_args = doc.get("url_arguments", [])
+    if not isinstance(url_args, list) or not all(isinstance(a, str) for a in url_args):
+        raise _err(source, "url_arguments", "must be an array of argument names")
+    limits_raw = doc.get("limits", {})
+    if not isinstance(limits_raw, Mapping):
+        raise _err(source, "limits", "must be an object")
+    for key, value in limits_raw.items():
+        if key not in _LIMIT_KEYS:
+            raise _err(source, f"limits.{key}", "unknown limit")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise _err(source, f"limits.{key}", "must be a positive number")
+    limits = ToolLimits(**{k: (float(v) if k in ("cpus", "timeout_s") else int(v)) for k, v in limits_raw.items()})
+    runtime = doc.get("runtime", "runc")
+    if runtime not in ("runc", "gvisor"):
+        raise _err(source, "runtime", "must be runc or gvisor")
+    if runtime == "gvisor" and hosts:
+        raise _err(source, "runtime", "gVisor here runs with --network=none: no egress hosts")
+    image = doc.get("image", "tool")
+    if not isinstance(image, str) or not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", image):
+        raise _err(source, "image", "must be an image name from images/images.lock")
+    # The sandbox profile validates the limits for real; build one now so a bad manifest fails
+    # at load time rather than on its first call.
+    from sandbox.errors import ProfileError
+    from sandbox.profile import SandboxProfile
+
+    try:
+        SandboxProfile(image=image, runtime=runtime, memory_bytes=limits.memory_bytes, cpus=limits.cpus,
+                       pids=limits.pids, timeout_s=limits.timeout_s, stdout_limit=limits.stdout_limit,
+                       stderr_limit=limits.stderr_limit)
+    except ProfileError as e:
+        raise _err(source, f"limits.{e.field}", e.message) from e
+    return ToolManifest(
+        name=name,
+        description=description,
+        schema=json.loads(json.dumps(schema)),
+        mutates=doc["mutates"],
+        reversible=doc["reversible"],
+        cost=float(cost),
+        paths=paths,
+        egress_hosts=tuple(hosts),
+        url_arguments=tuple(url_args),
+        limits=limits,
+        runtime=runtime,
+        image=image,
+    )
+
+
+def load_manifest_file(path: Path) -> ToolManifest:
+    try:
+        if path.suffix == ".toml":
+            with open(path, "rb") as f:
+                doc = tomllib.load(f)
+        else:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ConfigError(str(path), f"cannot load manifest: {e}") from e
+    manifest = parse_manifest(doc, source=path.name)
+    if manifest.name != path.stem:
+        raise _err(path.name, "name", f"{manifest.name!r} differs from the file name")
+    return manifest
+
+
+class Registry:
+    """Tools by name. Immutable after construction."""
+
+    def __init__(self, manifests: Iterable[ToolManifest]) -> None:
+        self._tools: dict[str, ToolManifest] = {}
+        for m in manifests:
+            if m.name in self._tools:
+                raise ConfigError(f"tools.{m.name}", "registered twice")
+            self._tools[m.name] = m
+
+    @classmethod
+    def from_dir(cls, directory: str | Path) -> "Registry":
+        from control.tools import manifest_files
+
+        return cls(load_manifest_file(p) for p in manifest_files(directory))
+
+    def get(self, name: str) -> ToolManifest | None:
+        return self._tools.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(sorted(self._tools))
+
+    def list(self, query: str = "") -> list[ToolView]:
+        """All tools (by name) — or, past NARROW_ABOVE tools and given a query, the best matches.
+
+        A match counts query words found in the tool's name and description; only tools with at
+        least one match are returned, best first, at most NARROW_ABOVE of them.
+        """
+        tools = [self._tools[n] for n in self.names]
+        words = [w for w in re.split(r"[^a-z0-9_]+", query.lower()) if w]
+        if len(tools) <= NARROW_ABOVE or not words:
+            return [t.view() for t in tools]
+        scored = []
+        for t in tools:
+            text = f"{t.name} {t.name.replace('_', ' ')} {t.description}".lower()
+            score = sum(3 if w == t.name else 1 for w in words if w in text)
+            if score:
+                scored.append((-score, t.name, t))
+        return [t.view() for _, _, t in sorted(scored)[:NARROW_ABOVE]]

@@ -1,0 +1,147 @@
+"""Resource policy (admission step 4): paths under their roots, egress hosts on the allowlist.
+
+It runs before any contextual rule, and its DENY is final: a policy rule can only narrow what
+resource policy lets through, never widen it. Paths are checked twice: lexically (after
+normalization, which removes `..`), and, where the root exists on this host (directly or via
+the configured `inputs` mapping), with realpath, so a symlink inside the root cannot lead out.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import posixpath
+from dataclasses import dataclass
+from typing import Any, Mapping
+from urllib.parse import urlsplit
+
+from control.registry import ToolManifest
+
+# Names that resolve to cloud metadata services; denied whatever the allowlist says.
+METADATA_HOSTS = frozenset({
+    "metadata", "metadata.google.internal", "metadata.goog", "instance-data",
+    "instance-data.ec2.internal", "metadata.azure.com", "metadata.packet.net",
+})
+
+
+@dataclass(frozen=True)
+class ResourceDecision:
+    allowed: bool
+    reason: str = ""
+    resolved: Mapping[str, str] | None = None
+    """Path arguments as resolved container paths (for the audit trail)."""
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def resolve_path(value: str, roots: tuple[str, ...], host_roots: Mapping[str, str]) -> tuple[str | None, str]:
+    """Return (resolved container path, "") or (None, why it is denied)."""
+    if not isinstance(value, str) or not value or "\0" in value:
+        return None, "path must be a non-empty string without NUL"
+    # Relative paths are relative to the first root, like the tool itself reads them.
+    joined = value if value.startswith("/") else posixpath.join(roots[0], value)
+    if "\\" in value:
+        return None, "backslashes are not path separators here"
+    lexical = posixpath.normpath(joined)
+    if lexical.startswith("//"):
+        lexical = "/" + lexical.lstrip("/")
+    root = next((r for r in roots if _under(lexical, r)), None)
+    if root is None:
+        return None, f"{value!r} resolves to {lexical}, outside {', '.join(roots)}"
+    host_root = host_roots.get(root, root)
+    if os.path.isdir(host_root):
+        # The root exists here: follow symlinks for real. A link inside the root pointing out
+        # (or a `..` through a symlinked directory) is an escape even if the text looks fine.
+        real_root = os.path.realpath(host_root)
+        rel = posixpath.relpath(lexical, root)
+        real = os.path.realpath(os.path.join(host_root, rel))
+        if not _under(real, real_root):
+            return None, f"{value!r} leaves {root} through a symbolic link"
+        # Also resolve the raw text (before normalization) on the host: `a/../..` through a
+        # symlinked `a` resolves differently from its lexical form.
+        raw_rel = value[len(root):].lstrip("/") if value.startswith("/") else value
+        real_raw = os.path.realpath(os.path.join(host_root, raw_rel))
+        if not _under(real_raw, real_root):
+            return None, f"{value!r} leaves {root} through a symbolic link"
+    return lexical, ""
+
+
+def _host_of(value: str) -> str | None:
+    if not isinstance(value, str) or not value:
+        return None
+    if "://" in value:
+        try:
+            parts = urlsplit(value)
+            if parts.scheme.lower() not in ("http", "https"):
+                return None
+            host = parts.hostname
+        except ValueError:
+            return None
+    else:
+        host = value.split("/", 1)[0].rsplit("@", 1)[-1]
+        if host.startswith("["):
+            host = host[1:].split("]", 1)[0]
+        elif host.count(":") == 1:
+            host = host.split(":", 1)[0]
+    if not host:
+        return None
+    return host.rstrip(".").lower()
+
+
+def _ip_forbidden(host: str) -> str:
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        # Numeric forms the resolver would accept (0x7f.1, 2130706433, 127.1) are refused outright.
+        if host.replace(".", "").replace("x", "").isalnum() and all(
+            p.isdigit() or p.startswith("0x") for p in host.split(".")
+        ):
+            return f"{host} is a numeric address in a non-canonical form"
+        return ""
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
+        ip = ip.ipv4_mapped
+    if (ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_multicast or ip.is_reserved
+            or ip.is_unspecified or not ip.is_global):
+        return f"{host} is a private, loopback, link-local or metadata address"
+    return ""
+
+
+def check_host(host: str, allowed: tuple[str, ...]) -> str:
+    """"" when `host` may be reached, else why not."""
+    why = _ip_forbidden(host)
+    if why:
+        return why
+    if host in METADATA_HOSTS or host.endswith(".internal") or host == "localhost" or host.endswith(".localhost"):
+        return f"{host} is a metadata or local name"
+    for pattern in allowed:
+        if pattern.startswith("*."):
+            if host.endswith(pattern[1:]) and host != pattern[2:]:
+                return ""
+        elif host == pattern:
+            return ""
+    return f"{host} is not on the tool's egress allowlist"
+
+
+def check_resources(manifest: ToolManifest, arguments: Mapping[str, Any],
+                    host_roots: Mapping[str, str] | None = None) -> ResourceDecision:
+    host_roots = host_roots or {}
+    resolved: dict[str, str] = {}
+    for arg, roots in manifest.paths.items():
+        if arg not in arguments:
+            continue
+        path, why = resolve_path(arguments[arg], roots, host_roots)
+        if path is None:
+            return ResourceDecision(False, f"{arg}: {why}")
+        resolved[arg] = path
+    for arg in manifest.url_arguments:
+        if arg not in arguments:
+            continue
+        host = _host_of(arguments[arg])
+        if host is None:
+            return ResourceDecision(False, f"{arg}: not an http(s) URL or host name")
+        why = check_host(host, manifest.egress_hosts)
+        if why:
+            return ResourceDecision(False, f"{arg}: {why}")
+    return ResourceDecision(True, "", resolved)

@@ -1,0 +1,237 @@
+"""A run's state is the fold of its events. This module is the one reducer.
+
+The orchestrator never changes a run's state except by appending an event and applying it
+here, so the live state and a replay of the log are equal at every prefix by construction;
+what the replay test guards is that everything a decision needs is IN the event (the stored
+JSON), not in some side variable. `apply` must stay a pure function of (state, event): no
+clock, no randomness, no lookups.
+
+Event types and their data:
+    run_started       run_id, tenant, goal, created_at, deadline_at, policy_version, trace
+    batch_started     batch_id, turn, calls[{call_id, tool, arguments}]
+    call_decided      call_id, tool, arguments (canonical or raw), signature|null, verdict, verdict_path, reason
+    approval_requested approval_id, call_id, tool, arguments, digest, created_at, expires_at,
+                      mutates, idempotency_key, image_digest, policy_version
+    approval_decided  approval_id, approved, by, reason
+    approval_expired  approval_id
+    approval_used     approval_id
+    grant_added       tool, arguments, signature, by
+    dispatch_started  call_id, tool, mutates, idempotency_key
+    attempt           call_id, attempt, failure_class|null, outcome, message, retry_after_s, duration_ms
+    call_completed    call_id, tool, mutates, idempotency_key, ok, content, error, error_class, attempts, cost
+    observation       the Observation's fields
+    run_finished      outcome, reason
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from control.model import (
+    Approval,
+    ApprovalStatus,
+    Event,
+    Observation,
+    ObservationStatus,
+    RunOutcome,
+    RunStatus,
+    RunView,
+    Usage,
+)
+
+
+@dataclass
+class PendingCall:
+    """A call admitted as ASK: waiting for its approval, or approved and not yet dispatched."""
+
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    approval_id: str
+    mutates: bool
+    idempotency_key: str | None
+    verdict_path: tuple[str, ...]
+
+
+@dataclass
+class RunState:
+    run_id: str = ""  # the caller's id
+    key: str = ""  # the id in the store: run_id, or tenant/run_id when another tenant had taken it
+    tenant: str = ""
+    goal: str = ""
+    created_at: float = 0.0
+    deadline_at: float | None = None
+    policy_version: str = ""
+    trace: dict[str, Any] = field(default_factory=dict)
+    outcome: RunOutcome | None = None
+    finish_reason: str = ""
+    turns: int = 0
+    calls: int = 0
+    cost: float = 0.0
+    trajectory: dict[str, Observation] = field(default_factory=dict)  # by call_id, first-seen order
+    approvals: dict[str, Approval] = field(default_factory=dict)
+    pending: dict[str, PendingCall] = field(default_factory=dict)
+    signatures: Counter = field(default_factory=Counter)
+    completions: dict[str, dict[str, Any]] = field(default_factory=dict)  # idempotency key -> completion
+    inflight: dict[str, dict[str, Any]] = field(default_factory=dict)  # call_id -> dispatch_started data
+    call_ids: set[str] = field(default_factory=set)
+    call_order: dict[str, int] = field(default_factory=dict)  # the trajectory is in proposal order
+    grants: set[str] = field(default_factory=set)
+    attempts: dict[str, int] = field(default_factory=dict)
+    unobserved: dict[str, dict[str, Any]] = field(default_factory=dict)  # completed, no observation yet
+    last_seq: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.outcome is not None
+
+    @property
+    def status(self) -> RunStatus:
+        if self.outcome is not None:
+            return RunStatus.FINISHED
+        if self.pending:
+            return RunStatus.WAITING_APPROVAL
+        return RunStatus.RUNNING
+
+    def view(self) -> RunView:
+        return RunView(
+            run_id=self.run_id,
+            tenant=self.tenant,
+            goal=self.goal,
+            status=self.status,
+            outcome=self.outcome,
+            turns=self.turns,
+            trajectory=tuple(sorted(self.trajectory.values(), key=lambda o: self.call_order[o.call_id])),
+            usage=Usage(turns=self.turns, calls=self.calls, cost=round(self.cost, 9)),
+            pending_approvals=tuple(a for a in self.approvals.values() if a.status is ApprovalStatus.PENDING),
+        )
+
+    def snapshot(self) -> dict[str, Any]:
+        """Everything, as a deep copy comparable with ==."""
+        snap = {k: copy.deepcopy(v) for k, v in self.__dict__.items() if k != "approvals"}
+        snap["trajectory"] = list(self.trajectory.items())
+        snap["approvals"] = [
+            (k, {f: (dict(v) if f == "arguments" else v) for f, v in a.__dict__.items()})
+            for k, a in self.approvals.items()
+        ]
+        snap["status"] = self.status
+        return snap
+
+
+def _observation(data: dict[str, Any]) -> Observation:
+    return Observation(
+        call_id=data["call_id"],
+        tool=data["tool"],
+        status=ObservationStatus(data["status"]),
+        executed=bool(data["executed"]),
+        content=data.get("content"),
+        error=data.get("error"),
+        error_class=data.get("error_class"),
+        verdict_path=tuple(data.get("verdict_path") or ()),
+        approval_id=data.get("approval_id"),
+        attempts=int(data.get("attempts") or 0),
+    )
+
+
+def observation_data(o: Observation) -> dict[str, Any]:
+    return {
+        "call_id": o.call_id,
+        "tool": o.tool,
+        "status": o.status.value,
+        "executed": o.executed,
+        "content": o.content,
+        "error": o.error,
+        "error_class": o.error_class,
+        "verdict_path": list(o.verdict_path),
+        "approval_id": o.approval_id,
+        "attempts": o.attempts,
+    }
+
+
+def _set_approval(state: RunState, approval_id: str, **changes: Any) -> None:
+    from dataclasses import replace
+
+    a = state.approvals.get(approval_id)
+    if a is not None:
+        state.approvals[approval_id] = replace(a, **changes)
+
+
+def apply(state: RunState, event: Event) -> RunState:
+    d = event.data
+    t = event.type
+    if event.seq != state.last_seq + 1:
+        raise ValueError(f"run {event.run_id}: event seq {event.seq} after {state.last_seq}")
+    state.last_seq = event.seq
+    if t == "run_started":
+        state.key = event.run_id
+        state.run_id = d.get("run_id") or event.run_id
+        state.tenant = d["tenant"]
+        state.goal = d.get("goal", "")
+        state.created_at = d["created_at"]
+        state.deadline_at = d.get("deadline_at")
+        state.policy_version = d.get("policy_version", "")
+        state.trace = dict(d.get("trace") or {})
+    elif t == "batch_started":
+        state.turns += 1
+        for c in d["calls"]:
+            state.call_ids.add(c["call_id"])
+            state.call_order.setdefault(c["call_id"], len(state.call_order))
+    elif t == "call_decided":
+        if d.get("signature"):
+            state.signatures[d["signature"]] += 1
+    elif t == "approval_requested":
+        state.approvals[d["approval_id"]] = Approval(
+            approval_id=d["approval_id"], tenant=state.tenant, run_id=state.run_id, call_id=d["call_id"],
+            tool=d["tool"], arguments=d["arguments"], digest=d["digest"], status=ApprovalStatus.PENDING,
+            created_at=d["created_at"], expires_at=d["expires_at"])
+        state.pending[d["call_id"]] = PendingCall(
+            call_id=d["call_id"], tool=d["tool"], arguments=dict(d["arguments"]), approval_id=d["approval_id"],
+            mutates=bool(d.get("mutates")), idempotency_key=d.get("idempotency_key"),
+            verdict_path=tuple(d.get("verdict_path") or ()))
+    elif t == "approval_decided":
+        _set_approval(state, d["approval_id"],
+                      status=ApprovalStatus.APPROVED if d["approved"] else ApprovalStatus.DECLINED,
+                      decided_by=d.get("by"), reason=d.get("reason"))
+    elif t == "approval_expired":
+        _set_approval(state, d["approval_id"], status=ApprovalStatus.EXPIRED)
+    elif t == "approval_used":
+        _set_approval(state, d["approval_id"], status=ApprovalStatus.USED)
+    elif t == "grant_added":
+        state.grants.add(d["signature"])
+    elif t == "dispatch_started":
+        state.inflight[d["call_id"]] = dict(d)
+        state.pending.pop(d["call_id"], None)
+    elif t == "attempt":
+        state.attempts[d["call_id"]] = int(d["attempt"])
+    elif t == "call_completed":
+        state.inflight.pop(d["call_id"], None)
+        state.unobserved[d["call_id"]] = dict(d)
+        state.calls += 1
+        state.cost += float(d.get("cost") or 0.0)
+        if d.get("mutates") and d.get("ok") and d.get("idempotency_key"):
+            state.completions[d["idempotency_key"]] = {"content": d.get("content"), "call_id": d["call_id"]}
+    elif t == "observation":
+        obs = _observation(dict(d))
+        state.trajectory[obs.call_id] = obs
+        if obs.status is not ObservationStatus.PENDING_APPROVAL:
+            state.pending.pop(obs.call_id, None)
+            state.inflight.pop(obs.call_id, None)
+            state.unobserved.pop(obs.call_id, None)
+        state.call_ids.add(obs.call_id)
+        state.call_order.setdefault(obs.call_id, len(state.call_order))
+    elif t == "run_finished":
+        state.outcome = RunOutcome(d["outcome"])
+        state.finish_reason = d.get("reason", "")
+    else:
+        raise ValueError(f"unknown event type {t!r}")
+    return state
+
+
+def fold(events: Iterable[Event]) -> RunState:
+    state = RunState()
+    for e in events:
+        apply(state, e)
+    return state

@@ -1,0 +1,148 @@
+"""Approval (step 6): bound to the exact call, expiring, used once, durable across restarts."""
+
+from __future__ import annotations
+
+import pytest
+
+from control.approvals import approval_digest
+from control.errors import FailedPrecondition, NotFound, PermissionDenied
+from control.model import ApprovalStatus as A
+from control.model import ObservationStatus as S
+from control.model import RunStatus
+from control_support import AGENT, APPROVER, STRANGER_APPROVER, Harness
+
+RULES = [{"tool": "credit", "verdict": "ask", "when": {"amount": {"lte": 1000}}},
+         {"tool": "echo", "verdict": "allow"}]
+
+
+def test_the_digest_binds_every_part():
+    base = dict(tenant="acme", run_id="r1", tool="credit", arguments={"account": "acme-9", "amount": 50},
+                image_digest="sha256:aa", policy_version="p1")
+    d = approval_digest(**base)
+    for key, other in [("tenant", "globex"), ("run_id", "r2"), ("tool", "debit"),
+                       ("arguments", {"account": "acme-9", "amount": 500}), ("image_digest", "sha256:bb"),
+                       ("policy_version", "p2")]:
+        assert approval_digest(**{**base, key: other}) != d, key
+    # The canonical form: key order and 50.0 vs 50 are the same call.
+    assert approval_digest(**{**base, "arguments": {"amount": 50.0, "account": "acme-9"}}) == d
+
+
+def test_an_approval_for_50_never_authorizes_500(tmp_path):
+    h = Harness(tmp_path, rules=RULES)
+    run = h.run()
+    small, big = h.submit(run, ("credit", {"account": "acme-9", "amount": 50}),
+                          ("credit", {"account": "acme-9", "amount": 500}))
+    assert small.status is big.status is S.PENDING_APPROVAL
+    approvals = {a.approval_id: a for a in h.orch.list_approvals(APPROVER, run)}
+    assert approvals[small.approval_id].digest != approvals[big.approval_id].digest
+    h.orch.decide_approval(APPROVER, small.approval_id, True, "fine")
+    assert [(c.tool, c.arguments) for c in h.emulator.log] == [("credit", {"account": "acme-9", "amount": 50})]
+    view = h.orch.get_run(AGENT, run)
+    by_id = {o.call_id: o for o in view.trajectory}
+    assert by_id[small.call_id].status is S.EXECUTED
+    assert by_id[small.call_id].content["credited"] == 50
+    assert by_id[big.call_id].status is S.PENDING_APPROVAL  # still waiting for its own decision
+    assert view.status is RunStatus.WAITING_APPROVAL
+
+
+def test_a_changed_image_or_policy_voids_the_approval(tmp_path):
+    h = Harness(tmp_path, rules=RULES)
+    run = h.run()
+    [obs] = h.submit(run, ("credit", {"account": "acme-9", "amount": 50}))
+    h.image_digest = "sha256:" + "cd" * 32  # the tool image was rebuilt after the approver looked
+    h.restart()
+    approval = h.orch.decide_approval(APPROVER, obs.approval_id, True, "ok")
+    assert approval.status is A.APPROVED  # decided, but it did not apply
+    [final] = h.orch.get_run(AGENT, run).trajectory
+    assert final.status is S.DECLINED and final.error_class == "approval_mismatch"
+    assert h.backend.starts == 0
+
+
+def test_declined_is_an_observation_and_never_dispatched(tmp_path):
+    h = Harness(tmp_path, rules=RULES)
+    run = h.run()
+    [obs] = h.submit(run, ("credit", {"account": "acme-9", "amount": 50}))
+    approval = h.orch.decide_approval(APPROVER, obs.approval_id, False, "not today")
+    assert approval.status is A.DECLINED and approval.decided_by == "boss" and approval.reason == "not today"
+    [final] = h.orch.get_run(AGENT, run).trajectory
+    assert final.status is S.DECLINED and not final.executed and "not today" in final.error
+    assert h.backend.starts == 0
+
+
+def test_an_expired_approval_declines_the_call(tmp_path):
+    h = Harness(tmp_path, rules=RULES, limits={"approval_ttl_s": 60.0})
+    run = h.run()
+    [obs] = h.submit(run, ("credit", {"account": "acme-9", "amount": 50}))
+    h.clock.advance(61)
+    approval = h.orch.decide_approval(APPROVER, obs.approval_id, True, "too late")
+    assert approval.status is A.EXPIRED
+    [final] = h.orch.get_run(AGENT, run).trajectory
+    assert final.status is S.DECLINED and final.error_class == "approval_expired"
+    assert h.backend.starts == 0
+    assert "approval_expired" in h.event_types(run)
+
+
+def test_an_approval_is_used_once(tmp_path):
+    h = Harness(tmp_path, rules=RULES)
+    run = h.run()
+    [obs] = h.submit(run, ("credit", {"account": "acme-9", "amount": 50}))
+    assert h.orch.decide_approval(APPROVER, obs.approval_id, True, "").status is A.USED
+    with pytest.raises(FailedPrecondition):
+        h.orch.decide_approval(APPROVER, obs.approval_id, True, "again")
+    assert h.backend.starts == 1
+
+
+def test_only_approvers_of_the_tenant_decide(tmp_path):
+    h = Harness(tmp_path, rules=RULES)
+    run = h.run()
+    [obs] = h.submit(run, ("credit", {"account": "acme-9", "amount": 50}))
+    with pytest.raises(PermissionDenied):
+        h.orch.decide_approval(AGENT, obs.approval_id, True, "self-approval")
+    with pytest.raises(NotFound):
+        h.orch.decide_approval(STRANGER_APPROVER, obs.approval_id, True, "other tenant")
+    assert h.orch.list_approvals(STRANGER_APPROVER) == []
+    assert h.backend.starts == 0
+
+
+def test_a_pending_approval_survives_a_restart_and_resumes_the_same_call(tmp_path):
+    h = Harness(tmp_path, rules=RULES)
+    run = h.run()
+    [obs] = h.submit(run, ("credit", {"account": "acme-9", "amount": 50}))
+    h.restart()
+    [pending] = h.orch.list_approvals(APPROVER)
+    assert pending.approval_id == obs.approval_id and pending.status is A.PENDING
+    assert h.orch.get_run(AGENT, run).status is RunStatus.WAITING_APPROVAL
+    h.orch.decide_approval(APPROVER, obs.approval_id, True, "after restart")
+    [call] = h.emulator.log
+    assert (call.call_id, call.tool, call.arguments) == (obs.call_id, "credit", {"account": "acme-9", "amount": 50})
+    assert call.idempotency_key is not None
+    [final] = h.orch.get_run(AGENT, run).trajectory
+    assert final.status is S.EXECUTED and final.approval_id == obs.approval_id
+
+
+def test_an_approved_call_not_yet_dispatched_is_resumed_on_startup(tmp_path):
+    h = Harness(tmp_path, rules=RULES)
+    run = h.run()
+    [obs] = h.submit(run, ("credit", {"account": "acme-9", "amount": 50}))
+    # The process died right after recording the decision, before dispatching.
+    h.store.append(run, "approval_decided", {"approval_id": obs.approval_id, "approved": True, "by": "boss",
+                                             "reason": "ok"})
+    assert h.backend.starts == 0
+    h.restart()
+    assert [c.call_id for c in h.emulator.log] == [obs.call_id]
+    [final] = h.orch.get_run(AGENT, run).trajectory
+    assert final.status is S.EXECUTED
+    h.restart()  # and a second restart does not run it again
+    assert h.backend.starts == 1
+
+
+def test_finishing_a_run_declines_its_pending_approvals(tmp_path):
+    h = Harness(tmp_path, rules=RULES)
+    run = h.run()
+    [obs] = h.submit(run, ("credit", {"account": "acme-9", "amount": 50}))
+    h.orch.finish_run(AGENT, run)
+    [final] = h.orch.get_run(AGENT, run).trajectory
+    assert final.status is S.DECLINED
+    with pytest.raises(FailedPrecondition):
+        h.orch.decide_approval(APPROVER, obs.approval_id, True, "late")
+    assert h.backend.starts == 0
