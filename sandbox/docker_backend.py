@@ -17,6 +17,7 @@ import json
 import select
 import socket
 import struct
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ import docker.errors
 from docker.types import LogConfig, Mount, Ulimit
 
 from sandbox import labels as L
-from sandbox import seccomp
+from sandbox import etc_files, seccomp
 from sandbox.backend import SandboxRequest
 from sandbox.errors import EngineError, ImageError, ProfileError
 from sandbox.profile import ENGINE_RUNTIME, SandboxProfile
@@ -36,10 +37,11 @@ from sandbox.result import Outcome, SandboxResult, ToolErrorClass, classify_exit
 # The runner (images/tool) exits with this status after writing a structured tool error.
 RUNNER_TOOL_ERROR_EXIT = 3
 _STDOUT, _STDERR = 1, 2
-_HOSTNAME = "sandbox"
+_HOSTNAME = etc_files.HOSTNAME
 # DNS: a resolver on the sandbox's own loopback where nothing listens. Docker would otherwise
 # copy the host's resolv.conf in, and a query name is an exfiltration channel.
 _DNS = ["127.0.0.1"]
+GVISOR_PIDS_OVERHEAD = 64
 
 
 def host_config_kwargs(profile: SandboxProfile, seccomp_json: str) -> dict[str, Any]:
@@ -51,6 +53,9 @@ def host_config_kwargs(profile: SandboxProfile, seccomp_json: str) -> dict[str, 
         security_opt=["no-new-privileges:true", f"seccomp={seccomp_json}"],
         privileged=False,
         ipc_mode="private",
+        # A private cgroup namespace: the sandbox sees its own cgroup as the root, not the
+        # engine's /docker/<id> path (a host path in mountinfo, case 16).
+        cgroupns="private",
         network_mode="none",
         dns=_DNS,
         dns_search=["."],
@@ -58,14 +63,17 @@ def host_config_kwargs(profile: SandboxProfile, seccomp_json: str) -> dict[str, 
         mem_limit=profile.memory_bytes,
         memswap_limit=profile.memory_bytes,
         nano_cpus=int(profile.cpus * 1e9),
-        pids_limit=profile.pids,
+        # Under gVisor the pids cgroup also counts the sentry's own host threads (about 48 at
+        # start), so the tool's budget is added on top of that overhead.
+        pids_limit=profile.pids + (GVISOR_PIDS_OVERHEAD if profile.runtime == "gvisor" else 0),
         ulimits=[
             Ulimit(name="nofile", soft=profile.nofile, hard=profile.nofile),
             Ulimit(name="fsize", soft=profile.fsize_bytes, hard=profile.fsize_bytes),
             Ulimit(name="core", soft=0, hard=0),
         ],
         tmpfs={"/tmp": f"rw,noexec,nosuid,nodev,size={profile.tmpfs_bytes},mode=1777"},
-        mounts=[
+        mounts=etc_files.mounts()
+        + [
             Mount(target=m.container_path, source=m.host_path, type="bind", read_only=True)
             for m in profile.inputs
         ],
@@ -93,7 +101,10 @@ def applied_settings(attrs: dict[str, Any]) -> dict[str, Any]:
         if opt.startswith("seccomp="):
             body = opt[len("seccomp="):]
             name = "unconfined" if body == "unconfined" else "ringfence-default"
-            digest = seccomp.profile_digest() if body == seccomp.profile_json() else "unknown"
+            digest = next(
+                (seccomp.profile_digest(rt) for rt in ("runc", "gvisor") if body == seccomp.profile_json(rt)),
+                "unknown",
+            )
             security_opt.append(f"seccomp={name} ({digest})")
         else:
             security_opt.append(opt)
@@ -106,6 +117,7 @@ def applied_settings(attrs: dict[str, Any]) -> dict[str, Any]:
         "security_opt": security_opt,
         "network_mode": host.get("NetworkMode"),
         "ipc_mode": host.get("IpcMode"),
+        "cgroupns": host.get("CgroupnsMode"),
         "memory": host.get("Memory"),
         "memory_swap": host.get("MemorySwap"),
         "nano_cpus": host.get("NanoCpus"),
@@ -121,8 +133,24 @@ def applied_settings(attrs: dict[str, Any]) -> dict[str, Any]:
             {"source": m.get("Source"), "target": m.get("Target"), "read_only": m.get("ReadOnly")}
             for m in host.get("Mounts") or []
         ],
-        "env": config.get("Env"),
+        "env": _redact_proxy_credentials(config.get("Env")),  # issue 4 (egress)
     }
+
+
+def _redact_proxy_credentials(env: list[str] | None) -> list[str] | None:
+    """Issue 4 (egress): the proxy URL in the env carries the call's password; results and
+    events keep the variable (and the user name) but never the password."""
+    if not env:
+        return env
+    out = []
+    for item in env:
+        name, sep, value = item.partition("=")
+        if sep and name.lower() in ("http_proxy", "https_proxy", "all_proxy") and "@" in value:
+            scheme, _, rest = value.partition("://")
+            userinfo, _, hostport = rest.rpartition("@")
+            value = f"{scheme}://{userinfo.split(':', 1)[0]}:***@{hostport}"
+        out.append(f"{name}{sep}{value}")
+    return out
 
 
 @dataclass
@@ -179,7 +207,8 @@ class _Demuxer:
 class DockerBackend:
     """Runs each request in a fresh container on the local engine."""
 
-    def __init__(self, client: docker.DockerClient | None = None, *, lock: Any = None) -> None:
+    def __init__(self, client: docker.DockerClient | None = None, *, lock: Any = None,
+                 egress_proxy: Any = None, on_egress_report: Any = None) -> None:
         try:
             self._client = client or docker.from_env(timeout=60)
             self._client.ping()
@@ -187,13 +216,43 @@ class DockerBackend:
             raise EngineError(f"cannot reach the Docker engine: {e}") from e
         self._lock = lock
         self._runtimes: set[str] | None = None
+        # Issue 4 (egress), additive: the egress proxy (sandbox.egress.proxy.EgressProxy) for
+        # calls whose profile has an egress grant; created on first use unless one is given.
+        # `on_egress_report(request, EgressReport)` receives each call's proxy decisions.
+        self._egress_proxy = egress_proxy
+        self._owns_egress_proxy = egress_proxy is None
+        self._egress_mutex = threading.Lock()
+        self._on_egress_report = on_egress_report
 
     @property
     def client(self) -> docker.DockerClient:
         return self._client
 
     def close(self) -> None:
+        if self._owns_egress_proxy and self._egress_proxy is not None:  # issue 4 (egress)
+            self._egress_proxy.close()
+            self._egress_proxy = None
         self._client.close()
+
+    def _egress(self):
+        """Issue 4 (egress): the egress proxy, started on the first egress call."""
+        with self._egress_mutex:
+            if self._egress_proxy is None:
+                from sandbox.egress.proxy import EgressProxy
+
+                self._egress_proxy = EgressProxy(self._client, lock=self._lock)
+            return self._egress_proxy
+
+    def _apply_egress(self, settings: dict[str, Any], call: Any) -> dict[str, Any]:
+        """Issue 4 (egress): instead of network_mode none, the call's own internal network
+        (whose only other member is the proxy) and the proxy URL with the call's credentials.
+        dns stays 127.0.0.1: Docker's embedded resolver on that network forwards unknown
+        names there, i.e. into the sandbox's own loopback, where nothing answers. Tests
+        subclass this to bypass the proxy and show what it stops."""
+        settings = dict(settings)
+        settings["network_mode"] = call.network
+        settings["environment"] = {**dict(settings.get("environment") or {}), **dict(call.env)}
+        return settings
 
     def runtimes(self) -> set[str]:
         if self._runtimes is None:
@@ -216,7 +275,19 @@ class DockerBackend:
         kwargs = self._container_settings(profile)
         started = time.monotonic()
         container = None
+        egress_call = None  # issue 4 (egress)
         try:
+            if profile.egress is not None:  # issue 4 (egress)
+                if profile.runtime != "runc":
+                    raise ProfileError("egress", "egress tools run on runc only")
+                from sandbox.egress.channel import EgressError
+
+                try:
+                    egress_call = self._egress().open_call(
+                        request.call_id, profile.egress, run_id=request.run_id, deadline_s=profile.timeout_s + 60)
+                except EgressError as e:
+                    return self._start_failed(profile, image_id, started, f"egress: {e}")
+                kwargs = self._apply_egress(kwargs, egress_call)
             try:
                 container = self._client.containers.create(
                     image_id,
@@ -242,11 +313,15 @@ class DockerBackend:
                 except docker.errors.DockerException:
                     # The reaper removes it later by label; the result stands.
                     pass
+            if egress_call is not None:  # issue 4 (egress): revoke credentials, drop network
+                report = self._egress().close_call(egress_call)
+                if self._on_egress_report is not None:
+                    self._on_egress_report(request, report)
 
     def _container_settings(self, profile: SandboxProfile) -> dict[str, Any]:
         # One place for the settings, so the escape battery can subclass and remove exactly one
         # protection to prove that its attack then succeeds. Nothing outside tests overrides it.
-        return host_config_kwargs(profile, seccomp.profile_json())
+        return host_config_kwargs(profile, seccomp.profile_json(profile.runtime))
 
     def _start_failed(self, profile: SandboxProfile, image_id: str, started: float, message: str) -> SandboxResult:
         return SandboxResult(

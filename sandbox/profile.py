@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from sandbox.egress.grant import EgressGrant  # issue 4 (egress): the optional egress field
 from sandbox.errors import ProfileError
 
 KiB = 1024
@@ -104,6 +105,11 @@ class SandboxProfile:
 
     inputs: tuple[InputMount, ...] = ()
 
+    # Issue 4 (egress), additive: None = no network at all (the default, unchanged). A grant
+    # puts the call on its own internal network whose only way out is the egress proxy.
+    egress: EgressGrant | None = None
+    """Hosts and ceilings this call may use through the egress proxy (runc only)."""
+
     def __post_init__(self) -> None:
         if not isinstance(self.image, str) or not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", self.image):
             raise ProfileError("image", f"{self.image!r} is not an image name from images.lock")
@@ -141,6 +147,13 @@ class SandboxProfile:
             if mount.container_path in seen:
                 raise ProfileError("inputs", f"{mount.container_path} mounted twice")
             seen.add(mount.container_path)
+        # Issue 4 (egress): a grant is a validated EgressGrant, and gVisor (registered with
+        # --network=none on these machines) cannot join the proxy's network.
+        if self.egress is not None:
+            if not isinstance(self.egress, EgressGrant):
+                raise ProfileError("egress", "must be an EgressGrant or None")
+            if self.runtime == "gvisor":
+                raise ProfileError("egress", "egress tools run on runc: gvisor here has no network")
 
     @property
     def user(self) -> str:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Host packages the build and the sandbox need, from Debian's packages:
 # - debootstrap, to build the pinned base image without any registry;
+# - openssl, for the test certificates;
 # - Docker's own default seccomp profile (shipped by golang-github-docker-docker-dev, the same
 #   Debian source as docker.io). Only that one file is extracted; the package is not installed
 #   (it would pull in a Go source tree). sandbox/seccomp.py derives our profile from it.
@@ -24,6 +25,13 @@ if ! command -v debootstrap >/dev/null 2>&1; then
   need_root debootstrap "apt-get install debootstrap"
   apt_update
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >&2
+fi
+
+# openssl makes the throwaway certificates of the TLS and egress tests.
+if ! command -v openssl >/dev/null 2>&1; then
+  need_root openssl "apt-get install openssl"
+  apt_update
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssl >&2
 fi
 
 if [ ! -s "$SECCOMP_FILE" ]; then

@@ -155,3 +155,21 @@ def test_a_tag_pointing_elsewhere_does_not_redirect_dispatch(backend, docker_cli
         assert result.image_id == tool_id
     finally:
         docker_client.images.get(tool_id).tag("ringfence/tool", "latest")
+
+
+def test_threads_start_under_both_runtimes(backend, runtime):
+    """Under gVisor our seccomp profile applies inside the sentry, which ignores errnoRet; the
+    gVisor variant of the profile must still let glibc fall back from clone3 to clone."""
+    code = "import threading; t = threading.Thread(target=print, args=('thread ran',)); t.start(); t.join()"
+    result, _ = run(backend, ["python3", "-c", code], runtime=runtime)
+    assert result.outcome is Outcome.OK, result.stderr
+    assert result.stdout == b"thread ran\n"
+
+
+def test_small_pids_budget_starts_under_gvisor(backend, gvisor_available):
+    """The pids cgroup also counts gVisor's own host threads; the tool's budget comes on top."""
+    if not gvisor_available:
+        pytest.skip("no runsc runtime")
+    result, _ = run(backend, ["sh", "-c", "echo started"], runtime="gvisor", pids=32)
+    assert result.outcome is Outcome.OK and result.stdout == b"started\n"
+    assert result.applied["pids_limit"] == 32 + 64

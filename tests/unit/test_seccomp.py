@@ -45,3 +45,14 @@ def test_missing_source_gives_a_clear_error(monkeypatch, tmp_path):
     finally:
         monkeypatch.delenv(seccomp.SOURCE_ENV)
         seccomp.profile_json.cache_clear()
+
+
+def test_gvisor_variant_lets_clone3_reach_the_sentry_and_changes_nothing_else():
+    runc = json.loads(seccomp.profile_json("runc"))
+    gvisor = json.loads(seccomp.profile_json("gvisor"))
+    assert [r for r in runc["syscalls"] if r["names"] == ["clone3"] and r["action"] == "SCMP_ACT_ERRNO"]
+    assert not [r for r in gvisor["syscalls"] if "clone3" in r["names"] and r["action"] != "SCMP_ACT_ALLOW"]
+    unconditional = [r for r in gvisor["syscalls"] if r["names"] == ["clone3"] and not r.get("includes")]
+    assert unconditional == [{"names": ["clone3"], "action": "SCMP_ACT_ALLOW", "comment": unconditional[0]["comment"]}]
+    assert len(gvisor["syscalls"]) == len(runc["syscalls"]) - 1  # two ERRNO rules (x86, mips) become one ALLOW
+    assert not any(n in allowed_names(gvisor) for n in ("ptrace", "io_uring_setup", "socket"))

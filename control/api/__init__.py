@@ -1,0 +1,15 @@
+"""The gRPC edge of the control plane: the only code that sees protobufs.
+
+    protos_gen   `make protos`: protos/ringfence/v1/*.proto -> control/api/gen (committed)
+    gen/         generated modules; never edited by hand
+    convert      proto <-> control.model dataclasses; strict request decoding
+    status       the one table: control.errors <-> gRPC status + google.rpc.BadRequest
+    auth         bearer tokens (sha256 in config) and the role each RPC needs
+    servicer     the ringfence.v1 services on grpc.aio, one wrapper around every RPC
+    server       create_server(address, orchestrator, config) -> (server, port)
+    background   the server on a background event loop (tests, in-process demos)
+    client       RingfenceClient: a small typed synchronous client
+    serve        `ringfence serve`
+
+Nothing is imported here, so `import control.api.serve` (the CLI) stays cheap.
+"""

@@ -1,0 +1,161 @@
+"""`ringfence serve`: the control plane's gRPC server, until SIGINT or SIGTERM.
+
+Builds the config (embedded defaults, then --config), the SQLite event store in the state
+directory, the Docker sandbox backend and the Orchestrator; prints the address it listens on
+(one line on stdout, so a supervisor or a test can read the port when --listen ends in :0);
+serves; and on SIGINT/SIGTERM reports NOT_SERVING, lets in-flight calls finish for a few
+seconds, and closes everything.
+
+Exit codes: 0 after a clean shutdown, 2 for a bad configuration or arguments, 1 when the
+engine, the state directory or the address is not usable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import ipaddress
+import logging
+import signal
+import sys
+from pathlib import Path
+
+log = logging.getLogger("ringfence.serve")
+
+SHUTDOWN_GRACE_S = 5.0
+# The plaintext dev tokens documented in control/default_config.toml: public knowledge.
+PUBLIC_DEMO_TOKENS = ("demo-agent-token", "demo-approver-token", "demo-admin-token")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "serve",
+        help="run the gRPC control plane",
+        description=(
+            "Serve ringfence.v1 (with grpc.health.v1 and server reflection) until SIGINT or SIGTERM. "
+            "Without --config the embedded defaults are used: a demo tenant with public dev tokens."
+        ),
+    )
+    p.add_argument("--listen", default=None, help="host:port (default: the config's listen, 127.0.0.1:50051); port 0 picks one")
+    p.add_argument("--config", default=None, type=Path, help="ringfence.toml merged over the embedded defaults")
+    p.add_argument("--state-dir", default=None, type=Path, help="directory of the event log (default: the config's state_dir)")
+    p.add_argument("--tls-cert", type=Path, help="PEM certificate chain: serve TLS")
+    p.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
+    p.add_argument("--tls-client-ca", type=Path, help="PEM CA: require client certificates it signed (mTLS)")
+    p.set_defaults(func=serve_command)
+
+
+def _tls(args) -> "object | None":
+    from control.api.server import TlsOptions
+
+    if not args.tls_cert and not args.tls_key:
+        if args.tls_client_ca:
+            raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
+        return None
+    if not (args.tls_cert and args.tls_key):
+        raise ValueError("--tls-cert and --tls-key go together")
+    for path in (args.tls_cert, args.tls_key, args.tls_client_ca):
+        if path is not None and not path.is_file():
+            raise ValueError(f"{path} is not a file")
+    return TlsOptions(args.tls_cert, args.tls_key, args.tls_client_ca)
+
+
+def _is_loopback(listen: str) -> bool:
+    host = listen.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve_command(args) -> int:
+    from control.config import load_config
+    from control.errors import ConfigError
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = load_config(args.config)
+        if args.state_dir is not None:
+            config = dataclasses.replace(config, state_dir=args.state_dir.resolve())
+        listen = args.listen or config.listen
+        tls = _tls(args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not _is_loopback(listen):
+        public = [t for t in PUBLIC_DEMO_TOKENS if config.principal_for_token(t) is not None]
+        if public:
+            print(f"error: refusing to serve the public demo tokens ({', '.join(public)}) on {listen}; "
+                  "configure [tenants] in --config, or listen on 127.0.0.1", file=sys.stderr)
+            return 2
+        if tls is None:
+            print(f"warning: bearer tokens travel in clear text on {listen}; use --tls-cert/--tls-key", file=sys.stderr)
+
+    from control.executor import Orchestrator
+    from control.store import SqliteEventStore
+    from sandbox.docker_backend import DockerBackend
+    from sandbox.errors import SandboxError
+
+    try:
+        backend = DockerBackend()
+    except SandboxError as e:
+        print(f"error: the sandbox engine is not usable: {e}", file=sys.stderr)
+        return 1
+    store = orchestrator = None
+    try:
+        try:
+            store = SqliteEventStore(config.db_path)
+        except Exception as e:  # noqa: BLE001 - sqlite3/OSError: report, do not trace back
+            print(f"error: cannot open the event log at {config.db_path}: {e}", file=sys.stderr)
+            return 1
+        orchestrator = Orchestrator.from_config(config, backend, store)
+        return asyncio.run(_serve(listen, orchestrator, config, tls))
+    except OSError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if orchestrator is not None:
+            orchestrator.close()
+        if store is not None:
+            store.close()
+        backend.close()
+
+
+async def _serve(listen: str, orchestrator, config, tls) -> int:
+    from control.api.server import create_server
+
+    server, port = await create_server(listen, orchestrator, config, tls=tls)
+    await server.start()
+    host = listen.rpartition(":")[0]
+    print(f"ringfence: serving ringfence.v1 on {host}:{port}{' (TLS)' if tls else ''}", flush=True)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopping.set)
+    try:
+        await stopping.wait()
+        log.info("shutting down: NOT_SERVING, %gs for in-flight calls", SHUTDOWN_GRACE_S)
+        await server.stop(SHUTDOWN_GRACE_S)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    print("ringfence: stopped", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ringfence")
+    sub = parser.add_subparsers(dest="command", required=True)
+    register(sub)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,513 @@
+"""The ringfence.v1 services on grpc.aio, calling the Orchestrator's synchronous methods.
+
+Every RPC goes through one wrapper (`Edge._unary` / `Edge._stream`) that, in this order:
+  1. continues the caller's W3C trace (traceparent in metadata) with a SERVER span,
+  2. authenticates the bearer token and checks the method's role (control/api/auth.py),
+  3. rejects a request body that did not even parse as its protobuf (INVALID_ARGUMENT),
+  4. runs the method, which decodes the request strictly (control/api/convert.py) and calls the
+     Orchestrator in a worker thread,
+  5. maps any exception through the one table in control/api/status.py; an unexpected one is
+     logged, counted (`Edge.unexpected_errors`) and answered UNAVAILABLE, never INTERNAL or
+     UNKNOWN.
+The handlers are built from the proto descriptors, so a method added to the protos cannot
+bypass the wrapper (and without an entry in auth.METHOD_ROLES nobody may call it).
+
+Threads: the Orchestrator is synchronous and a batch can wait seconds on containers, so calls
+run in the edge's own pool (asyncio's default pool has cpu+4 workers: six on these machines,
+fewer than one tenant's batch limit times two tenants). Streams (ExecutePlan, WatchRun,
+WatchApprovals) each get one pump thread that iterates the core's iterator from start to end,
+so any span or lock the core holds across yields stays on one thread; a bounded semaphore
+gives backpressure when the client reads slowly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
+
+import grpc
+from google.protobuf import message_factory
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from control.api import convert
+from control.api.auth import Authenticator
+from control.api.gen.ringfence.v1 import (
+    approvals_pb2,
+    runs_pb2,
+    tools_pb2,
+    types_pb2,
+)
+from control.api.status import code_for, to_grpc_status
+from control.errors import FieldViolation, InvalidArgument, ResourceExhausted, Unavailable
+from control.model import Principal
+
+log = logging.getLogger(__name__)
+
+PROTO_MODULES = (tools_pb2, runs_pb2, approvals_pb2)
+SERVICE_NAMES = tuple(
+    service.full_name for module in PROTO_MODULES for service in module.DESCRIPTOR.services_by_name.values()
+)
+
+
+@dataclass(frozen=True)
+class EdgeOptions:
+    """Limits the edge enforces itself (the rest are the core's)."""
+
+    max_message_bytes: int = 1024 * 1024
+    """Largest request accepted (grpc max_receive_message_length); past it RESOURCE_EXHAUSTED."""
+    max_argument_bytes: int = 64 * 1024
+    """Largest `arguments_json` of one call or step, as sent; past it INVALID_ARGUMENT."""
+    max_batch_calls: int = 32
+    max_plan_steps: int = 100
+    """A caller's max_steps above this is refused at the edge; the core checks it again."""
+    max_concurrent_batches: int = 4
+    """Per tenant: SubmitBatch and ExecutePlan in flight at once; past it RESOURCE_EXHAUSTED."""
+    max_watch_streams: int = 16
+    """Per tenant: WatchRun and WatchApprovals streams open at once; past it RESOURCE_EXHAUSTED."""
+    worker_threads: int = 32
+    """Threads running Orchestrator calls; bounded so a flood queues instead of spawning."""
+    stream_buffer: int = 64
+    """Events a stream's pump thread may run ahead of a slow client."""
+
+    @classmethod
+    def from_config(cls, config: Any, **overrides: Any) -> "EdgeOptions":
+        limits = config.limits
+        values = dict(
+            max_message_bytes=limits.max_message_bytes,
+            max_argument_bytes=limits.max_argument_bytes,
+            max_batch_calls=limits.max_batch_calls,
+            max_plan_steps=limits.max_plan_steps,
+            max_concurrent_batches=limits.max_concurrent_batches,
+        )
+        values.update(overrides)
+        return cls(**values)
+
+
+class TenantLimiter:
+    """Counts a tenant's in-flight work; refuses (never queues) past the limit.
+
+    Thread-safe, because a slot is released by the worker thread when the work really ends,
+    not when the client stops waiting: cancelling and resubmitting must not beat the limit.
+    """
+
+    def __init__(self, limit: int, what: str) -> None:
+        self._limit = limit
+        self._what = what
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+
+    def acquire(self, tenant: str) -> Callable[[], None]:
+        with self._lock:
+            n = self._counts.get(tenant, 0)
+            if n >= self._limit:
+                raise ResourceExhausted(f"tenant {tenant!r} already has {n} {self._what} in flight (limit {self._limit})")
+            self._counts[tenant] = n + 1
+        released = threading.Event()
+
+        def release() -> None:
+            with self._lock:
+                if released.is_set():
+                    return
+                released.set()
+                self._counts[tenant] -= 1
+
+        return release
+
+    def in_flight(self, tenant: str) -> int:
+        with self._lock:
+            return self._counts.get(tenant, 0)
+
+
+@dataclass
+class Call:
+    """What a method implementation gets besides its request."""
+
+    principal: Principal
+    method: str
+    span_context: otel_context.Context
+    edge: "Edge"
+
+    def _context(self) -> contextvars.Context:
+        ctx = contextvars.copy_context()
+        ctx.run(otel_context.attach, self.span_context)  # never detached: ctx is thrown away
+        return ctx
+
+    async def run(self, fn: Callable[..., Any], *args: Any, slot: Callable[[], None] | None = None) -> Any:
+        """`fn(*args)` on a worker thread, inside this RPC's span."""
+        try:
+            future = self.edge.executor.submit(self._context().run, fn, *args)
+        except RuntimeError as e:  # the pool is closed: the server is stopping
+            if slot is not None:
+                slot()
+            raise Unavailable("the server is shutting down") from e
+        if slot is not None:
+            future.add_done_callback(lambda _f: slot())
+        return await asyncio.wrap_future(future)
+
+    async def stream(
+        self,
+        make_iter: Callable[[], Iterator[Any]],
+        stop: threading.Event,
+        *,
+        slot: Callable[[], None] | None = None,
+        finish_when_abandoned: bool = False,
+    ) -> AsyncIterator[Any]:
+        """Items of `make_iter()` iterated on one pump thread, as an async iterator.
+
+        When the client goes away, `stop` is set; with `finish_when_abandoned` the pump still
+        runs the iterator to its end (a plan that started keeps its effects and its log
+        complete; the client can WatchRun to follow it again).
+        """
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        room = threading.BoundedSemaphore(self.edge.options.stream_buffer)
+        abandoned = threading.Event()
+
+        def put(kind: str, item: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, (kind, item))
+            except RuntimeError:  # the loop is gone (server shut down): nobody to tell
+                pass
+
+        def pump() -> None:
+            try:
+                iterator = make_iter()
+                try:
+                    for item in iterator:
+                        while not abandoned.is_set() and not room.acquire(timeout=0.25):
+                            pass
+                        if abandoned.is_set():
+                            if finish_when_abandoned:
+                                continue
+                            return
+                        put("item", item)
+                finally:
+                    close = getattr(iterator, "close", None)
+                    if close is not None:
+                        close()
+                put("end", None)
+            except BaseException as exc:  # noqa: BLE001 - handed to the RPC, which maps it
+                put("error", exc)
+            finally:
+                if slot is not None:
+                    slot()
+
+        thread = threading.Thread(
+            target=self._context().run, args=(pump,), name=f"rf-stream{self.method}", daemon=True
+        )
+        thread.start()
+        try:
+            while True:
+                kind, item = await queue.get()
+                if kind == "item":
+                    room.release()
+                    yield item
+                elif kind == "error":
+                    raise item
+                else:
+                    return
+        finally:
+            abandoned.set()
+            stop.set()
+
+
+class _Malformed:
+    """Stands in for a request whose bytes did not parse, so the wrapper can answer
+    INVALID_ARGUMENT (grpc itself would answer INTERNAL)."""
+
+    def __init__(self, type_name: str, error: str) -> None:
+        self.type_name = type_name
+        self.error = error
+
+
+def _lenient(message_class: type) -> Callable[[bytes], Any]:
+    def deserialize(data: bytes) -> Any:
+        try:
+            return message_class.FromString(data)
+        except Exception as e:  # noqa: BLE001 - DecodeError and friends
+            return _Malformed(message_class.DESCRIPTOR.full_name, str(e) or type(e).__name__)
+
+    return deserialize
+
+
+def _carrier(metadata: Any) -> dict[str, str]:
+    return {k: v for k, v in (metadata or ()) if isinstance(v, str)}
+
+
+class Edge:
+    """The wrapper shared by every ringfence.v1 RPC, and the handler table built from it."""
+
+    def __init__(
+        self,
+        orchestrator: Any,
+        authenticator: Authenticator,
+        options: EdgeOptions,
+        tracer_provider: trace.TracerProvider | None = None,
+    ) -> None:
+        self.orchestrator = orchestrator
+        self.auth = authenticator
+        self.options = options
+        self.tracer = trace.get_tracer("ringfence.api", tracer_provider=tracer_provider)
+        self.executor = ThreadPoolExecutor(options.worker_threads, thread_name_prefix="rf-api")
+        self.batches = TenantLimiter(options.max_concurrent_batches, "batches or plans")
+        self.watches = TenantLimiter(options.max_watch_streams, "watch streams")
+        self.unexpected_errors = 0
+        self.methods = RingfenceMethods(self)
+
+    def close(self, wait: bool = False) -> None:
+        """Refuse new work; with `wait`, block until the Orchestrator calls already running
+        end (a batch whose client gave up still records its effects before shutdown)."""
+        self.executor.shutdown(wait=wait, cancel_futures=True)
+
+    # -- the wrapper ------------------------------------------------------------------------
+
+    def _begin(self, method: str, context: grpc.aio.ServicerContext):
+        metadata = context.invocation_metadata()
+        parent = propagate.extract(carrier=_carrier(metadata))
+        service, _, name = method.strip("/").partition("/")
+        span = self.tracer.start_span(
+            method.strip("/"),
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes={"rpc.system": "grpc", "rpc.service": service, "rpc.method": name},
+        )
+        return metadata, span, trace.set_span_in_context(span, parent)
+
+    def _admit(self, method: str, metadata: Any, request: Any, span: trace.Span, span_ctx) -> Call:
+        principal = self.auth.authenticate(metadata)
+        self.auth.authorize(principal, method)
+        span.set_attribute("ringfence.tenant", principal.tenant)
+        span.set_attribute("enduser.id", principal.subject)
+        if isinstance(request, _Malformed):
+            raise InvalidArgument(
+                "the request body is not a valid protobuf message",
+                [FieldViolation("", f"cannot parse {request.type_name}: {request.error}")],
+            )
+        return Call(principal, method, span_ctx, self)
+
+    async def _fail(self, exc: BaseException, method: str, span: trace.Span, context) -> None:
+        if code_for(exc) is None:
+            self.unexpected_errors += 1
+        status = to_grpc_status(exc, method=method)
+        span.set_attribute("rpc.grpc.status_code", status.code.value[0])
+        span.set_status(Status(StatusCode.ERROR, status.code.name))
+        await context.abort(status.code, status.details, status.trailing_metadata)
+
+    def _unary(self, method: str, impl: Callable[[Any, Call], Awaitable[Any]]):
+        async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            metadata, span, span_ctx = self._begin(method, context)
+            try:
+                call = self._admit(method, metadata, request, span, span_ctx)
+                response = await impl(request, call)
+                span.set_attribute("rpc.grpc.status_code", 0)
+                return response
+            except (asyncio.CancelledError, grpc.aio.AbortError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - every error leaves through the table
+                await self._fail(exc, method, span, context)
+            finally:
+                span.end()
+
+        return handler
+
+    def _stream(self, method: str, impl: Callable[[Any, Call], AsyncIterator[Any]]):
+        async def handler(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            metadata, span, span_ctx = self._begin(method, context)
+            try:
+                call = self._admit(method, metadata, request, span, span_ctx)
+                async for item in impl(request, call):
+                    yield item
+                span.set_attribute("rpc.grpc.status_code", 0)
+            except (asyncio.CancelledError, grpc.aio.AbortError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - every error leaves through the table
+                await self._fail(exc, method, span, context)
+            finally:
+                span.end()
+
+        return handler
+
+    def handlers(self) -> list[grpc.GenericRpcHandler]:
+        """One generic handler per service, every method wrapped; built from the descriptors."""
+        out = []
+        for module in PROTO_MODULES:
+            for service in module.DESCRIPTOR.services_by_name.values():
+                table = {}
+                for m in service.methods:
+                    full = f"/{service.full_name}/{m.name}"
+                    impl = getattr(self.methods, m.name)
+                    request_class = message_factory.GetMessageClass(m.input_type)
+                    response_class = message_factory.GetMessageClass(m.output_type)
+                    kwargs = dict(
+                        request_deserializer=_lenient(request_class),
+                        response_serializer=response_class.SerializeToString,
+                    )
+                    if m.client_streaming:
+                        raise RuntimeError(f"{full}: client streaming is not supported by the edge")
+                    if m.server_streaming:
+                        table[m.name] = grpc.unary_stream_rpc_method_handler(self._stream(full, impl), **kwargs)
+                    else:
+                        table[m.name] = grpc.unary_unary_rpc_method_handler(self._unary(full, impl), **kwargs)
+                out.append(grpc.method_handlers_generic_handler(service.full_name, table))
+        return out
+
+
+class RingfenceMethods:
+    """The method bodies: decode strictly, call the core, encode. Named as in the protos."""
+
+    def __init__(self, edge: Edge) -> None:
+        self.edge = edge
+
+    @property
+    def core(self) -> Any:
+        return self.edge.orchestrator
+
+    # ToolService
+
+    async def ListTools(self, request: tools_pb2.ListToolsRequest, call: Call) -> tools_pb2.ListToolsResponse:
+        v = convert.Violations()
+        convert.check_text(request.query, "query", convert.MAX_QUERY_CHARS, v)
+        v.raise_if_any()
+        tools = await call.run(self.core.list_tools, call.principal, request.query)
+        return tools_pb2.ListToolsResponse(tools=[convert.tool_to_proto(t) for t in tools])
+
+    # RunService
+
+    async def StartRun(self, request: runs_pb2.StartRunRequest, call: Call) -> types_pb2.Run:
+        v = convert.Violations()
+        convert.check_text(request.goal, "goal", convert.MAX_GOAL_CHARS, v, required=True)
+        convert.check_id(request.run_id, "run_id", v, required=False)
+        v.raise_if_any()
+        run = await call.run(self.core.start_run, call.principal, request.goal, request.run_id or None)
+        return convert.run_to_proto(run)
+
+    async def _by_run_id(self, request: Any, call: Call, fn: Callable[..., Any]) -> types_pb2.Run:
+        v = convert.Violations()
+        convert.check_id(request.run_id, "run_id", v)
+        v.raise_if_any()
+        return convert.run_to_proto(await call.run(fn, call.principal, request.run_id))
+
+    async def GetRun(self, request: runs_pb2.GetRunRequest, call: Call) -> types_pb2.Run:
+        return await self._by_run_id(request, call, self.core.get_run)
+
+    async def FinishRun(self, request: runs_pb2.FinishRunRequest, call: Call) -> types_pb2.Run:
+        return await self._by_run_id(request, call, self.core.finish_run)
+
+    async def CancelRun(self, request: runs_pb2.CancelRunRequest, call: Call) -> types_pb2.Run:
+        return await self._by_run_id(request, call, self.core.cancel_run)
+
+    async def ListRuns(self, request: runs_pb2.ListRunsRequest, call: Call) -> runs_pb2.ListRunsResponse:
+        runs = await call.run(self.core.list_runs, call.principal)
+        return runs_pb2.ListRunsResponse(runs=[convert.run_to_proto(r) for r in runs])
+
+    async def SubmitBatch(self, request: runs_pb2.SubmitBatchRequest, call: Call) -> runs_pb2.SubmitBatchResponse:
+        options = self.edge.options
+        v = convert.Violations()
+        convert.check_id(request.run_id, "run_id", v)
+        calls = convert.calls_from_proto(
+            request.calls,
+            max_calls=options.max_batch_calls,
+            max_argument_bytes=options.max_argument_bytes,
+            v=v,
+        )
+        v.raise_if_any("the batch is invalid; nothing was run")
+        slot = self.edge.batches.acquire(call.principal.tenant)
+        observations = await call.run(self.core.submit_batch, call.principal, request.run_id, calls, slot=slot)
+        return runs_pb2.SubmitBatchResponse(observations=[convert.observation_to_proto(o) for o in observations])
+
+    async def ExecutePlan(self, request: runs_pb2.ExecutePlanRequest, call: Call) -> AsyncIterator[types_pb2.Event]:
+        options = self.edge.options
+        v = convert.Violations()
+        convert.check_id(request.run_id, "run_id", v)
+        if request.max_steps > options.max_plan_steps:
+            v.add("max_steps", f"{request.max_steps} is over the server's limit of {options.max_plan_steps} steps")
+        steps = convert.steps_from_proto(request.steps, max_argument_bytes=options.max_argument_bytes, v=v)
+        max_steps = request.max_steps or None
+        # The core validates the plan's meaning (count, unique keys, known tools, schemas);
+        # its violations and the edge's are reported together, so a client fixes a plan once.
+        try:
+            await call.run(self.core.validate_plan, call.principal, steps, max_steps)
+        except InvalidArgument as e:
+            _merge_core_violations(v, e.violations)
+            if not v.items:
+                raise
+        v.raise_if_any("the plan is invalid; nothing was run")
+        slot = self.edge.batches.acquire(call.principal.tenant)
+        stop = threading.Event()  # the core's execute_plan has no stop: the plan runs to its end
+        events = call.stream(
+            lambda: self.core.execute_plan(call.principal, request.run_id, steps, max_steps),
+            stop,
+            slot=slot,
+            finish_when_abandoned=True,
+        )
+        async for event in events:
+            yield convert.event_to_proto(event)
+
+    async def WatchRun(self, request: runs_pb2.WatchRunRequest, call: Call) -> AsyncIterator[types_pb2.Event]:
+        v = convert.Violations()
+        convert.check_id(request.run_id, "run_id", v)
+        v.raise_if_any()
+        slot = self.edge.watches.acquire(call.principal.tenant)
+        stop = threading.Event()
+        events = call.stream(
+            lambda: self.core.watch_run(call.principal, request.run_id, request.from_seq, stop), stop, slot=slot
+        )
+        async for event in events:
+            yield convert.event_to_proto(event)
+
+    # ApprovalService
+
+    async def ListApprovals(
+        self, request: approvals_pb2.ListApprovalsRequest, call: Call
+    ) -> approvals_pb2.ListApprovalsResponse:
+        v = convert.Violations()
+        convert.check_id(request.run_id, "run_id", v, required=False)
+        v.raise_if_any()
+        approvals = await call.run(self.core.list_approvals, call.principal, request.run_id or None)
+        return approvals_pb2.ListApprovalsResponse(approvals=[convert.approval_to_proto(a) for a in approvals])
+
+    async def WatchApprovals(
+        self, request: approvals_pb2.WatchApprovalsRequest, call: Call
+    ) -> AsyncIterator[types_pb2.Approval]:
+        slot = self.edge.watches.acquire(call.principal.tenant)
+        stop = threading.Event()
+        approvals = call.stream(lambda: self.core.watch_approvals(call.principal, stop), stop, slot=slot)
+        async for approval in approvals:
+            yield convert.approval_to_proto(approval)
+
+    async def DecideApproval(self, request: approvals_pb2.DecideApprovalRequest, call: Call) -> types_pb2.Approval:
+        v = convert.Violations()
+        convert.check_id(request.approval_id, "approval_id", v)
+        approve = convert.decision_from_proto(request.decision, v)
+        convert.check_text(request.reason, "reason", convert.MAX_REASON_CHARS, v)
+        v.raise_if_any()
+        approval = await call.run(
+            self.core.decide_approval, call.principal, request.approval_id, approve, request.reason
+        )
+        return convert.approval_to_proto(approval)
+
+
+def _merge_core_violations(v: convert.Violations, core: tuple[FieldViolation, ...]) -> None:
+    """Add the core's violations, minus those about a field the edge already reported (the core
+    saw `{}` in place of arguments the edge could not parse, and would complain about that)."""
+    reported = [item.field for item in v.items]
+
+    def covered(field: str) -> bool:
+        for f in reported:
+            if field == f or field.startswith(f + ".") or field.startswith(f + "["):
+                return True
+            # steps[2].arguments_json (edge) covers steps[2].arguments.* (core)
+            if f.endswith(".arguments_json") and field.startswith(f[: -len("_json")]):
+                return True
+        return False
+
+    for item in core:
+        if not covered(item.field):
+            v.add(item.field, item.description)

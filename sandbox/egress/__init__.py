@@ -1,0 +1,30 @@
+"""Egress for tools that declare it: an allowlisting proxy and the only network way out.
+
+    classify_address(ip) -> AddressClass          sandbox.egress.addresses (no sockets)
+    host_allowed(host, port, patterns) -> bool     sandbox.egress.allowlist
+    intersect(tool_patterns, granted) -> patterns  a call's allowlist = tool AND policy
+    EgressGrant(allow, max_bytes, max_connections) the SandboxProfile.egress field
+    EgressProxy(client, lock, settings)            sandbox.egress.proxy: proxy container,
+                                                   per-call networks and credentials
+
+Errors: EgressError (an EngineError: transient) when the proxy cannot be started or reached;
+ProfileError for a malformed grant. The proxy itself (sandbox.egress.server, with addresses,
+allowlist and tlspeek) is stdlib-only and is copied into images/egress-proxy by
+`python -m sandbox.egress.sync`.
+"""
+
+from sandbox.egress.addresses import AddressClass, address_permitted, classify_address
+from sandbox.egress.allowlist import HostPattern, PatternError, host_allowed, intersect, parse_pattern
+from sandbox.egress.grant import EgressGrant
+
+__all__ = [
+    "AddressClass",
+    "EgressGrant",
+    "HostPattern",
+    "PatternError",
+    "address_permitted",
+    "classify_address",
+    "host_allowed",
+    "intersect",
+    "parse_pattern",
+]

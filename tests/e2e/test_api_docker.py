@@ -1,0 +1,163 @@
+"""One run through the real gRPC server, the real Orchestrator and the real DockerBackend.
+
+An agent client submits a turn with a denied path, a parallel pair of reads and an ASK; an
+approver client on a second channel watches approvals and answers the ASK; a repeated
+mutation is deduplicated. The witness that a call did or did not reach a container is the
+backend itself (every request it was handed), and the run's log, read back with WatchRun from
+0, must hold exactly the expected events.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import pytest
+
+from control.api.background import BackgroundServer
+from control.api.client import RingfenceClient
+from control.config import load_config, token_digest
+from control.executor import Orchestrator
+from control.model import ApprovalStatus, ObservationStatus, RunOutcome
+from control.store import SqliteEventStore
+
+pytestmark = pytest.mark.docker
+
+AGENT, APPROVER = "e2e-agent-token", "e2e-approver-token"
+
+
+class RecordingBackend:
+    """The real backend, with a record of every request it was handed (the containers run)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.call_ids: list[str] = []
+        self._lock = threading.Lock()
+
+    def run(self, request):
+        with self._lock:
+            self.call_ids.append(request.call_id)
+        return self.inner.run(request)
+
+    def close(self) -> None:  # the session fixture owns the real backend
+        pass
+
+
+@pytest.fixture
+def stack(tmp_path, backend):
+    inputs = tmp_path / "input"
+    inputs.mkdir(mode=0o755)
+    inputs.chmod(0o755)  # the sandbox user (10001) reads it through a read-only bind mount
+    (inputs / "hello.txt").write_text("hello from the host\n")
+    (inputs / "hello.txt").chmod(0o644)
+    config = load_config(
+        overrides={
+            "state_dir": str(tmp_path / "state"),
+            "inputs": {"/input": str(inputs)},
+            "tenants": {
+                "acme": {
+                    "tokens": [
+                        {"sha256": token_digest(AGENT), "role": "agent", "subject": "agent-1"},
+                        {"sha256": token_digest(APPROVER), "role": "approver", "subject": "alice"},
+                    ]
+                }
+            },
+        }
+    )
+    recording = RecordingBackend(backend)
+    store = SqliteEventStore(config.db_path)
+    orchestrator = Orchestrator.from_config(config, recording, store)
+    try:
+        with BackgroundServer(orchestrator, config) as server:
+            yield server, recording
+    finally:
+        orchestrator.close()
+        store.close()
+
+
+def approve_as_they_come(address: str, expected: int, seen: list, stop: threading.Event) -> None:
+    """An approver client: watch approvals, approve each pending one."""
+    with RingfenceClient(address, APPROVER) as approver:
+        stream = approver.watch_approvals()
+        try:
+            for approval in stream:
+                if approval.status is ApprovalStatus.PENDING:
+                    seen.append(approver.decide_approval(approval.approval_id, True, "known customer, small amount"))
+                if len(seen) >= expected or stop.is_set():
+                    break
+        finally:
+            stream.cancel()
+
+
+def test_a_run_through_the_real_server_and_real_containers(stack):
+    server, recording = stack
+    with RingfenceClient(server.address, AGENT) as agent:
+        run = agent.start_run("read the greeting and credit acme-9 with 50", "e2e-run")
+
+        # Turn 1: a denied path, two reads (parallel), one ASK.
+        turn1 = agent.submit_batch(
+            run.run_id,
+            [
+                {"call_id": "deny", "tool": "read_file", "arguments": {"path": "/etc/shadow"}},
+                {"call_id": "read", "tool": "read_file", "arguments": {"path": "/input/hello.txt"}},
+                {"call_id": "ping", "tool": "echo", "arguments": {"text": "ping"}},
+                {"call_id": "pay", "tool": "credit", "arguments": {"account": "acme-9", "amount": 50}},
+            ],
+        )
+        obs = {o.call_id: o for o in turn1}
+        assert obs["deny"].status is ObservationStatus.DENIED and not obs["deny"].executed
+        assert "resource:deny" in obs["deny"].verdict_path
+        assert obs["read"].status is ObservationStatus.EXECUTED
+        assert obs["read"].content["content"] == "hello from the host\n"
+        assert obs["ping"].status is ObservationStatus.EXECUTED and obs["ping"].content == {"text": "ping"}
+        assert obs["pay"].status is ObservationStatus.PENDING_APPROVAL
+        assert sorted(recording.call_ids) == ["ping.a1", "read.a1"]  # the denied call never reached Docker
+
+        # The approver, on its own channel, answers the ASK.
+        decisions: list = []
+        stop = threading.Event()
+        approver = threading.Thread(target=approve_as_they_come, args=(server.address, 1, decisions, stop))
+        approver.start()
+        approver.join(120)
+        assert not approver.is_alive()
+        # The decision resumes the call at once: by the time it returns, the approval is used.
+        assert [(d.call_id, d.status, d.decided_by) for d in decisions] == [("pay", ApprovalStatus.USED, "alice")]
+        paid = {o.call_id: o for o in agent.get_run(run.run_id).trajectory}["pay"]
+        assert paid.status is ObservationStatus.EXECUTED and paid.executed
+        assert paid.content["idempotency_key"]
+        assert recording.call_ids[-1] == "pay.a1"
+
+        # Turn 2: the same credit again is another ASK; approved, it is answered from the log.
+        [again] = agent.submit_batch(
+            run.run_id, [{"call_id": "pay-again", "tool": "credit", "arguments": {"account": "acme-9", "amount": 50}}]
+        )
+        assert again.status is ObservationStatus.PENDING_APPROVAL
+        decisions.clear()
+        approver = threading.Thread(target=approve_as_they_come, args=(server.address, 1, decisions, stop))
+        approver.start()
+        approver.join(120)
+        assert not approver.is_alive() and len(decisions) == 1
+        repeated = {o.call_id: o for o in agent.get_run(run.run_id).trajectory}["pay-again"]
+        assert repeated.status is ObservationStatus.DEDUPLICATED and repeated.executed is False
+        assert repeated.content == paid.content
+        assert sorted(recording.call_ids) == ["pay.a1", "ping.a1", "read.a1"]  # no second credit container
+
+        finished = agent.finish_run(run.run_id)
+        assert finished.outcome is RunOutcome.COMPLETED
+        log = [e.type for e in agent.watch_run(run.run_id, 0)]
+
+    # The exact log. The two reads run in parallel, so their dispatch events may interleave:
+    # that stretch is compared as a multiset, everything else in order.
+    head = ["run_started", "batch_started"] + ["call_decided"] * 4 + ["observation", "approval_requested", "observation"]
+    reads = Counter({"dispatch_started": 2, "attempt": 2, "call_completed": 2})
+    after_reads = ["observation", "observation"]
+    approved = ["approval_decided", "approval_used", "dispatch_started", "attempt", "call_completed", "observation"]
+    turn2 = ["batch_started", "call_decided", "approval_requested", "observation",
+             "approval_decided", "approval_used", "observation"]
+    tail = ["run_finished"]
+    n = len(head)
+    assert log[:n] == head, log
+    assert Counter(log[n : n + 6]) == reads, log
+    # call_completed of a read comes only after its dispatch_started: never a completion first.
+    assert log[n] == "dispatch_started", log
+    assert log[n + 6 :] == after_reads + approved + turn2 + tail, log
