@@ -1,7 +1,8 @@
-"""`make demo`: a short showcase of the sandbox, until the reference agent demo exists.
+"""`make demo`: a short showcase, until the reference agent demo exists.
 
-A few ordinary calls and a few attacks, each run in a fresh hardened container of the pinned
-tool image, each with its classified outcome. Nothing here is mocked.
+First the sandbox: a few ordinary calls and a few attacks, each run in a fresh hardened
+container of the pinned tool image, each with its classified outcome. Then one agent run
+through the real gRPC control plane (control/demo_run.py). Nothing here is mocked.
 """
 
 from __future__ import annotations
@@ -87,7 +88,12 @@ def main() -> int:
             print(f"      -> {result.outcome.value:<12} exit={result.exit_code} in {took:.2f}s, {mark}")
             if detail:
                 print(f"         {detail}")
-        left = backend.client.containers.list(all=True, filters={"label": "ringfence.run=demo"})
+        print("\n--- the control plane: admission, policy, approval, idempotency ---\n")
+        from control.demo_run import run as run_control_plane
+
+        failures += run_control_plane(backend)
+        left = backend.client.containers.list(all=True, filters={"label": "ringfence.product=ringfence"})
+        left = [c for c in left if c.labels.get("ringfence.run", "").startswith("demo")]
         print(f"\ncontainers of the demo still present: {len(left)}")
     finally:
         backend.close()
