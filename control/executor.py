@@ -956,6 +956,10 @@ class Orchestrator:
             return Attempt(n, FailureClass.FATAL, message=f"image refused: {e}", outcome="start_failed")
         except SandboxError as e:
             return Attempt(n, FailureClass.FATAL, message=f"sandbox: {e}", outcome="start_failed")
+        if result.egress_events:
+            # Every decision of the egress proxy becomes an event of the call (issue 4).
+            self._append(state, "egress", {"call_id": a.call_id, "attempt": n,
+                                           "decisions": [dict(e) for e in result.egress_events]})
         failure = classify(result)
         if failure is None:
             try:

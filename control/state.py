@@ -222,6 +222,8 @@ def apply(state: RunState, event: Event) -> RunState:
             state.unobserved.pop(obs.call_id, None)
         state.call_ids.add(obs.call_id)
         state.call_order.setdefault(obs.call_id, len(state.call_order))
+    elif t == "egress":
+        pass  # the egress proxy's decisions for one attempt: a record for the log, no state
     elif t == "run_finished":
         state.outcome = RunOutcome(d["outcome"])
         state.finish_reason = d.get("reason", "")

@@ -12,6 +12,7 @@ process would leave `setsid` children alive). The container is removed whatever 
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import select
@@ -265,6 +266,15 @@ class DockerBackend:
         return resolve_pinned(self._client, name, self._lock)
 
     def run(self, request: SandboxRequest) -> SandboxResult:
+        reports: list[Any] = []
+        result = self._run(request, reports)
+        if reports and reports[0].events:
+            # The proxy's decisions arrive when the call's credentials are revoked, after the
+            # container is gone: they become part of the call's result.
+            result = dataclasses.replace(result, egress_events=tuple(reports[0].events))
+        return result
+
+    def _run(self, request: SandboxRequest, reports: list[Any]) -> SandboxResult:
         profile = request.profile
         image_id = self._image_id(profile.image)
         if profile.runtime == "gvisor" and "runsc" not in self.runtimes():
@@ -315,6 +325,7 @@ class DockerBackend:
                     pass
             if egress_call is not None:  # issue 4 (egress): revoke credentials, drop network
                 report = self._egress().close_call(egress_call)
+                reports.append(report)
                 if self._on_egress_report is not None:
                     self._on_egress_report(request, report)
 

@@ -48,6 +48,9 @@ class SandboxResult:
     container_name: str = ""
     # The settings read back from the engine for this container (see DockerBackend).
     applied: Mapping[str, Any] = field(default_factory=dict)
+    # Egress tools only: every decision the egress proxy took for this call (host, port,
+    # allowed or denied and why, bytes), in order.
+    egress_events: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -67,6 +70,7 @@ class SandboxResult:
             "error_class": self.error_class.value if self.error_class else None,
             "message": self.message,
             "applied": dict(self.applied),
+            "egress_events": [dict(e) for e in self.egress_events],
         }
 
 

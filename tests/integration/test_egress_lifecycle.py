@@ -194,3 +194,15 @@ def test_the_result_never_carries_the_proxy_password(docker_client, pinned_image
     assert len(password) > 20
     assert password not in json.dumps(r.to_json()["applied"])  # (stdout has it: the tool printed it)
     assert any(e.startswith("HTTPS_PROXY=http://c") and ":***@" in e for e in r.applied["env"])
+
+
+def test_the_proxys_decisions_are_part_of_the_calls_result(docker_client, pinned_images, proxy):
+    """Every decision becomes part of the SandboxResult (and the executor writes them as an
+    `egress` event of the call): here one allowed and one denied request, in order."""
+    reports = []
+    ops = json.dumps([{"op": "get", "url": "http://allowed.test/"}, {"op": "get", "url": "http://denied.test/"}]).encode()
+    r = call(docker_client, pinned_images, proxy, ARGV, ops, reports=reports)
+    decisions = [(e.get("host"), e.get("decision"), e.get("reason")) for e in r.egress_events]
+    assert decisions == [(e.get("host"), e.get("decision"), e.get("reason")) for e in reports[0].events]
+    assert [(host, decision) for host, decision, _ in decisions] == [("allowed.test", "allowed"), ("denied.test", "denied")]
+    assert r.to_json()["egress_events"][1]["reason"] == "not_allowlisted"

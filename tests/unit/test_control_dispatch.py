@@ -275,3 +275,25 @@ def test_the_profile_comes_from_the_manifest(tmp_path):
     p = request.profile
     assert (p.memory_bytes, p.cpus, p.pids, p.timeout_s, p.stdout_limit) == (96 * 1024 * 1024, 0.25, 20, 3.0, 4096)
     assert p.egress is not None and p.egress.allow == ("api.example.com",)
+
+
+def test_egress_decisions_of_a_call_become_an_event_of_the_run(tmp_path):
+    """Issue 4: every decision the proxy took for a call is in the run's log, between the
+    attempt's dispatch and its completion; the fold of the log is unchanged by it."""
+    import dataclasses
+
+    from control.state import fold
+
+    decisions = ({"host": "api.example.test", "port": 443, "decision": "allowed", "reason": None, "bytes_down": 10},
+                 {"host": "evil.test", "port": 443, "decision": "denied", "reason": "not_allowlisted"})
+    h = Harness(tmp_path)
+    h.emulator.overrides["echo"] = lambda call: dataclasses.replace(
+        content_result({"text": "hi"}), egress_events=decisions)
+    run = h.run()
+    [obs] = h.submit(run, ("echo", {"text": "hi"}))
+    assert obs.status is S.EXECUTED
+    egress = [e for e in h.events(run) if e.type == "egress"]
+    assert [dict(e.data) for e in egress] == [{"call_id": obs.call_id, "attempt": 1, "decisions": list(decisions)}]
+    types = h.event_types(run)
+    assert types.index("dispatch_started") < types.index("egress") < types.index("call_completed")
+    assert fold(h.events(run)).trajectory[obs.call_id].status is S.EXECUTED  # the fold accepts it
