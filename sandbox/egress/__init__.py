@@ -9,8 +9,8 @@
 
 Errors: EgressError (an EngineError: transient) when the proxy cannot be started or reached;
 ProfileError for a malformed grant. The proxy itself (sandbox.egress.server, with addresses,
-allowlist and tlspeek) is stdlib-only and is copied into images/egress-proxy by
-`python -m sandbox.egress.sync`.
+allowlist and tlspeek) is stdlib-only; the egress-proxy image lays these very files (its
+image.json `files`), so a change here needs `ringfence images build --update-lock egress-proxy`.
 """
 
 from sandbox.egress.addresses import AddressClass, address_permitted, classify_address

@@ -12,7 +12,7 @@ by the IPv4 address they reach, so ::ffff:169.254.169.254 is metadata, not "some
 transition form that embeds a *public* IPv4 is still refused (`TRANSITION`): the proxy speaks
 IPv4 to IPv4 hosts itself and has no reason to go through a relay that a client picked.
 
-This module is copied verbatim into the egress-proxy image (see sandbox.egress.sync), so it
+This module is laid into the egress-proxy image as it is (image.json `files`), so it
 imports nothing outside the standard library.
 """
 

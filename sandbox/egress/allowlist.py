@@ -16,7 +16,7 @@ a request for a bare IP (`https://1.2.3.4/`) is a request for no allowlisted nam
     intersect(tool_patterns, granted_patterns) -> tuple[HostPattern, ...]
     classify_address(ip) -> AddressClass        re-exported from .addresses (no sockets)
 
-This module is copied verbatim into the egress-proxy image (see sandbox.egress.sync).
+This module is laid into the egress-proxy image as it is (images/egress-proxy/image.json, `files`).
 """
 
 from __future__ import annotations

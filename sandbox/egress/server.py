@@ -36,7 +36,7 @@ directory that only the host and the proxy container mount; the sandboxes on the
 internal networks have no path to it (see sandbox.egress.proxy for why).
 
 Run inside the image as `python3 -I -S -B /opt/ringfence/egress_proxy.py --config FILE`.
-Stdlib only; copied verbatim into the egress-proxy image (see sandbox.egress.sync).
+Stdlib only; laid into the egress-proxy image as it is (images/egress-proxy/image.json, `files`).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ CONNECT for another proxy further on) is refused: a tunnel carries TLS to the ho
 A ClientHello offering Encrypted Client Hello is refused as well: with ECH the visible SNI is a
 front's public name and the real one is hidden, which is domain fronting by another name.
 
-Stdlib only; copied verbatim into the egress-proxy image (see sandbox.egress.sync).
+Stdlib only; laid into the egress-proxy image as it is (images/egress-proxy/image.json, `files`).
 """
 
 from __future__ import annotations

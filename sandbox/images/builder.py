@@ -307,11 +307,8 @@ class _Builder:
 
     def assemble_child(self, spec: ImageSpec) -> Built:
         parent = self.parent_build(spec)
-        with self.step(f"{spec.name}: write layer from images/{spec.name}/rootfs"):
-            if spec.rootfs.is_dir():
-                entries = tree_entries(spec.rootfs, normalize=True)
-            else:
-                entries = []
+        with self.step(f"{spec.name}: write layer from images/{spec.name}/rootfs"), spec.overlay() as tree:
+            entries = tree_entries(tree, normalize=True) if tree is not None else []
             diff_id, path = write_layer_file(entries, self.cache.layers)
         pdoc = parent.doc
         config = image_config(

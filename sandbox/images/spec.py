@@ -19,7 +19,8 @@ and exposed ports are merged). A child spec, e.g. `images/egress-proxy/image.jso
       "workdir": "/tmp",                           (inherited when left out)
       "env": {"PATH": "/usr/bin:/bin"},            (replaces the parent's env when given)
       "labels": {"ringfence.image": "egress-proxy"},
-      "exposed_ports": [3128]                      (ints mean tcp; or "53/udp")
+      "exposed_ports": [3128],                     (ints mean tcp; or "53/udp")
+      "files": {"opt/ringfence/x.py": "sandbox/x.py"}  (repository files laid into the image)
     }
 
 with its files under `images/egress-proxy/rootfs/` (e.g. `rootfs/opt/ringfence/proxy.py`).
@@ -28,11 +29,16 @@ Then `ringfence images build --update-lock egress-proxy` pins it; no Python chan
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import re
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 from sandbox.errors import ImageError
 from sandbox.images.archive import ContainerConfig, tree_entries
@@ -45,7 +51,7 @@ NAME = re.compile(r"[a-z][a-z0-9-]{0,62}")
 _PORT = re.compile(r"\d{1,5}/(tcp|udp)")
 _KEYS = {
     "parent", "debootstrap", "account", "entrypoint", "cmd", "user", "workdir", "env",
-    "labels", "exposed_ports", "description",
+    "labels", "exposed_ports", "description", "files",
 }
 
 
@@ -85,11 +91,40 @@ class ImageSpec:
     env: tuple[tuple[str, str], ...] | None = None
     labels: tuple[tuple[str, str], ...] = ()
     exposed_ports: tuple[str, ...] = ()
+    # Files of the repository laid into the image: (path in the image, path in the repo). For
+    # modules the host imports too (the egress proxy's), so the image and the tests run the
+    # same file instead of a copy that can drift.
+    files: tuple[tuple[str, str], ...] = ()
     raw: bytes = field(default=b"", repr=False)
 
     @property
     def rootfs(self) -> Path:
         return self.directory / "rootfs"
+
+    @contextlib.contextmanager
+    def overlay(self) -> Iterator[Path | None]:
+        """The tree this image's layer is made of: rootfs/ plus `files`, staged in a temp dir
+        when there are files (None when there is nothing at all)."""
+        if not self.files:
+            yield self.rootfs if self.rootfs.is_dir() else None
+            return
+        repo = self.directory.resolve().parent.parent
+        with tempfile.TemporaryDirectory(prefix=f"ringfence-{self.name}-overlay-") as tmp:
+            staged = Path(tmp) / "rootfs"
+            if self.rootfs.is_dir():
+                shutil.copytree(self.rootfs, staged, symlinks=True)
+            staged.mkdir(exist_ok=True)
+            for target, source in self.files:
+                src = repo / source
+                if not src.is_file() or src.is_symlink():
+                    raise ImageError(f"images/{self.name}/image.json: files: {source} is not a regular file")
+                dest = staged / target
+                if dest.exists():
+                    raise ImageError(f"images/{self.name}/image.json: files: {target} is also in rootfs/")
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src, dest)
+                os.chmod(dest, 0o644)
+            yield staged
 
     def container_config(self, parent: ContainerConfig | None) -> ContainerConfig:
         base = parent or ContainerConfig(user="0:0", workdir="/", env=())
@@ -115,8 +150,8 @@ class ImageSpec:
         h.update(f"builder={BUILDER_VERSION}\n".encode())
         h.update(json.dumps(json.loads(self.raw), sort_keys=True, separators=(",", ":")).encode())
         h.update(b"\n")
-        if self.rootfs.is_dir():
-            for e in tree_entries(self.rootfs, normalize=True):
+        with self.overlay() as tree:
+            for e in tree_entries(tree, normalize=True) if tree is not None else ():
                 h.update(f"{e.kind} {e.name} {e.mode:o} {e.linkname}\n".encode())
                 if e.source:
                     with open(e.source, "rb") as f:
@@ -196,8 +231,24 @@ def load_spec(directory: Path) -> ImageSpec:
         env=_str_map(name, "env", doc.get("env")),
         labels=_str_map(name, "labels", doc.get("labels")) or (),
         exposed_ports=tuple(ports),
+        files=_files(path, doc.get("files")),
         raw=raw,
     )
+
+
+def _files(path: Path, value) -> tuple[tuple[str, str], ...]:
+    """`files`: {"opt/x/y.py": "sandbox/x/y.py"}: relative paths on both sides, no `..`."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise ImageError(f"{path}: files must map image paths to repository paths")
+    out = []
+    for target, source in sorted(value.items()):
+        for p in (target, source):
+            if not isinstance(p, str) or not p or p.startswith("/") or ".." in p.split("/"):
+                raise ImageError(f"{path}: files: {p!r} must be a relative path without '..'")
+        out.append((target, source))
+    return tuple(out)
 
 
 def load_specs(images_dir: Path) -> dict[str, ImageSpec]:

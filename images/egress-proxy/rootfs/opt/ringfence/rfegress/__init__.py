@@ -1,1 +1,1 @@
-"""The ringfence egress proxy (copied from sandbox/egress by `python -m sandbox.egress.sync`)."""
+"""The ringfence egress proxy: its modules are sandbox/egress/*.py, laid here by the image spec."""
