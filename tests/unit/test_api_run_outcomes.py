@@ -1,4 +1,5 @@
-"""Every named run outcome, forced by a scripted client through the real gRPC server on a real
+"""Every named run outcome (and an approval surviving a restart), forced by a scripted client
+through the real gRPC server on a real
 port (the real Orchestrator and SQLite log; a FakeBackend that speaks the runner protocol and a
 fake clock, so no container and no wall time). The client must see the outcome in GetRun and
 as the last event of WatchRun."""
@@ -163,3 +164,22 @@ def test_uncertain_after_a_crash_between_effect_and_record(stack):
         [obs] = c.get_run(run).trajectory
         assert obs.error_class == "uncertain"
     assert stack.backend.starts == 0  # never re-run: the effect may already have happened
+
+
+def test_an_approval_given_after_a_restart_resumes_the_same_call(stack):
+    """The ASK is durable: the server dies while the call waits, a new process on the same log
+    gets the approver's decision, and exactly that call (same id, same arguments) runs once."""
+    pay = {"call_id": "pay", "tool": "credit", "arguments": {"account": "acme-9", "amount": 50}}
+    with stack.client() as c:
+        run = c.start_run("credit acme-9").run_id
+        [obs] = c.submit_batch(run, [pay])
+        assert obs.status is ObservationStatus.PENDING_APPROVAL
+    stack.restart()
+    with stack.client(APPROVER) as approver, stack.client() as c:
+        [pending] = approver.list_approvals(run)
+        assert (pending.call_id, dict(pending.arguments)) == ("pay", {"account": "acme-9", "amount": 50})
+        approver.decide_approval(pending.approval_id, True, "ok")
+        [done] = c.get_run(run).trajectory
+        assert done.call_id == "pay" and done.status is ObservationStatus.EXECUTED
+        assert done.content["credited"] == 50
+    assert [call.arguments for call in stack.emulator.log] == [{"account": "acme-9", "amount": 50}]
