@@ -1,8 +1,7 @@
 """Every named run outcome (and an approval surviving a restart), forced by a scripted client
-through the real gRPC server on a real
-port (the real Orchestrator and SQLite log; a FakeBackend that speaks the runner protocol and a
-fake clock, so no container and no wall time). The client must see the outcome in GetRun and
-as the last event of WatchRun."""
+through the real gRPC server on a real port: the real Orchestrator and SQLite log, a
+FakeBackend that speaks the runner protocol and a fake clock, so no container and no wall
+time. The client must see the outcome in GetRun and as the last event of WatchRun."""
 
 from __future__ import annotations
 
