@@ -10,7 +10,7 @@ protection matters, by removing exactly that protection and showing the attack t
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import pytest
 
@@ -18,21 +18,9 @@ from sandbox.backend import SandboxRequest
 from sandbox.docker_backend import DockerBackend
 from sandbox.profile import SandboxProfile
 from sandbox.result import SandboxResult
+from weaken import Settings, WeakenedBackend
 
 pytestmark = pytest.mark.docker
-
-Settings = dict[str, Any]
-
-
-class WeakenedBackend(DockerBackend):
-    """A DockerBackend with one protection removed. Exists only in tests."""
-
-    def __init__(self, client, lock, change: Callable[[Settings], Settings]) -> None:
-        super().__init__(client, lock=lock)
-        self._change = change
-
-    def _container_settings(self, profile: SandboxProfile) -> Settings:
-        return self._change(dict(super()._container_settings(profile)))
 
 
 def _runner(backend: DockerBackend):
@@ -57,15 +45,3 @@ def weakened(docker_client, pinned_images):
         return _runner(WeakenedBackend(docker_client, pinned_images, change))
 
     return make
-
-
-def without_security_opt(prefix: str) -> Callable[[Settings], Settings]:
-    """Settings change that drops the security_opt entries starting with `prefix`."""
-
-    def change(settings: Settings) -> Settings:
-        settings["security_opt"] = [o for o in settings["security_opt"] if not o.startswith(prefix)]
-        if prefix.startswith("seccomp"):
-            settings["security_opt"].append("seccomp=unconfined")
-        return settings
-
-    return change

@@ -21,7 +21,7 @@ import threading
 import time
 import tracemalloc
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import docker
 import pytest
@@ -31,24 +31,13 @@ from sandbox.backend import SandboxRequest
 from sandbox.docker_backend import GVISOR_PIDS_OVERHEAD, DockerBackend
 from sandbox.profile import KiB, MiB, SandboxProfile
 from sandbox.result import Outcome, SandboxResult
+from weaken import Settings, WeakenedBackend
 
 pytestmark = pytest.mark.docker
 
-Settings = dict[str, Any]
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-
-class _Changed(DockerBackend):
-    """A DockerBackend with one setting changed (the red checks); mirrors escape/conftest's."""
-
-    def __init__(self, client, lock, change: Callable[[Settings], Settings]) -> None:
-        super().__init__(client, lock=lock)
-        self._change = change
-
-    def _container_settings(self, profile: SandboxProfile) -> Settings:
-        return self._change(dict(super()._container_settings(profile)))
 
 
 def call(backend: DockerBackend, argv, *, runtime: str = "runc", call_id: str | None = None, **limits) -> SandboxResult:
@@ -174,7 +163,7 @@ def pids_for(runtime: str, limit: int) -> int:
 @pytest.fixture
 def changed(docker_client, pinned_images):
     def make(change: Callable[[Settings], Settings]) -> DockerBackend:
-        return _Changed(docker_client, pinned_images, change)
+        return WeakenedBackend(docker_client, pinned_images, change)
 
     return make
 

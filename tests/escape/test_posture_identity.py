@@ -18,7 +18,7 @@ import shutil
 import pytest
 
 import probes
-from probes import without_security_opt
+from weaken import without_security_opt
 from sandbox.profile import InputMount
 
 pytestmark = pytest.mark.docker

@@ -22,7 +22,7 @@ from __future__ import annotations
 import pytest
 
 import probes
-from probes import without_security_opt
+from weaken import without_security_opt
 
 pytestmark = pytest.mark.docker
 

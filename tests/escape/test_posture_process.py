@@ -19,7 +19,7 @@ import re
 import pytest
 
 import probes
-from probes import without_security_opt
+from weaken import without_security_opt
 from sandbox import labels as L
 from sandbox import seccomp
 from sandbox.errors import ProfileError

@@ -79,15 +79,3 @@ def errnos(results: dict) -> dict:
             out[name] = "ok" if r["ret"] != -1 else r["errno"]
     return out
 
-
-def without_security_opt(prefix: str):
-    """Same as tests/escape/conftest.py's helper (conftest modules are not importable by name
-    reliably: tests/ and tests/escape/ both have one)."""
-
-    def change(settings: dict) -> dict:
-        opts = [o for o in settings["security_opt"] if not o.startswith(prefix)]
-        if prefix.startswith("seccomp"):
-            opts.append("seccomp=unconfined")
-        return {**settings, "security_opt": opts}
-
-    return change

@@ -1,0 +1,37 @@
+"""The red checks' one tool: a DockerBackend with exactly one protection changed.
+
+Importable by name from every module in tests/escape (unlike conftest.py, since tests/ has one
+too). Exists only in tests: production code has no switch to weaken a sandbox.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from sandbox.docker_backend import DockerBackend
+from sandbox.profile import SandboxProfile
+
+Settings = dict[str, Any]
+
+
+class WeakenedBackend(DockerBackend):
+    """A DockerBackend whose container settings pass through `change` (settings -> settings)."""
+
+    def __init__(self, client, lock, change: Callable[[Settings], Settings]) -> None:
+        super().__init__(client, lock=lock)
+        self._change = change
+
+    def _container_settings(self, profile: SandboxProfile) -> Settings:
+        return self._change(dict(super()._container_settings(profile)))
+
+
+def without_security_opt(prefix: str) -> Callable[[Settings], Settings]:
+    """Drop the security_opt entries starting with `prefix` (seccomp becomes `unconfined`)."""
+
+    def change(settings: Settings) -> Settings:
+        opts = [o for o in settings["security_opt"] if not o.startswith(prefix)]
+        if prefix.startswith("seccomp"):
+            opts.append("seccomp=unconfined")
+        return {**settings, "security_opt": opts}
+
+    return change
