@@ -173,3 +173,12 @@ def test_small_pids_budget_starts_under_gvisor(backend, gvisor_available):
     result, _ = run(backend, ["sh", "-c", "echo started"], runtime="gvisor", pids=32)
     assert result.outcome is Outcome.OK and result.stdout == b"started\n"
     assert result.applied["pids_limit"] == 32 + 64
+
+
+def test_oom_of_a_child_is_oom_even_when_the_parent_exits_otherwise(backend):
+    """The memory cgroup's OOM notification (State.OOMKilled), not only exit 137: a shell whose
+    child was OOM-killed exits 1, and the call is still classified `oom`."""
+    script = 'python3 -c "x = b\\"x\\" * (1 << 30)"; echo child=$?; exit 1'
+    result, _ = run(backend, ["sh", "-c", script], memory_bytes=64 * MiB)
+    assert result.stdout == b"child=137\n" and result.exit_code == 1
+    assert result.outcome is Outcome.OOM
