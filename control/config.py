@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from control.errors import ConfigError
 from control.model import Role
+from sandbox.egress.allowlist import PatternError, parse_patterns
 
 DEFAULT_CONFIG_PATH = Path(__file__).with_name("default_config.toml")
 BUILTIN_TOOLS_DIR = Path(__file__).with_name("tools")
@@ -63,6 +64,13 @@ class PolicyConfig:
     autonomy: str = "standard"
     rules: tuple[RuleConfig, ...] = ()
     grants: tuple[GrantConfig, ...] = ()
+    egress: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Tool name (or "*" for every tool) -> host patterns policy lets it reach. A call's egress
+    allowlist is the intersection of this grant and the hosts its tool declares: nothing
+    granted, nothing reachable."""
+
+    def egress_for(self, tool: str) -> tuple[str, ...]:
+        return tuple(self.egress.get(tool, ())) + tuple(self.egress.get("*", ()))
 
 
 @dataclass(frozen=True)
@@ -234,7 +242,7 @@ def _parse_tenants(raw: Mapping) -> dict[str, TenantConfig]:
 
 
 def _parse_policy(raw: Mapping) -> PolicyConfig:
-    _known("policy", raw, {"autonomy", "rules", "grants"})
+    _known("policy", raw, {"autonomy", "rules", "grants", "egress"})
     autonomy = raw.get("autonomy", "standard")
     if autonomy not in AUTONOMY:
         raise ConfigError("policy.autonomy", f"must be one of {', '.join(AUTONOMY)}")
@@ -278,7 +286,15 @@ def _parse_policy(raw: Mapping) -> PolicyConfig:
         tool = _expect(f"{key}.tool", grant.get("tool"), str, "a tool name")
         arguments = _expect(f"{key}.arguments", grant.get("arguments", {}), Mapping, "a table")
         grants.append(GrantConfig(tool, dict(arguments)))
-    return PolicyConfig(autonomy=autonomy, rules=tuple(rules), grants=tuple(grants))
+    egress: dict[str, tuple[str, ...]] = {}
+    for tool, patterns in _expect("policy.egress", raw.get("egress", {}), Mapping, "a table").items():
+        key = f"policy.egress.{tool}"
+        _expect(key, patterns, list, "an array of host patterns")
+        try:
+            egress[tool] = tuple(str(p) for p in parse_patterns(patterns))
+        except (PatternError, TypeError) as e:
+            raise ConfigError(key, str(e)) from e
+    return PolicyConfig(autonomy=autonomy, rules=tuple(rules), grants=tuple(grants), egress=egress)
 
 
 def _parse_limits(raw: Mapping) -> Limits:

@@ -57,7 +57,7 @@ from control.model import (
 )
 from control.policy import PolicyEngine, Verdict
 from control.registry import Registry, ToolManifest
-from control.resource_policy import check_resources
+from control.resource_policy import call_allowlist, check_resources
 from control.retry import Attempt, CircuitBreaker, FailureClass, RetryPolicy, classify, retry_call
 from control.state import PendingCall, RunState, apply, fold, observation_data
 from control.store.base import EventStore
@@ -746,7 +746,7 @@ class Orchestrator:
             return d
         d.path.append("guardrail:pass")
         # 4 resource policy, before any rule; its DENY is final
-        r = check_resources(manifest, canon, self.config.inputs)
+        r = check_resources(manifest, canon, self.config.inputs, self.config.policy.egress_for(manifest.name))
         if not r.allowed:
             d.status, d.verdict, d.reason, d.error_class = ObservationStatus.DENIED, "deny", r.reason, "resource"
             d.path.append("resource:deny")
@@ -933,13 +933,15 @@ class Orchestrator:
                 inputs.append(InputMount(host, root))
         lim = manifest.limits
         extra: dict[str, Any] = {}
-        if manifest.egress_hosts:
-            # Issue 4: the call's egress grant is the tool's declared hosts (resource policy has
-            # already refused private and metadata targets in its arguments); the sandbox puts
-            # the call behind the egress proxy with exactly this allowlist.
+        allowlist = call_allowlist(manifest, self.config.policy.egress_for(manifest.name))
+        if allowlist:
+            # Issue 4: the call's allowlist is its tool's declared hosts AND what policy grants
+            # (resource policy has already refused private and metadata targets in its
+            # arguments); the sandbox puts the call behind the egress proxy with exactly it.
+            # Nothing granted: the call runs with no network at all.
             from sandbox.egress.grant import EgressGrant
 
-            extra["egress"] = EgressGrant(allow=tuple(manifest.egress_hosts))
+            extra["egress"] = EgressGrant(allow=allowlist)
         return SandboxProfile(image=manifest.image, runtime=manifest.runtime, memory_bytes=lim.memory_bytes,
                               cpus=lim.cpus, pids=lim.pids, timeout_s=lim.timeout_s, stdout_limit=lim.stdout_limit,
                               stderr_limit=lim.stderr_limit, inputs=tuple(inputs), **extra)

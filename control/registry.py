@@ -20,6 +20,7 @@ from jsonschema.exceptions import SchemaError
 
 from control.errors import ConfigError
 from control.model import ToolView
+from sandbox.egress.allowlist import PatternError, parse_patterns
 
 _TOOL_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 _HOST = re.compile(r"(\*\.)?[a-z0-9]([a-z0-9-]{0,62})(\.[a-z0-9]([a-z0-9-]{0,62}))*")
@@ -120,6 +121,10 @@ def parse_manifest(doc: Mapping[str, Any], source: str = "<manifest>") -> ToolMa
     hosts = doc.get("egress_hosts", [])
     if not isinstance(hosts, list) or not all(isinstance(h, str) and _HOST.fullmatch(h) for h in hosts):
         raise _err(source, "egress_hosts", "must be an array of lowercase host names (or *.suffix)")
+    try:
+        parse_patterns(hosts)  # the egress proxy's own rules: no IP literals, no `*.com`
+    except PatternError as e:
+        raise _err(source, "egress_hosts", str(e)) from e
     url_args = doc.get("url_arguments", [])
     if not isinstance(url_args, list) or not all(isinstance(a, str) for a in url_args):
         raise _err(source, "url_arguments", "must be an array of argument names")

@@ -16,6 +16,7 @@ from typing import Any, Mapping
 from urllib.parse import urlsplit
 
 from control.registry import ToolManifest
+from sandbox.egress.allowlist import HostPattern, PatternError, host_allowed, intersect, parse_patterns
 
 # Names that resolve to cloud metadata services; denied whatever the allowlist says.
 METADATA_HOSTS = frozenset({
@@ -30,6 +31,22 @@ class ResourceDecision:
     reason: str = ""
     resolved: Mapping[str, str] | None = None
     """Path arguments as resolved container paths (for the audit trail)."""
+    egress: tuple[str, ...] = ()
+    """The call's egress allowlist: the tool's declared hosts that policy also grants."""
+
+
+def call_allowlist(manifest: ToolManifest, granted: tuple[str, ...] | None) -> tuple[str, ...]:
+    """What a call may reach: its tool's declared hosts AND what policy grants (None: the
+    caller applies no policy narrowing). One `name:port` entry per port, canonical and sorted."""
+    if not manifest.egress_hosts:
+        return ()
+    try:
+        patterns: tuple[HostPattern, ...] = (
+            intersect(manifest.egress_hosts, granted) if granted is not None else parse_patterns(manifest.egress_hosts)
+        )
+    except PatternError:
+        return ()  # an entry the proxy could not enforce (an IP literal, say) opens nothing
+    return tuple(sorted({f"{'*.' if p.wildcard else ''}{p.name}:{port}" for p in patterns for port in p.ports}))
 
 
 def _under(path: str, root: str) -> bool:
@@ -68,26 +85,25 @@ def resolve_path(value: str, roots: tuple[str, ...], host_roots: Mapping[str, st
     return lexical, ""
 
 
-def _host_of(value: str) -> str | None:
+def _host_of(value: str) -> tuple[str, int] | None:
+    """(host, port) of a URL or a bare `host[:port]` (https's 443 when no port is given)."""
     if not isinstance(value, str) or not value:
         return None
-    if "://" in value:
-        try:
+    try:
+        if "://" in value:
             parts = urlsplit(value)
             if parts.scheme.lower() not in ("http", "https"):
                 return None
             host = parts.hostname
-        except ValueError:
-            return None
-    else:
-        host = value.split("/", 1)[0].rsplit("@", 1)[-1]
-        if host.startswith("["):
-            host = host[1:].split("]", 1)[0]
-        elif host.count(":") == 1:
-            host = host.split(":", 1)[0]
+            port = parts.port or (80 if parts.scheme.lower() == "http" else 443)
+        else:
+            parts = urlsplit("//" + value)
+            host, port = parts.hostname, parts.port or 443
+    except ValueError:
+        return None
     if not host:
         return None
-    return host.rstrip(".").lower()
+    return host.rstrip(".").lower(), port
 
 
 def _ip_forbidden(host: str) -> str:
@@ -108,25 +124,24 @@ def _ip_forbidden(host: str) -> str:
     return ""
 
 
-def check_host(host: str, allowed: tuple[str, ...]) -> str:
-    """"" when `host` may be reached, else why not."""
+def check_host(host: str, port: int, allowed: tuple[str, ...]) -> str:
+    """"" when `host:port` may be reached, else why not. Matching is the egress proxy's own
+    (sandbox.egress.allowlist), so admission and the proxy cannot disagree."""
     why = _ip_forbidden(host)
     if why:
         return why
     if host in METADATA_HOSTS or host.endswith(".internal") or host == "localhost" or host.endswith(".localhost"):
         return f"{host} is a metadata or local name"
-    for pattern in allowed:
-        if pattern.startswith("*."):
-            if host.endswith(pattern[1:]) and host != pattern[2:]:
-                return ""
-        elif host == pattern:
-            return ""
-    return f"{host} is not on the tool's egress allowlist"
+    if host_allowed(host, port, allowed):
+        return ""
+    return f"{host}:{port} is not on the call's egress allowlist"
 
 
 def check_resources(manifest: ToolManifest, arguments: Mapping[str, Any],
-                    host_roots: Mapping[str, str] | None = None) -> ResourceDecision:
+                    host_roots: Mapping[str, str] | None = None,
+                    granted_egress: tuple[str, ...] | None = None) -> ResourceDecision:
     host_roots = host_roots or {}
+    allowlist = call_allowlist(manifest, granted_egress)
     resolved: dict[str, str] = {}
     for arg, roots in manifest.paths.items():
         if arg not in arguments:
@@ -138,10 +153,10 @@ def check_resources(manifest: ToolManifest, arguments: Mapping[str, Any],
     for arg in manifest.url_arguments:
         if arg not in arguments:
             continue
-        host = _host_of(arguments[arg])
-        if host is None:
+        target = _host_of(arguments[arg])
+        if target is None:
             return ResourceDecision(False, f"{arg}: not an http(s) URL or host name")
-        why = check_host(host, manifest.egress_hosts)
+        why = check_host(*target, allowlist)
         if why:
             return ResourceDecision(False, f"{arg}: {why}")
-    return ResourceDecision(True, "", resolved)
+    return ResourceDecision(True, "", resolved, allowlist)

@@ -144,6 +144,7 @@ class Harness:
     autonomy: str = "autonomous"
     limits: dict[str, Any] = field(default_factory=dict)
     inputs: dict[str, str] = field(default_factory=dict)
+    egress: dict[str, list[str]] = field(default_factory=dict)
     registry: Registry | None = None
     image_digest: str = "sha256:" + "ab" * 32
 
@@ -155,7 +156,8 @@ class Harness:
         self.store = SqliteEventStore(self.db, clock=self.clock)
         self.config = load_config(overrides={
             "state_dir": str(self.tmp_path),
-            "policy": {"autonomy": self.autonomy, "rules": self.rules if self.rules is not None else DEMO_RULES},
+            "policy": {"autonomy": self.autonomy, "rules": self.rules if self.rules is not None else DEMO_RULES,
+                       "egress": self.egress},
             "limits": self.limits, "inputs": self.inputs})
         self.orch = self.new_orchestrator()
 

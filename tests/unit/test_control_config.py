@@ -63,6 +63,9 @@ def test_a_user_file_merges_over_the_defaults(tmp_path):
     ("[tenants.a]\ntokens = [{sha256 = 'plaintext', role = 'agent'}]\n", "tenants.a.tokens[0].sha256"),
     ("[tenants.a]\ntokens = [{sha256 = '" + "b" * 64 + "', role = 'god'}]\n", "tenants.a.tokens[0].role"),
     ("[inputs]\n'/tmp' = '/srv'\n", "inputs./tmp"),
+    ("[policy.egress]\nfetch = ['10.0.0.1']\n", "policy.egress.fetch"),
+    ("[policy.egress]\nfetch = ['*.com']\n", "policy.egress.fetch"),
+    ("[policy.egress]\nfetch = 'api.example.com'\n", "policy.egress.fetch"),
 ])
 def test_errors_name_the_key(tmp_path, text, key):
     f = tmp_path / "ringfence.toml"
@@ -80,3 +83,12 @@ def test_unreadable_and_malformed_files(tmp_path):
     bad.write_text("[limits\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(bad)
+
+
+def test_policy_egress_grants_per_tool_and_for_all(tmp_path):
+    f = tmp_path / "ringfence.toml"
+    f.write_text("[policy.egress]\nfetch = ['api.example.com:443']\n'*' = ['*.status.example.org']\n")
+    policy = load_config(f).policy
+    assert policy.egress_for("fetch") == ("api.example.com:443", "*.status.example.org")
+    assert policy.egress_for("other") == ("*.status.example.org",)
+    assert load_config().policy.egress_for("fetch") == ()  # the defaults grant no egress

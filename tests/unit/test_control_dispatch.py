@@ -266,7 +266,8 @@ def test_the_profile_comes_from_the_manifest(tmp_path):
                          egress_hosts=("api.example.com",), url_arguments=("url",),
                          limits=ToolLimits(memory_bytes=96 * 1024 * 1024, cpus=0.25, pids=20, timeout_s=3.0,
                                            stdout_limit=4096))
-    h = Harness(tmp_path, rules=[{"tool": "fetch", "verdict": "allow"}], registry=Registry([fetch]))
+    h = Harness(tmp_path, rules=[{"tool": "fetch", "verdict": "allow"}], registry=Registry([fetch]),
+                egress={"fetch": ["api.example.com"]})
     h.emulator.overrides["fetch"] = lambda call: "fetched"
     run = h.run()
     obs = h.submit(run, ("fetch", {"url": "https://api.example.com/x"}), ("fetch", {"url": "http://169.254.169.254/"}))
@@ -274,7 +275,45 @@ def test_the_profile_comes_from_the_manifest(tmp_path):
     [request] = h.backend.requests
     p = request.profile
     assert (p.memory_bytes, p.cpus, p.pids, p.timeout_s, p.stdout_limit) == (96 * 1024 * 1024, 0.25, 20, 3.0, 4096)
-    assert p.egress is not None and p.egress.allow == ("api.example.com",)
+    assert p.egress is not None and p.egress.allow == ("api.example.com:443", "api.example.com:80")
+
+
+def _fetcher(hosts):
+    from control.registry import ToolManifest
+
+    return ToolManifest("fetch", "f", {"type": "object"}, mutates=False, reversible=True,
+                        egress_hosts=hosts, url_arguments=("url",))
+
+
+def test_a_calls_allowlist_is_the_tools_hosts_and_what_policy_grants(tmp_path):
+    """Issue 4: the tool declares *.example.com, policy grants only api.example.com on 443: the
+    call's allowlist is exactly that; a sibling host or port 80 is denied at admission."""
+    from control.registry import Registry
+
+    h = Harness(tmp_path, rules=[{"tool": "fetch", "verdict": "allow"}], registry=Registry([_fetcher(("*.example.com",))]),
+                egress={"fetch": ["api.example.com:443", "elsewhere.test"]})
+    h.emulator.overrides["fetch"] = lambda call: "fetched"
+    run = h.run()
+    obs = h.submit(run, ("fetch", {"url": "https://api.example.com/x"}), ("fetch", {"url": "https://www.example.com/"}),
+                   ("fetch", {"url": "http://api.example.com/"}), ("fetch", {"url": "https://elsewhere.test/"}))
+    assert [o.status for o in obs] == [S.EXECUTED, S.DENIED, S.DENIED, S.DENIED]
+    [request] = h.backend.requests
+    assert request.profile.egress.allow == ("api.example.com:443",)
+
+
+def test_nothing_granted_means_nothing_reachable(tmp_path):
+    """Default policy grants no egress: a host argument is denied, and a call without one runs
+    with no network at all (no egress grant on its profile)."""
+    from control.registry import Registry
+
+    h = Harness(tmp_path, rules=[{"tool": "fetch", "verdict": "allow"}], registry=Registry([_fetcher(("api.example.com",))]))
+    h.emulator.overrides["fetch"] = lambda call: "fetched"
+    run = h.run()
+    denied, ran = h.submit(run, ("fetch", {"url": "https://api.example.com/"}), ("fetch", {}))
+    assert (denied.status, ran.status) == (S.DENIED, S.EXECUTED)
+    assert "not on the call's egress allowlist" in denied.error
+    [request] = h.backend.requests
+    assert request.profile.egress is None
 
 
 def test_egress_decisions_of_a_call_become_an_event_of_the_run(tmp_path):

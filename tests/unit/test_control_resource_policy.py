@@ -52,7 +52,7 @@ def test_a_root_that_exists_on_the_host_is_checked_directly(tmp_path):
 
 
 @pytest.mark.parametrize("url", ["https://api.example.com/v1", "api.example.com", "http://a.cdn.example.com/x",
-                                 "https://api.example.com:8443/"])
+                                 "https://api.example.com:443/", "api.example.com:80"])
 def test_allowed_hosts(url):
     assert check_resources(FETCH, {"url": url}).allowed
 
@@ -63,6 +63,8 @@ def test_allowed_hosts(url):
     "http://[::ffff:169.254.169.254]/", "http://0x7f000001/", "http://2130706433/", "http://100.64.0.1/",
     "http://evil.example.org/", "http://api.example.com.evil.org/", "http://cdn.example.com/",
     "file:///etc/passwd", "gopher://api.example.com/", "http://0.0.0.0/",
+    # A name without a port opens 80 and 443 only, as at the egress proxy.
+    "https://api.example.com:8443/", "api.example.com:22",
 ])
 def test_denied_hosts(url):
     assert not check_resources(FETCH, {"url": url}).allowed
@@ -73,3 +75,15 @@ def test_private_addresses_are_denied_even_when_allowlisted():
                         egress_hosts=("169.254.169.254", "10.0.0.1"), url_arguments=("url",))
     assert not check_resources(tool, {"url": "http://169.254.169.254/"}).allowed
     assert not check_resources(tool, {"url": "10.0.0.1"}).allowed
+
+
+def test_admission_matches_like_the_egress_proxy():
+    """Admission uses sandbox.egress.allowlist, the proxy's own matcher: every (host, port) the
+    one refuses, the other refuses too."""
+    from sandbox.egress.allowlist import host_allowed
+
+    for url, host, port in [("https://api.example.com/", "api.example.com", 443),
+                            ("http://x.cdn.example.com/", "x.cdn.example.com", 80),
+                            ("https://cdn.example.com/", "cdn.example.com", 443),
+                            ("https://api.example.com:8443/", "api.example.com", 8443)]:
+        assert check_resources(FETCH, {"url": url}).allowed == host_allowed(host, port, FETCH.egress_hosts)
