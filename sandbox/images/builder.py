@@ -105,6 +105,10 @@ class Cache:
     def debs(self) -> Path:
         return self.root / "debs"
 
+    def packages(self, name: str) -> Path:
+        """The package tarball a root image is installed from (debootstrap --make-tarball)."""
+        return self.root / f"{name}-packages.tgz"
+
     @property
     def layers(self) -> Path:
         return self.root / "layers"
@@ -144,8 +148,10 @@ class Cache:
 
 class _Builder:
     def __init__(self, *, specs: dict[str, ImageSpec], lock: Lock, cache: Cache, client: Any,
-                 update_lock: bool, force: frozenset[str], load: bool, tag_prefix: str, progress: Progress):
+                 update_lock: bool, force: frozenset[str], load: bool, tag_prefix: str, progress: Progress,
+                 offline: bool = False):
         self.specs, self.lock, self.cache, self.client = specs, lock, cache, client
+        self.offline = offline
         self.update_lock, self.force, self.load = update_lock, force, load
         self.tag_prefix, self.progress = tag_prefix, progress
         self.current: dict[str, Built] = {}  # accepted images of this run, by name
@@ -288,8 +294,12 @@ class _Builder:
         root = work / "rootfs"
         try:
             d = spec.debootstrap
-            with self.step(f"{spec.name}: debootstrap {d.suite} +{','.join(d.include)}"):
-                rootfs.debootstrap(d, root, self.cache.debs, self.cache.root / f"{spec.name}-debootstrap.log")
+            tarball = self.cache.packages(spec.name)
+            if not self.offline:
+                with self.step(f"{spec.name}: fetch packages of {d.suite} +{','.join(d.include)} from {d.mirror}"):
+                    rootfs.fetch_packages(d, tarball, self.cache.debs, self.cache.root / f"{spec.name}-fetch.log")
+            with self.step(f"{spec.name}: debootstrap {d.suite} from the package tarball, no network"):
+                rootfs.debootstrap(d, root, tarball, self.cache.root / f"{spec.name}-debootstrap.log")
             with self.step(f"{spec.name}: clean rootfs, add user {spec.account.name}"):
                 packages = rootfs.package_manifest(root)
                 arch = rootfs.architecture(root)
@@ -349,11 +359,14 @@ def build(
     cache_dir: str | os.PathLike | None = None,
     load: bool = True,
     tag_prefix: str = engine.TAG_PREFIX,
+    offline: bool = False,
 ) -> BuildReport:
     """Build what is missing or stale among `names` (default: every spec) and their parents.
 
     Returns a report; `report.ok` is False when an image drifted from the lock and
     `update_lock` was not given. `load=False` assembles without an engine (IDs only).
+    `offline=True` installs root images from the package tarball already in the cache and
+    fetches nothing.
     """
     images_dir = Path(images_dir) if images_dir is not None else IMAGES_DIR
     lock_path = Path(lock_path) if lock_path is not None else default_lock_path()
@@ -369,7 +382,7 @@ def build(
     # --force rebuilds what was asked for; parents are still only built when missing or stale.
     forced = frozenset((names or specs) if force else ())
     b = _Builder(specs=specs, lock=lock, cache=cache, client=client, update_lock=update_lock,
-                 force=forced, load=load, tag_prefix=tag_prefix, progress=progress)
+                 force=forced, load=load, tag_prefix=tag_prefix, progress=progress, offline=offline)
     for name in order:
         b.process(name)
     written = None

@@ -11,6 +11,7 @@ import os
 import shutil
 import stat
 import subprocess
+import tempfile
 from pathlib import Path
 
 from sandbox.errors import ImageError
@@ -21,21 +22,48 @@ from sandbox.images.spec import Account, Debootstrap
 SHADOW_DAY = str(EPOCH // 86400)
 
 
-def debootstrap(spec: Debootstrap, target: Path, cache_dir: Path, log: Path) -> None:
+def _debootstrap_cmd(spec: Debootstrap) -> list[str]:
     if os.geteuid() != 0:
         raise ImageError("building a root image needs root (debootstrap chroots and mknods)")
     if shutil.which("debootstrap") is None:
         raise ImageError("debootstrap is not installed: apt-get install debootstrap")
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    cmd = ["debootstrap", f"--variant={spec.variant}", f"--cache-dir={cache_dir.resolve()}"]
+    cmd = ["debootstrap", f"--variant={spec.variant}"]
     if spec.include:
         cmd.append("--include=" + ",".join(spec.include))
-    cmd += [spec.suite, str(target), spec.mirror]
+    return cmd
+
+
+def _run(cmd: list[str], log: Path, what: str) -> None:
     with open(log, "wb") as out:
         rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
     if rc != 0:
         tail = log.read_text(errors="replace").splitlines()[-15:]
-        raise ImageError(f"debootstrap failed (exit {rc}); log {log}:\n" + "\n".join(tail))
+        raise ImageError(f"{what} failed (exit {rc}); log {log}:\n" + "\n".join(tail))
+
+
+def fetch_packages(spec: Debootstrap, tarball: Path, cache_dir: Path, log: Path) -> None:
+    """Download the packages of `spec` (and the mirror's index) into one tarball. The only step
+    of an image build that talks to the network: Debian's mirror, nothing else."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tarball.parent.mkdir(parents=True, exist_ok=True)
+    partial = tarball.with_name(tarball.name + ".partial")
+    partial.unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory(prefix="ringfence-fetch-") as scratch:
+        cmd = _debootstrap_cmd(spec) + [f"--cache-dir={cache_dir.resolve()}", f"--make-tarball={partial}",
+                                        spec.suite, str(Path(scratch) / "root"), spec.mirror]
+        _run(cmd, log, "debootstrap --make-tarball")
+    os.replace(partial, tarball)
+
+
+def debootstrap(spec: Debootstrap, target: Path, tarball: Path, log: Path) -> None:
+    """Install `spec` into `target` from the package tarball alone, in a network namespace of
+    its own (`unshare --net`) so that this step provably reaches nothing."""
+    if not tarball.is_file():
+        raise ImageError(f"no package tarball at {tarball}: build without --offline first")
+    cmd = _debootstrap_cmd(spec) + [f"--unpack-tarball={tarball.resolve()}", spec.suite, str(target), spec.mirror]
+    if shutil.which("unshare"):
+        cmd = ["unshare", "--net", "--"] + cmd
+    _run(cmd, log, "debootstrap --unpack-tarball")
 
 
 def package_manifest(root: Path) -> tuple[str, ...]:

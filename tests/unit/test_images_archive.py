@@ -560,3 +560,11 @@ def test_cli_registers_build_and_verify():
     assert args.func is cli.cmd_build and args.update_lock and args.force and args.names == ["tool"]
     args = parser.parse_args(["images", "verify"])
     assert args.func is cli.cmd_verify
+
+
+def test_an_offline_root_build_needs_the_package_tarball(tmp_path):
+    from sandbox.images import rootfs
+    from sandbox.images.spec import Debootstrap
+
+    with pytest.raises(ImageError, match="no package tarball"):
+        rootfs.debootstrap(Debootstrap("bookworm", "http://deb.debian.org/debian", ()), tmp_path / "root", tmp_path / "absent.tgz", tmp_path / "log")
