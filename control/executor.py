@@ -61,7 +61,7 @@ from control.resource_policy import call_allowlist, check_resources
 from control.retry import Attempt, CircuitBreaker, FailureClass, RetryPolicy, classify, retry_call
 from control.state import PendingCall, RunState, apply, fold, observation_data
 from control.store.base import EventStore
-from control.validation import signature, validate_arguments
+from control.validation import MAX_DEPTH, signature, validate_arguments
 from sandbox.backend import SandboxBackend, SandboxRequest
 from sandbox.errors import EngineError, ImageError, SandboxError
 from sandbox.profile import InputMount, SandboxProfile
@@ -979,14 +979,27 @@ class Orchestrator:
                        duration_ms=result.duration_ms, outcome=result.outcome.value)
 
 
-def _plain(value: Any) -> Any:
-    """Frozen mappings back to plain JSON-able values (for event data)."""
+def _plain(value: Any, depth: int = 0) -> Any:
+    """Frozen mappings back to plain JSON-able values (for event data). What validation refuses
+    (too deep, a lone surrogate, NaN) is still recorded, as a readable trace of it."""
+    if depth > MAX_DEPTH:
+        return f"<nested deeper than {MAX_DEPTH} levels>"
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {_plain_text(str(k)): _plain(v, depth + 1) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [_plain(v, depth + 1) for v in value]
     if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
         return repr(value)  # not JSON; validation rejects the call, the log keeps a trace of it
-    if value is None or isinstance(value, (bool, int, float, str)):
+    if isinstance(value, str):
+        return _plain_text(value)
+    if value is None or isinstance(value, (bool, int, float)):
         return value
     return repr(value)[:1000]
+
+
+def _plain_text(value: str) -> str:
+    try:
+        value.encode("utf-8")
+        return value
+    except UnicodeEncodeError:  # a lone surrogate: SQLite and JSON readers would choke on it
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")

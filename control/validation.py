@@ -17,12 +17,26 @@ from control.errors import FieldViolation
 from control.registry import ToolManifest
 
 _validators: dict[int, Draft202012Validator] = {}
+# Deeper nesting is refused, not recursed into: Python's stack is the limit otherwise.
+MAX_DEPTH = 32
 
 
-def _normalize(value: Any, path: str) -> Any:
+def _text(value: str, path: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{path}: not valid Unicode (a lone surrogate)") from None
+    return value
+
+
+def _normalize(value: Any, path: str, depth: int = 0) -> Any:
     """Plain JSON types only; integral floats become ints (50.0 and 50 are one amount)."""
-    if value is None or isinstance(value, (bool, str)):
+    if depth > MAX_DEPTH:
+        raise ValueError(f"{path}: nested deeper than {MAX_DEPTH} levels")
+    if value is None or isinstance(value, bool):
         return value
+    if isinstance(value, str):
+        return _text(value, path)
     if isinstance(value, int):
         return value
     if isinstance(value, float):
@@ -33,9 +47,9 @@ def _normalize(value: Any, path: str) -> Any:
         if not all(isinstance(k, str) for k in value):
             raise ValueError(f"{path}: object keys must be strings")
         # Keys sorted: the canonical form is also the form the tool receives.
-        return {k: _normalize(value[k], f"{path}.{k}") for k in sorted(value)}
+        return {_text(k, path): _normalize(value[k], f"{path}.{k}", depth + 1) for k in sorted(value)}
     if isinstance(value, (list, tuple)):
-        return [_normalize(v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return [_normalize(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)]
     raise ValueError(f"{path}: {type(value).__name__} is not a JSON value")
 
 

@@ -273,3 +273,17 @@ def test_secrets_found_in_arguments_are_not_kept_in_the_log(tmp_path):
     assert "AKIAIOSFODNN7EXAMPLE" not in log and "BEGIN RSA PRIVATE KEY" not in log
     assert "MIIEowIBAAKCAQEA7bq4mZPz1x9QkLw3sYt" not in log
     assert h.backend.starts == 0
+
+
+def test_arguments_the_edge_would_refuse_are_refused_by_the_core_too(tmp_path):
+    """An Orchestrator used without the gRPC edge: a lone surrogate or nesting past 32 levels is
+    an invalid-arguments denial naming the problem, never an exception, never a dispatch."""
+    h = Harness(tmp_path)
+    run = h.run()
+    deep: dict = {"text": "x"}
+    for _ in range(500):
+        deep = {"n": deep}
+    surrogate, nested = h.submit(run, ("echo", {"text": "\ud800"}), ("echo", deep))
+    assert (surrogate.status, nested.status) == (S.DENIED, S.DENIED)
+    assert "lone surrogate" in surrogate.error and "deeper than 32" in nested.error
+    assert h.backend.starts == 0
