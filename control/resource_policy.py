@@ -16,6 +16,7 @@ from typing import Any, Mapping
 from urllib.parse import urlsplit
 
 from control.registry import ToolManifest
+from sandbox.egress.addresses import AddressClass, classify_address
 from sandbox.egress.allowlist import HostPattern, PatternError, host_allowed, intersect, parse_patterns
 
 # Names that resolve to cloud metadata services; denied whatever the allowlist says.
@@ -116,12 +117,11 @@ def _ip_forbidden(host: str) -> str:
         ):
             return f"{host} is a numeric address in a non-canonical form"
         return ""
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
-        ip = ip.ipv4_mapped
-    if (ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_multicast or ip.is_reserved
-            or ip.is_unspecified or not ip.is_global):
-        return f"{host} is a private, loopback, link-local or metadata address"
-    return ""
+    # The egress proxy's own classifier (IPv4-mapped, 6to4, NAT64 forms included).
+    cls = classify_address(ip)
+    if cls is not AddressClass.PUBLIC:
+        return f"{host} is a {cls.value.replace('_', '-')} address"
+    return f"{host} is an IP address: egress is allowlisted by host name only"
 
 
 def check_host(host: str, port: int, allowed: tuple[str, ...]) -> str:

@@ -87,3 +87,15 @@ def test_admission_matches_like_the_egress_proxy():
                             ("https://cdn.example.com/", "cdn.example.com", 443),
                             ("https://api.example.com:8443/", "api.example.com", 8443)]:
         assert check_resources(FETCH, {"url": url}).allowed == host_allowed(host, port, FETCH.egress_hosts)
+
+
+@pytest.mark.parametrize("url, why", [
+    ("http://169.254.169.254/", "metadata address"),
+    ("http://[::ffff:10.0.0.1]/", "private address"),
+    ("http://100.64.0.1/", "cgnat address"),
+    ("http://[2002:a9fe:a9fe::1]/", "address"),  # 6to4 wrapping of the metadata address
+    ("http://93.184.216.34/", "egress is allowlisted by host name only"),
+])
+def test_ip_literals_are_refused_with_the_proxys_classification(url, why):
+    decision = check_resources(FETCH, {"url": url})
+    assert not decision.allowed and why in decision.reason
