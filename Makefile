@@ -30,6 +30,7 @@ gvisor: docker ## register gVisor (runsc) as a second runtime
 	@bash scripts/ensure-runsc.sh
 
 images: venv docker packages ## build the pinned images (only what is missing or stale) and verify them
+	$(VENV)/bin/ringfence images fetch
 	$(VENV)/bin/ringfence images build
 	$(VENV)/bin/ringfence images verify
 

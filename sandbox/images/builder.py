@@ -347,6 +347,37 @@ class _Builder:
         engine.tag(self.client, built.id, self.tag_prefix + built.name)
 
 
+def fetch(
+    *,
+    force: bool = False,
+    progress: Progress | None = None,
+    images_dir: str | os.PathLike | None = None,
+    cache_dir: str | os.PathLike | None = None,
+) -> list[Path]:
+    """Download the package tarball of every root image that has none yet (all with `force`).
+
+    Setup, not build: `make images` runs it so that a later offline rebuild (the determinism
+    test) has the same packages to install, even when the engine already had every image and
+    nothing was built."""
+    images_dir = Path(images_dir) if images_dir is not None else IMAGES_DIR
+    cache = Cache(Path(cache_dir) if cache_dir is not None else images_dir / ".build")
+    progress = progress or (lambda _msg: None)
+    fetched = []
+    for name, spec in sorted(load_specs(images_dir).items()):
+        if spec.debootstrap is None:
+            continue
+        tarball = cache.packages(name)
+        if tarball.is_file() and not force:
+            progress(f"{name}: package tarball present ({tarball})")
+            continue
+        t0 = time.monotonic()
+        progress(f"{name}: fetch packages of {spec.debootstrap.suite} from {spec.debootstrap.mirror} ...")
+        rootfs.fetch_packages(spec.debootstrap, tarball, cache.debs, cache.root / f"{name}-fetch.log")
+        progress(f"{name}: fetched {tarball.stat().st_size} bytes in {time.monotonic() - t0:.1f}s")
+        fetched.append(tarball)
+    return fetched
+
+
 def build(
     names: list[str] | None = None,
     *,

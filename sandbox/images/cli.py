@@ -1,4 +1,4 @@
-"""`ringfence images build|verify`.
+"""`ringfence images fetch|build|verify`.
 
 `register(subparsers)` adds the `images` command to a parent argparse parser; each leaf sets
 `func(args) -> exit code`. Standalone: `python -m sandbox.images.cli build --update-lock`.
@@ -48,6 +48,17 @@ def cmd_build(args: argparse.Namespace) -> int:
     return EXIT_PROBLEMS
 
 
+def cmd_fetch(args: argparse.Namespace) -> int:
+    from sandbox.images.builder import fetch
+
+    try:
+        fetch(force=args.force, progress=_progress_printer())
+    except SandboxError as e:
+        print(f"images fetch: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    return EXIT_OK
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     from sandbox.images import engine
     from sandbox.images.lock import load_lock
@@ -71,6 +82,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def register(subparsers) -> argparse.ArgumentParser:
     images = subparsers.add_parser("images", help="build and verify the pinned sandbox images")
     sub = images.add_subparsers(dest="images_command", required=True)
+
+    f = sub.add_parser("fetch", help="download the root images' packages (the only network step) if absent")
+    f.add_argument("--force", action="store_true", help="download again even when present")
+    f.set_defaults(func=cmd_fetch)
 
     b = sub.add_parser("build", help="build images that are missing or stale")
     b.add_argument("names", nargs="*", metavar="NAME", help="images to build (default: all)")

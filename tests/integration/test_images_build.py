@@ -92,7 +92,7 @@ def test_base_rebuilds_to_the_pinned_id(client, pinned, tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
     tarball = IMAGES_DIR / ".build" / "base-packages.tgz"
-    assert tarball.is_file(), "no package tarball: run `ringfence images build --force base` once"
+    assert tarball.is_file(), "no package tarball: `make images` runs `ringfence images fetch`"
     (cache / "base-packages.tgz").symlink_to(tarball)
     prefix = _scratch_prefix()
     lines: list[str] = []

@@ -48,3 +48,17 @@ def test_a_missing_source_or_a_clash_with_rootfs_is_refused(tmp_path):
     with pytest.raises(ImageError, match="also in rootfs"):
         with spec.overlay():
             pass
+
+
+def test_fetch_skips_a_root_image_whose_package_tarball_is_present(tmp_path):
+    """`ringfence images fetch` (run by `make images`) downloads only what is missing."""
+    from sandbox.images.builder import fetch
+
+    images = tmp_path / "images"
+    (images / "base").mkdir(parents=True)
+    (images / "base" / "image.json").write_text(json.dumps({"parent": None, "debootstrap": {"suite": "bookworm"}}))
+    (images / ".build").mkdir()
+    (images / ".build" / "base-packages.tgz").write_bytes(b"cached")
+    lines: list[str] = []
+    assert fetch(images_dir=images, progress=lines.append) == []
+    assert lines == [f"base: package tarball present ({images / '.build' / 'base-packages.tgz'})"]
