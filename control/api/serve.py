@@ -43,6 +43,8 @@ def register(subparsers) -> None:
     p.add_argument("--tls-cert", type=Path, help="PEM certificate chain: serve TLS")
     p.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
     p.add_argument("--tls-client-ca", type=Path, help="PEM CA: require client certificates it signed (mTLS)")
+    p.add_argument("--metrics-listen", default=None, metavar="HOST:PORT",
+                   help="also serve Prometheus metrics at http://HOST:PORT/metrics (off by default)")
     p.set_defaults(func=serve_command)
 
 
@@ -59,6 +61,13 @@ def _tls(args) -> "object | None":
         if path is not None and not path.is_file():
             raise ValueError(f"{path} is not a file")
     return TlsOptions(args.tls_cert, args.tls_key, args.tls_client_ca)
+
+
+def _host_port(text: str, flag: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"{flag} must be HOST:PORT (e.g. 127.0.0.1:9464), not {text!r}")
+    return host.strip("[]"), int(port)
 
 
 def _is_loopback(listen: str) -> bool:
@@ -82,6 +91,7 @@ def serve_command(args) -> int:
             config = dataclasses.replace(config, state_dir=args.state_dir.resolve())
         listen = args.listen or config.listen
         tls = _tls(args)
+        metrics_at = _host_port(args.metrics_listen, "--metrics-listen") if args.metrics_listen else None
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -107,7 +117,7 @@ def serve_command(args) -> int:
     except SandboxError as e:
         print(f"error: the sandbox engine is not usable: {e}", file=sys.stderr)
         return 1
-    store = orchestrator = None
+    store = orchestrator = metrics = None
     try:
         try:
             store = SqliteEventStore(config.db_path)
@@ -115,11 +125,20 @@ def serve_command(args) -> int:
             print(f"error: cannot open the event log at {config.db_path}: {e}", file=sys.stderr)
             return 1
         orchestrator = Orchestrator.from_config(config, backend, store)
+        if metrics_at is not None:
+            from control.metrics import Metrics
+
+            metrics = Metrics()
+            orchestrator.on_event = metrics.observe
+            bound = metrics.serve(*metrics_at)
+            print(f"ringfence: metrics on http://{metrics_at[0]}:{bound}/metrics", flush=True)
         return asyncio.run(_serve(listen, orchestrator, config, tls))
     except OSError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     finally:
+        if metrics is not None:
+            metrics.close()
         if orchestrator is not None:
             orchestrator.close()
         if store is not None:

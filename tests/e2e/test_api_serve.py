@@ -23,10 +23,10 @@ TOKEN = "serve-agent-token"
 
 
 class Served:
-    def __init__(self, config: Path, state: Path) -> None:
+    def __init__(self, config: Path, state: Path, *extra: str) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "control.cli", "serve", "--listen", "127.0.0.1:0",
-             "--config", str(config), "--state-dir", str(state)],
+             "--config", str(config), "--state-dir", str(state), *extra],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
@@ -36,15 +36,17 @@ class Served:
         def read() -> None:
             for line in self.proc.stdout:
                 self.lines.append(line.rstrip("\n"))
-                first.set()
+                if line.startswith("ringfence: serving"):
+                    first.set()
             first.set()
 
         self._reader = threading.Thread(target=read, daemon=True)
         self._reader.start()
-        if not first.wait(60) or not self.lines:
+        serving = [line for line in self.lines if line.startswith("ringfence: serving")] if first.wait(60) else []
+        if not serving:
             self.stop()
             raise AssertionError(f"no address printed; stderr: {self.proc.stderr.read()[-2000:]}")
-        self.address = self.lines[0].split(" on ", 1)[1].split()[0]
+        self.address = serving[0].split(" on ", 1)[1].split()[0]
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -114,3 +116,29 @@ def test_serve_refuses_the_public_demo_tokens_off_loopback(tmp_path):
     )
     assert proc.returncode == 2
     assert "refusing to serve the public demo tokens" in proc.stderr
+
+
+@pytest.mark.docker
+def test_serve_exposes_prometheus_metrics_of_what_it_did(pinned_images, config_file, tmp_path):
+    import urllib.request
+
+    served = Served(config_file, tmp_path / "state", "--metrics-listen", "127.0.0.1:0")
+    try:
+        [metrics_line] = [line for line in served.lines if line.startswith("ringfence: metrics on ")]
+        url = metrics_line.split(" on ", 1)[1]
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics")
+        with RingfenceClient(served.address, TOKEN) as agent:
+            run = agent.start_run("count me")
+            agent.submit_batch(run.run_id, [{"call_id": "c1", "tool": "echo", "arguments": {"text": "hi"}}])
+        body = urllib.request.urlopen(url, timeout=10).read().decode()
+    finally:
+        assert served.stop() == 0
+    assert 'ringfence_policy_verdicts_total{tool="echo",verdict="allow"} 1.0' in body
+    assert 'ringfence_sandbox_attempts_total{outcome="ok",tool="echo"} 1.0' in body
+    assert 'ringfence_observations_total{status="executed"} 1.0' in body
+
+
+def test_serve_refuses_a_bad_metrics_address_with_exit_2(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "control.cli", "serve", "--metrics-listen", "nowhere"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--metrics-listen must be HOST:PORT" in proc.stderr
