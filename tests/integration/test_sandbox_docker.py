@@ -151,8 +151,10 @@ def test_a_tag_pointing_elsewhere_does_not_redirect_dispatch(backend, docker_cli
     base = docker_client.images.get(pinned_images.image_id("base"))
     base.tag("ringfence/tool", "latest")
     try:
-        result, _ = run(backend, ["true"])
-        assert result.image_id == tool_id
+        # The runner exists only in the tool image: seeing it proves what actually ran, not
+        # merely which ID the result reports.
+        result, _ = run(backend, ["test", "-f", "/opt/ringfence/runner.py"])
+        assert result.outcome is Outcome.OK and result.image_id == tool_id
     finally:
         docker_client.images.get(tool_id).tag("ringfence/tool", "latest")
 
