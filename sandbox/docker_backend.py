@@ -261,8 +261,12 @@ class DockerBackend:
         return self._runtimes
 
     def _image_id(self, name: str) -> str:
-        from sandbox.images import resolve_pinned  # the lock lives with the image builder
+        from sandbox.images import load_lock, resolve_pinned  # the lock lives with the builder
 
+        if self._lock is None:
+            # Read once, on first dispatch (not at construction: a backend may exist before
+            # `make images`). A server keeps trusting the lock it started with.
+            self._lock = load_lock()
         return resolve_pinned(self._client, name, self._lock)
 
     def run(self, request: SandboxRequest) -> SandboxResult:
