@@ -295,7 +295,9 @@ class _Builder:
         try:
             d = spec.debootstrap
             tarball = self.cache.packages(spec.name)
-            if not self.offline:
+            # The tarball `images fetch` left is reused (same packages, same ID); --force fetches
+            # again, which is how a rebuild sees what the mirror serves today.
+            if not self.offline and (spec.name in self.force or not tarball.is_file()):
                 with self.step(f"{spec.name}: fetch packages of {d.suite} +{','.join(d.include)} from {d.mirror}"):
                     rootfs.fetch_packages(d, tarball, self.cache.debs, self.cache.root / f"{spec.name}-fetch.log")
             with self.step(f"{spec.name}: debootstrap {d.suite} from the package tarball, no network"):
@@ -358,7 +360,7 @@ def fetch(
 
     Setup, not build: `make images` runs it so that a later offline rebuild (the determinism
     test) has the same packages to install, even when the engine already had every image and
-    nothing was built."""
+    nothing was built; `build` then installs from it instead of downloading again."""
     images_dir = Path(images_dir) if images_dir is not None else IMAGES_DIR
     cache = Cache(Path(cache_dir) if cache_dir is not None else images_dir / ".build")
     progress = progress or (lambda _msg: None)
