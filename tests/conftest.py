@@ -86,3 +86,21 @@ def runtime(request, gvisor_available) -> str:
     if request.param == "gvisor" and not gvisor_available:
         _unavailable("the engine has no runsc runtime (run `make gvisor`)")
     return request.param
+
+
+# The egress decoys and proxy: one set per test module (scope="module"), built the same way for
+# every module that asks (tests/escape/test_egress.py, tests/integration/test_egress_lifecycle.py).
+@pytest.fixture(scope="module")
+def testbed(docker_client, pinned_images, tmp_path_factory):
+    """Decoy servers on the test's own internal networks (sandbox.egress.testing.EgressTestbed)."""
+    from sandbox.egress.testing import EgressTestbed
+
+    tb = EgressTestbed(docker_client, pinned_images, str(tmp_path_factory.mktemp("egress")))
+    yield tb
+    tb.close()
+
+
+@pytest.fixture(scope="module")
+def proxy(testbed):
+    """An egress proxy whose test resolver maps the testbed's decoy names."""
+    return testbed.proxy()

@@ -27,25 +27,13 @@ from sandbox.backend import SandboxRequest
 from sandbox.docker_backend import DockerBackend
 from sandbox.egress.grant import MiB, EgressGrant
 from sandbox.egress.proxy import EgressProxy
-from sandbox.egress.testing import SANDBOX_CLIENT, EgressTestbed
+from sandbox.egress.testing import SANDBOX_CLIENT
 from sandbox.profile import SandboxProfile
 from sandbox.result import Outcome
 
 pytestmark = pytest.mark.docker
 
 ARGV = ("python3", "-I", "-S", "-B", "-c", SANDBOX_CLIENT)
-
-
-@pytest.fixture(scope="module")
-def testbed(docker_client, pinned_images, tmp_path_factory):
-    tb = EgressTestbed(docker_client, pinned_images, str(tmp_path_factory.mktemp("egress")))
-    yield tb
-    tb.close()
-
-
-@pytest.fixture(scope="module")
-def proxy(testbed):
-    return testbed.proxy()
 
 
 class Runner:

@@ -18,7 +18,7 @@ from sandbox.backend import SandboxRequest
 from sandbox.docker_backend import DockerBackend
 from sandbox.egress.grant import EgressGrant
 from sandbox.egress.proxy import CONTROL_DIR, INHIBIT_IPV4, ProxySettings
-from sandbox.egress.testing import SANDBOX_CLIENT, EgressTestbed
+from sandbox.egress.testing import SANDBOX_CLIENT
 from sandbox.profile import SandboxProfile
 from sandbox.reaper import reap
 from sandbox.result import Outcome
@@ -27,18 +27,6 @@ pytestmark = pytest.mark.docker
 
 ARGV = ("python3", "-I", "-S", "-B", "-c", SANDBOX_CLIENT)
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def testbed(docker_client, pinned_images, tmp_path_factory):
-    tb = EgressTestbed(docker_client, pinned_images, str(tmp_path_factory.mktemp("egress")))
-    yield tb
-    tb.close()
-
-
-@pytest.fixture(scope="module")
-def proxy(testbed):
-    return testbed.proxy()
 
 
 def call(docker_client, lock, proxy, argv, stdin=b"", allow=("allowed.test",), reports=None, timeout_s=30,
