@@ -8,7 +8,22 @@ scripts/ensure-packages.sh) with two tightenings the battery asks for:
 - socket(AF_VSOCK, ...) is refused: vsock reaches the hypervisor's host side and needs no
   capability (case 22). AF_PACKET and SOCK_RAW already need CAP_NET_RAW, which is dropped;
 - ptrace is removed: Docker allows it on kernels >= 4.8, and without Yama a tool (uid 10001)
-  could attach to tini (PID 1, same uid), stop it or inject code into it (case 19).
+  could attach to tini (PID 1, same uid), stop it or inject code into it (case 19);
+- memfd_create is removed. What the noexec /tmp is meant to stop is a *dropped binary*: a
+  program the tool writes and then hands to the kernel's exec path (execve, or the dynamic
+  loader's PROT_EXEC mapping). An anonymous memory file lives on the kernel's internal shmem
+  mount, which has no noexec, so `memfd_create` + `execve(/proc/self/fd/N)` ran any copied
+  binary (case 40). Every writable filesystem is noexec and memfd is gone, so the kernel never
+  execs a file the tool wrote. (Code an *interpreter* runs is another matter: the tool may run
+  arbitrary Python already; the walls against it are uid, capabilities and this profile.)
+- POSIX message queues (mq_*) are removed: a queue is writable kernel memory outside every
+  filesystem cap, charged to RLIMIT_MSGQUEUE of uid 10001, which all sandboxes share on a runc
+  host; gVisor ignores that rlimit. A tool has no use for them (case 42; /dev/mqueue itself is
+  replaced by a read-only empty tmpfs in the container settings);
+- mknod/mknodat may create only regular files, fifos and sockets, never a character or block
+  device: under runc CAP_MKNOD is dropped anyway, but gVisor's sentry does not check it and
+  ignores `nodev` on its tmpfs, so a tool could make and open /dev/fuse's or /dev/net/tun's
+  device numbers in /tmp (case 44).
 
 Under gVisor (runsc --oci-seccomp) the profile is applied inside the sentry, which does not
 honour `errnoRet`: Docker's "clone3 -> ENOSYS" rule comes back as EPERM there, and glibc only
@@ -30,7 +45,14 @@ from pathlib import Path
 from sandbox.errors import EngineError
 
 AF_VSOCK = 40
-REMOVED_SYSCALLS = frozenset({"io_uring_setup", "io_uring_enter", "io_uring_register", "ptrace"})
+MQ_SYSCALLS = ("mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr")
+REMOVED_SYSCALLS = frozenset({"io_uring_setup", "io_uring_enter", "io_uring_register", "ptrace",
+                              "memfd_create", *MQ_SYSCALLS})
+# mknod(path, mode, dev) and mknodat(dirfd, path, mode, dev): the index of `mode`.
+MKNOD_MODE_ARG = {"mknod": 1, "mknodat": 2}
+S_IFMT = 0o170000
+# File types a tool may create with mknod: 0 (means regular), regular, fifo, socket.
+MKNOD_ALLOWED_TYPES = (0, 0o100000, 0o010000, 0o140000)
 SOURCE_ENV = "RINGFENCE_SECCOMP_BASE"
 _REPO = Path(__file__).resolve().parent.parent
 _CANDIDATES = (
@@ -54,7 +76,8 @@ def source_path() -> Path:
 
 
 def derive(docker_default: dict, runtime: str = "runc") -> dict:
-    """Docker's default profile minus io_uring and ptrace, with AF_VSOCK sockets refused."""
+    """Docker's default profile minus io_uring, ptrace, memfd_create and message queues, with
+    AF_VSOCK sockets and device-node mknod refused."""
     profile = copy.deepcopy(docker_default)
     if runtime == "gvisor":
         profile["syscalls"] = [
@@ -66,6 +89,9 @@ def derive(docker_default: dict, runtime: str = "runc") -> dict:
     saw_socket = False
     for rule in profile["syscalls"]:
         names = [n for n in rule["names"] if n not in REMOVED_SYSCALLS]
+        if rule.get("action") == "SCMP_ACT_ALLOW" and not rule.get("args"):
+            # Unconditional mknod goes; the conditional rules below allow the harmless types.
+            names = [n for n in names if n not in MKNOD_MODE_ARG]
         if rule.get("action") == "SCMP_ACT_ALLOW" and not rule.get("args") and "socket" in names:
             names.remove("socket")
             saw_socket = True
@@ -81,6 +107,18 @@ def derive(docker_default: dict, runtime: str = "runc") -> dict:
             "comment": "ringfence: every address family but AF_VSOCK",
         }
     )
+    # Rules for one syscall are OR-ed: one rule per allowed file type (seccomp compares
+    # masked values for equality only, so "not a device" is spelled as the list of the rest).
+    for name, index in sorted(MKNOD_MODE_ARG.items()):
+        for file_type in MKNOD_ALLOWED_TYPES:
+            profile["syscalls"].append(
+                {
+                    "names": [name],
+                    "action": "SCMP_ACT_ALLOW",
+                    "args": [{"index": index, "value": S_IFMT, "valueTwo": file_type, "op": "SCMP_CMP_MASKED_EQ"}],
+                    "comment": "ringfence: regular files, fifos and sockets; never device nodes",
+                }
+            )
     return profile
 
 

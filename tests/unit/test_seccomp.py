@@ -1,4 +1,5 @@
-"""Our seccomp profile is Docker's default with io_uring removed and AF_VSOCK refused."""
+"""Our seccomp profile is Docker's default with io_uring, ptrace and memfd_create removed,
+AF_VSOCK refused and mknod limited to files, fifos and sockets."""
 
 import json
 
@@ -18,7 +19,8 @@ def test_derived_profile_keeps_docker_default_but_removes_io_uring_and_vsock():
     derived = json.loads(seccomp.profile_json())
     assert derived["defaultAction"] == base["defaultAction"] == "SCMP_ACT_ERRNO"
     removed = allowed_names(base) - allowed_names(derived)
-    assert removed == {"io_uring_setup", "io_uring_enter", "io_uring_register", "ptrace", "socket"}
+    assert removed == {"io_uring_setup", "io_uring_enter", "io_uring_register", "ptrace", "socket",
+                       "memfd_create", "mknod", "mknodat", *seccomp.MQ_SYSCALLS}
     socket_rules = [r for r in derived["syscalls"] if "socket" in r["names"]]
     assert socket_rules == [
         {
@@ -55,4 +57,19 @@ def test_gvisor_variant_lets_clone3_reach_the_sentry_and_changes_nothing_else():
     unconditional = [r for r in gvisor["syscalls"] if r["names"] == ["clone3"] and not r.get("includes")]
     assert unconditional == [{"names": ["clone3"], "action": "SCMP_ACT_ALLOW", "comment": unconditional[0]["comment"]}]
     assert len(gvisor["syscalls"]) == len(runc["syscalls"]) - 1  # two ERRNO rules (x86, mips) become one ALLOW
-    assert not any(n in allowed_names(gvisor) for n in ("ptrace", "io_uring_setup", "socket"))
+    assert not any(n in allowed_names(gvisor) for n in ("ptrace", "io_uring_setup", "socket", "memfd_create"))
+
+
+def test_mknod_only_for_files_fifos_and_sockets():
+    """One conditional rule per allowed type; a char (0o020000) or block (0o060000) device
+    matches none of them, so the default action (EPERM) answers."""
+    derived = json.loads(seccomp.profile_json())
+    for name, index in (("mknod", 1), ("mknodat", 2)):
+        rules = [r for r in derived["syscalls"] if name in r["names"]]
+        assert all(r["names"] == [name] and r["action"] == "SCMP_ACT_ALLOW" for r in rules)
+        allowed = sorted(r["args"][0]["valueTwo"] for r in rules)
+        assert allowed == [0, 0o010000, 0o100000, 0o140000]
+        assert all(r["args"] == [{"index": index, "value": 0o170000, "valueTwo": r["args"][0]["valueTwo"],
+                                  "op": "SCMP_CMP_MASKED_EQ"}] for r in rules)
+        for device in (0o020000, 0o060000):
+            assert not any(device & r["args"][0]["value"] == r["args"][0]["valueTwo"] for r in rules)
