@@ -18,7 +18,7 @@ class Outcome(enum.StrEnum):
     TIMEOUT = "timeout"  # the wall-time limit was reached; the container was killed
     OUTPUT_LIMIT = "output_limit"  # stdout or stderr went past its cap; the container was killed
     START_FAILED = "start_failed"  # engine trouble before the tool ran: transient
-    KILLED = "killed"  # ended by a signal that was not ours and not the OOM killer
+    KILLED = "killed"  # ended by a signal that was not ours and not the OOM killer, or by its runtime
 
 
 class ToolErrorClass(enum.StrEnum):
@@ -79,6 +79,7 @@ def classify_exit(
     exit_code: int | None,
     killed_for: Outcome | None,
     oom_killed: bool,
+    tool_ended: bool = True,
 ) -> Outcome:
     """Classify how a container ended.
 
@@ -86,6 +87,10 @@ def classify_exit(
     wins, because the exit status of a container we SIGKILLed says 137 like an OOM kill does.
     Exit 137 that we did not cause is the kernel's OOM killer (cgroup v1 reports it reliably
     only for PID 1, so the status code is the second witness).
+
+    `tool_ended` says whether PID 1 reported the tool's end (sandbox.witness). A failure
+    status without that report is the runtime's (a gVisor sentry that died exits 2) or an
+    outside kill: `killed`, never the tool's error.
     """
     if killed_for is not None:
         return killed_for
@@ -97,6 +102,6 @@ def classify_exit(
         return Outcome.OOM
     if exit_code == 0:
         return Outcome.OK
-    if exit_code > 128:
+    if exit_code > 128 or not tool_ended:
         return Outcome.KILLED
     return Outcome.TOOL_ERROR
