@@ -128,6 +128,12 @@ def clean(root: Path) -> None:
             st = os.lstat(p)
             if stat.S_ISREG(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
                 os.chmod(p, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
+    # PID 1 (tini) execute-only: a process that execs a binary its user cannot read is made
+    # non-dumpable by the kernel, so the tool (same uid) cannot open /proc/1/mem, maps or
+    # environ. tini-static stays readable for gVisor, whose loader must read what it runs.
+    init = root / "usr/bin/tini"
+    if init.is_file():
+        os.chmod(init, 0o711)
 
 
 def _set_shadow_days(path: Path) -> None:

@@ -45,7 +45,7 @@ from sandbox.images.archive import ContainerConfig, tree_entries
 
 # Bump when the way images are assembled changes (cleaning rules, tar writer, config shape):
 # it is part of every spec's input hash, so the change shows up as stale images.
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 
 NAME = re.compile(r"[a-z][a-z0-9-]{0,62}")
 _PORT = re.compile(r"\d{1,5}/(tcp|udp)")
