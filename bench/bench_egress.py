@@ -1,8 +1,11 @@
 """Egress proxy cost: throughput (MB/s) and added latency per request, through the proxy against a
 direct connection, both measured in this run from the same hardened sandbox image and profile
-(DockerBackend): once on its own call network through the egress proxy, once joined straight
-to the decoy's (test) network. The decoy is a `base` container on the test's own internal
-network; nothing leaves the machine. Shared, noisy 2-core machine: read the ratios.
+(DockerBackend): once as egress calls run (no network; the in-sandbox relay on 127.0.0.1:3128,
+the call's own unix socket, the egress proxy), once also joined straight to the decoy's (test)
+network and connecting to it directly. The decoy is a `base` container on the test's own
+internal network; nothing leaves the machine. Shared, noisy 2-core machine: read the ratios.
+It also times whole egress calls (a trivial command, proxy already up) against calls without
+egress: the per-call cost of the call's socket, credentials and relay.
 
     .venv/bin/python -m bench.bench_egress [--requests 100] [--mib 64]
 """
@@ -12,7 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import tempfile
+import time
 
 import docker
 
@@ -78,7 +83,8 @@ print(json.dumps(out))
 
 
 class _Direct(DockerBackend):
-    """The same sandbox, but joined straight to the decoy's test network (no proxy)."""
+    """The same sandbox, also joined straight to the decoy's test network (the client then
+    connects to the decoy directly; the relay is there but unused)."""
 
     network = ""
 
@@ -98,10 +104,25 @@ def _run(backend, cfg) -> dict:
     return json.loads(r.stdout)
 
 
+def _call_ms(backend, calls: int, egress: bool) -> float:
+    """Median wall time of whole calls running `true` (container create to removal)."""
+    extra = {"egress": EgressGrant(allow=("allowed.test",))} if egress else {}
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        r = backend.run(SandboxRequest(profile=SandboxProfile(timeout_s=60, **extra), argv=("true",),
+                                       run_id="bench-egress"))
+        times.append((time.perf_counter() - t0) * 1000)
+        if r.outcome != "ok":
+            raise SystemExit(f"bench call failed: {r.outcome} {r.message}")
+    return statistics.median(times)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=100, help="small requests per variant (default 100)")
     parser.add_argument("--mib", type=int, default=64, help="download size for throughput (default 64 MiB)")
+    parser.add_argument("--calls", type=int, default=10, help="whole calls per variant for the per-call cost (default 10)")
     args = parser.parse_args(argv)
     os.environ.setdefault("RINGFENCE_TEST_SESSION", "bench-egress")
     client = docker.from_env(timeout=120)
@@ -113,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = {"requests": args.requests, "bytes": args.mib * MiB, "ip": tb.decoys["allowed"].ip}
         _Direct.network = tb.networks["outside"].name
         direct = _run(_Direct(client, lock=lock, egress_proxy=proxy), {**cfg, "mode": "direct"})
-        proxied = _run(DockerBackend(client, lock=lock, egress_proxy=proxy), {**cfg, "mode": "proxy"})
+        backend = DockerBackend(client, lock=lock, egress_proxy=proxy)
+        proxied = _run(backend, {**cfg, "mode": "proxy"})
+        plain_call, egress_call = _call_ms(backend, args.calls, False), _call_ms(backend, args.calls, True)
     finally:
         tb.close()
         workdir.cleanup()
@@ -126,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{p['median_ms'] / d['median_ms']:7.2f}   {d['mb_s']:12.1f}{p['mb_s']:11.1f}{p['mb_s'] / d['mb_s']:7.2f}")
     print("(latency = median per request; p90 direct/proxy: "
           + ", ".join(f"{k} {direct[k]['p90_ms']:.2f}/{proxied[k]['p90_ms']:.2f} ms" for k in ("http", "https")) + ")")
+    print(f"whole call running `true`, median of {args.calls}: without egress {plain_call:.0f} ms, "
+          f"with egress {egress_call:.0f} ms (+{egress_call - plain_call:.0f} ms: socket, credentials, relay)")
     return 0
 
 

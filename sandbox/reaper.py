@@ -4,11 +4,17 @@ An object is an orphan when its deadline label has passed (every call container 
 its wall limit plus a grace period), or when it belongs to an instance on this host whose
 process no longer exists. Objects of live instances within their deadline are never touched,
 so two control planes on one engine do not reap each other's calls.
+
+An egress proxy's host state directory (its config, control socket and every live call's
+socket directory, sandbox.egress.proxy) goes with its container: a process that died could not
+remove it itself. Networks labelled ringfence are still reaped too (the proxy's own bridge, and
+those of earlier versions that gave each egress call a network of its own).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import time
 from dataclasses import dataclass
@@ -21,7 +27,7 @@ from sandbox import labels as L
 
 @dataclass(frozen=True)
 class Reaped:
-    kind: str  # "container" | "network"
+    kind: str  # "container" | "network" | "directory"
     name: str
     reason: str
 
@@ -48,6 +54,22 @@ def orphan_reason(labels: dict[str, str], *, now: float, host: str) -> str | Non
     return None
 
 
+def proxy_state_dir(attrs: dict, labels: dict[str, str], *, host: str) -> str | None:
+    """The host state directory of an egress proxy container, when it is one of ours on this
+    host: bind-mounted at the proxy's control dir, named by its prefix, a real directory."""
+    from sandbox.egress.proxy import CONTROL_DIR, STATE_PREFIX
+
+    if labels.get(L.PURPOSE_LABEL) != "proxy" or labels.get(L.HOST_LABEL) != host:
+        return None
+    for m in attrs.get("Mounts") or []:
+        source = m.get("Source") or ""
+        if (m.get("Type") == "bind" and m.get("Destination") == CONTROL_DIR
+                and os.path.basename(source).startswith(STATE_PREFIX)
+                and os.path.isdir(source) and not os.path.islink(source)):
+            return source
+    return None
+
+
 def reap(client: docker.DockerClient, *, now: float | None = None) -> list[Reaped]:
     """Remove orphaned ringfence containers, then networks; return what was removed."""
     now = time.time() if now is None else now
@@ -61,7 +83,11 @@ def reap(client: docker.DockerClient, *, now: float | None = None) -> list[Reape
                 container.remove(force=True)
                 reaped.append(Reaped("container", container.name, reason))
             except docker.errors.NotFound:
-                pass
+                continue
+            state = proxy_state_dir(container.attrs, container.labels, host=host)
+            if state is not None:
+                shutil.rmtree(state, ignore_errors=True)
+                reaped.append(Reaped("directory", state, f"state of proxy {container.name}: {reason}"))
     for network in client.networks.list(filters=selector):
         reason = orphan_reason(network.attrs.get("Labels") or {}, now=now, host=host)
         if reason:

@@ -5,7 +5,9 @@
     intersect(tool_patterns, granted) -> patterns  a call's allowlist = tool AND policy
     EgressGrant(allow, max_bytes, max_connections) the SandboxProfile.egress field
     EgressProxy(client, lock, settings)            sandbox.egress.proxy: proxy container,
-                                                   per-call networks and credentials
+                                                   each call's own socket and credentials
+    relay (run inside the sandbox)                 sandbox.egress.relay: 127.0.0.1:3128 ->
+                                                   the call's socket (stdlib only)
 
 Errors: EgressError (an EngineError: transient) when the proxy cannot be started or reached;
 ProfileError for a malformed grant. The proxy itself (sandbox.egress.server, with addresses,

@@ -1,9 +1,9 @@
 """The host's end of the proxy's control channel: one JSON line each way over a unix socket.
 
 Why a unix socket in a host directory bind-mounted only into the proxy container:
-- nothing on any network can reach it, so a sandbox on the proxy's internal network cannot
-  register itself a grant or read another call's events (a control *port* would be one more
-  listener on a network the proxy shares, guarded only by a secret);
+- nothing on any network can reach it, and a sandbox mounts only its own call's directory
+  further down (never this one), so no sandbox can register itself a grant or read another
+  call's events (a control *port* would be one more listener, guarded only by a secret);
 - it costs one local connect per operation (`docker exec` would cost a process and ~100 ms per
   grant and per revoke, on the dispatch path of every call);
 - the file is the proxy's own (mode 0600, its uid) in a directory no sandbox mounts.
@@ -59,9 +59,12 @@ class ControlChannel:
         return self.request("ping")
 
     def grant(self, *, call_id: str, username: str, password: str, allow: list[str],
-              max_bytes: int, max_connections: int) -> None:
-        self.request("grant", call_id=call_id, username=username, password=password, allow=list(allow),
-                     max_bytes=max_bytes, max_connections=max_connections)
+              max_bytes: int, max_connections: int, socket_dir: str) -> str:
+        """Register the call; the proxy listens for it in `<calls_dir>/<socket_dir>/` (a
+        directory the caller made) and returns the socket's path as the proxy sees it."""
+        reply = self.request("grant", call_id=call_id, username=username, password=password, allow=list(allow),
+                             max_bytes=max_bytes, max_connections=max_connections, socket_dir=socket_dir)
+        return str(reply.get("socket", ""))
 
     def revoke(self, username: str) -> dict:
         return self.request("revoke", username=username)

@@ -1,33 +1,47 @@
-"""The egress proxy's lifecycle on the host: its container, the per-call networks, credentials.
+"""The egress proxy's lifecycle on the host: its container, each call's socket and credentials.
 
     proxy = EgressProxy(client, lock=lock, settings=ProxySettings(...))
-    call = proxy.open_call(call_id, grant)     # network + credentials; call.env for the sandbox
-    ... run the sandbox with network_mode=call.network, environment += call.env ...
-    report = proxy.close_call(call)            # credentials revoked; report.events
+    call = proxy.open_call(call_id, grant)    # the call's socket directory and credentials
+    ... run the sandbox with network_mode=none, mounts += [call.mount()], environment +=
+        call.env, and call.relay_argv() in front of its command ...
+    report = proxy.close_call(call)           # credentials revoked, socket gone; report.events
     proxy.close()
 
 Topology. One proxy container per EgressProxy, hardened like a sandbox (non-root, read-only,
-no capabilities, no-new-privileges, seccomp, limits). It alone joins the outside network. Each
-egress call gets its *own* Docker network, `internal=True` and with
-`com.docker.network.bridge.inhibit_ipv4` (the host gets no address on it: an internal bridge
-otherwise carries the gateway address on the host, and a container reaches every host service
-through it, no default route needed); the only members are that call's sandbox and the proxy.
-Calls therefore never share a network, and the sandbox reaches nothing but the proxy.
+no capabilities, no-new-privileges, seccomp, limits). It alone has a network: its own bridge
+(or, in tests, the decoys' networks), for its way upstream, and it listens on no port. An
+egress call's sandbox has no network at all, exactly like a call without egress (only `lo`):
+no Docker network per call, hence no embedded resolver at 127.0.0.11 to ask, no gateway, no
+other container, and no network to create and remove on every call.
+
+A call's one way out is a unix socket of its own. The proxy's state directory (a host temp
+dir, bind-mounted into the proxy container at /run/rfproxy) holds `calls/<random token>/`
+for each live call; the host creates that directory, the proxy listens in it
+(`proxy.sock`) for that call alone, and the host bind-mounts ONLY that directory into the
+call's sandbox, read-only, at /run/ringfence/egress (connect() works through a read-only
+bind). Inside the sandbox sandbox.egress.relay listens on 127.0.0.1:3128 and splices each
+connection to that socket, so tools see an ordinary HTTP proxy.
 
 Credentials. At dispatch the host draws a random username and password for the call
-(`secrets`), registers them with the proxy together with the call's allowlist and ceilings,
-and hands the sandbox `HTTP(S)_PROXY=http://user:password@<proxy ip on the call network>:3128`.
-At completion it revokes them: the proxy forgets the grant, aborts the call's open
-connections and returns the call's decision events. A credential copied out of one call is
-worthless in the next (and in any case names a network that no longer exists).
+(`secrets`), registers them with the proxy together with the call's socket directory,
+allowlist and ceilings, and hands the sandbox `HTTP(S)_PROXY=http://user:password@127.0.0.1:3128`.
+The proxy accepts them only on that call's own socket: presented on another call's socket they
+are refused (407 `credential_misuse`) and reported on both calls. At completion the host
+revokes them: the proxy forgets the grant, closes the socket, aborts the call's open
+connections and returns the call's decision events; then the host removes the directory.
 
-Control channel: a unix socket in a host directory bind-mounted into the proxy container only
-(see sandbox.egress.channel for why not a port or `docker exec`). The directory also holds the
-proxy's config file. No sandbox mounts it.
+Control channel: a unix socket at the top of the state directory, which only the proxy
+container mounts (see sandbox.egress.channel for why not a port or `docker exec`). The
+directory also holds the proxy's config file. A sandbox mounts only its own `calls/<token>`.
+
+Cleanup. Everything of a call lives under the state directory, which close() removes; when the
+owning process died instead, the reaper (`ringfence sandbox gc`, a running server's periodic
+sweep) removes the proxy container and, with it, its state directory (sandbox.reaper).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import secrets
@@ -45,14 +59,19 @@ from docker.types import LogConfig, Mount, Ulimit
 
 from sandbox import labels as L
 from sandbox import seccomp
+from sandbox.egress import relay
 from sandbox.egress.channel import ControlChannel, EgressError
 from sandbox.egress.grant import MiB, EgressGrant
-from sandbox.egress.server import CHECKS, ProxyConfig
+from sandbox.egress.server import CHECKS, PROTOCOL_VERSION, SOCKET_NAME, ProxyConfig
 
 PROXY_UID = 10001
 CONTROL_DIR = "/run/rfproxy"
-# Docker bridge option: no IPv4 address for the host on the bridge (Engine >= 1.13).
-INHIBIT_IPV4 = "com.docker.network.bridge.inhibit_ipv4"
+# The state directory's name on the host: the reaper recognises a dead proxy's by it.
+STATE_PREFIX = "rf-egress-"
+CALLS = "calls"
+# Where a sandbox finds its call's directory (and in it, SOCKET_NAME).
+SANDBOX_EGRESS_DIR = "/run/ringfence/egress"
+RELAY_SOURCE = inspect.getsource(relay)
 
 
 @dataclass(frozen=True)
@@ -61,6 +80,7 @@ class ProxySettings:
     """Image name in images/images.lock."""
 
     port: int = 3128
+    """The relay's port on each sandbox's own loopback (what HTTP(S)_PROXY names)."""
 
     outside_networks: tuple[str, ...] = ()
     """Existing networks the proxy joins for its way out (tests: the decoys' networks). Empty:
@@ -98,9 +118,8 @@ class ProxySettings:
 
     def proxy_config(self) -> dict[str, Any]:
         doc = {
-            "listen_host": "0.0.0.0",
-            "listen_port": self.port,
             "control_socket": f"{CONTROL_DIR}/control.sock",
+            "calls_dir": f"{CONTROL_DIR}/{CALLS}",
             "resolver": self.resolver,
             "test_hosts": {k: list(v) for k, v in self.test_hosts.items()},
             "test_networks": list(self.test_networks),
@@ -112,14 +131,29 @@ class ProxySettings:
 
 @dataclass(frozen=True)
 class CallEgress:
-    """One call's way out: its network and the environment that points it at the proxy."""
+    """One call's way out: its own socket directory, the relay in front of its command, and the
+    environment that points its tools at the relay."""
 
     call_id: str
-    network: str
-    network_id: str
-    proxy_ip: str
     username: str
+    socket_dir: str
+    """Host path of the call's directory (`<state dir>/calls/<token>`), holding SOCKET_NAME."""
     env: Mapping[str, str] = field(repr=False)  # holds the password
+    port: int = 3128
+
+    @property
+    def socket_path(self) -> str:
+        """The call's socket as the host sees it."""
+        return os.path.join(self.socket_dir, SOCKET_NAME)
+
+    def mount(self) -> Mount:
+        """The call's directory, and nothing above it, read-only in its sandbox."""
+        return Mount(target=SANDBOX_EGRESS_DIR, source=self.socket_dir, type="bind", read_only=True)
+
+    def relay_argv(self) -> list[str]:
+        """The command prefix that starts the relay and then execs the tool (sandbox.egress.relay)."""
+        return ["python3", "-I", "-S", "-B", "-c", RELAY_SOURCE,
+                f"{SANDBOX_EGRESS_DIR}/{SOCKET_NAME}", str(self.port), "--"]
 
 
 @dataclass(frozen=True)
@@ -155,6 +189,11 @@ class EgressProxy:
         self.start()
         return self._container
 
+    @property
+    def state_dir(self) -> str | None:
+        """The host directory mounted at CONTROL_DIR (config, control socket, `calls/`)."""
+        return self._dir
+
     def start(self) -> None:
         with self._mutex:
             if self._container is not None:
@@ -173,9 +212,10 @@ class EgressProxy:
     def _start(self) -> None:
         s = self.settings
         image_id = self._image_id()
-        self._dir = tempfile.mkdtemp(prefix="rf-egress-", dir=self._state_root)
+        self._dir = tempfile.mkdtemp(prefix=STATE_PREFIX, dir=self._state_root)
         with open(os.path.join(self._dir, "config.json"), "w", encoding="utf-8") as f:
             json.dump(s.proxy_config(), f)
+        os.mkdir(os.path.join(self._dir, CALLS))
         self._own_dir_for_proxy()
         try:
             networks = list(s.outside_networks)
@@ -196,31 +236,55 @@ class EgressProxy:
         last: Exception | None = None
         while time.monotonic() < deadline:
             try:
-                self.channel.ping()
-                return
+                version = self.channel.ping().get("version")
             except EgressError as e:
                 last = e
                 self._container.reload()
                 if self._container.status not in ("created", "running"):
                     break
                 time.sleep(0.05)
+                continue
+            if version != PROTOCOL_VERSION:
+                # The image lays sandbox/egress/server.py at build time: a proxy speaking another
+                # protocol was built from other sources than this host's.
+                raise EgressError(f"the egress-proxy image speaks control protocol {version}, this host "
+                                  f"{PROTOCOL_VERSION}: rebuild it (`ringfence images build --update-lock "
+                                  f"egress-proxy`)")
+            return
         logs = self._logs()
         raise EgressError(f"the egress proxy did not come up ({last}); status "
                           f"{self._container.status}; recent logs:\n{logs}")
 
     def _own_dir_for_proxy(self) -> None:
-        # The proxy runs as PROXY_UID and must create its socket here; nobody else needs in.
+        # The proxy runs as PROXY_UID and must create its sockets here; nobody else needs in.
         assert self._dir is not None
-        for path in (self._dir, os.path.join(self._dir, "config.json")):
+        calls = os.path.join(self._dir, CALLS)
+        for path in (self._dir, os.path.join(self._dir, "config.json"), calls):
             try:
                 os.chown(path, PROXY_UID, PROXY_UID)
             except PermissionError:
-                # Not root: leave the directory open to the proxy's uid via mode bits instead.
+                # Not root: leave the directories open to the proxy's uid via mode bits instead.
                 os.chmod(self._dir, 0o777)
                 os.chmod(os.path.join(self._dir, "config.json"), 0o644)
+                os.chmod(calls, 0o711)
                 return
         os.chmod(self._dir, 0o700)
         os.chmod(os.path.join(self._dir, "config.json"), 0o400)
+        os.chmod(calls, 0o700)
+
+    def _make_call_dir(self) -> tuple[str, str]:
+        """A fresh `calls/<token>` the proxy (PROXY_UID) can create its socket in and the sandbox
+        (any uid) can reach the socket through: 0711, the proxy's; no one can list it."""
+        assert self._dir is not None
+        token = secrets.token_hex(16)
+        path = os.path.join(self._dir, CALLS, token)
+        os.mkdir(path, 0o700)
+        try:
+            os.chown(path, PROXY_UID, PROXY_UID)
+            os.chmod(path, 0o711)
+        except PermissionError:
+            os.chmod(path, 0o733)  # not root: the proxy's uid creates its socket as "other"
+        return token, path
 
     def _container_settings(self) -> dict[str, Any]:
         s = self.settings
@@ -298,45 +362,35 @@ class EgressProxy:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    # -- per-call networks and credentials ---------------------------------------------
+    # -- per-call sockets and credentials -----------------------------------------------
 
-    def _call_network_options(self) -> dict[str, Any]:
-        # One place, so a test can remove exactly one protection (the inhibited host address).
-        return dict(driver="bridge", internal=True, enable_ipv6=False, options={INHIBIT_IPV4: "true"})
-
-    def open_call(self, call_id: str, grant: EgressGrant, *, run_id: str = "adhoc",
-                  deadline_s: float = 3600) -> CallEgress:
+    def open_call(self, call_id: str, grant: EgressGrant) -> CallEgress:
+        """The call's directory and credentials, registered with the proxy, which then listens
+        for this call alone on `<directory>/proxy.sock`."""
         if not isinstance(grant, EgressGrant):
             raise TypeError("grant must be an EgressGrant")
         self.start()
         assert self.channel is not None
-        labels = L.base_labels("network", deadline_s=deadline_s)
-        labels.update({L.RUN_LABEL: run_id, L.CALL_LABEL: call_id})
-        name = f"rf-egress-{call_id[:20]}-{uuid.uuid4().hex[:6]}".replace(":", "_")
-        network = None
         try:
-            network = self.client.networks.create(name, labels=labels, **self._call_network_options())
-            network.connect(self._container)
-            self._container.reload()
-            ip = (self._container.attrs["NetworkSettings"]["Networks"].get(name) or {}).get("IPAddress")
-            if not ip:
-                raise EgressError(f"the proxy got no address on {name}")
-            username, password = "c" + secrets.token_hex(8), secrets.token_urlsafe(24)
+            token, directory = self._make_call_dir()
+        except OSError as e:
+            raise EgressError(f"cannot make the egress directory of call {call_id}: {e}") from e
+        username, password = "c" + secrets.token_hex(8), secrets.token_urlsafe(24)
+        try:
             self.channel.grant(call_id=call_id, username=username, password=password, allow=list(grant.allow),
-                               max_bytes=grant.max_bytes, max_connections=grant.max_connections)
-        except (docker.errors.DockerException, EgressError) as e:
-            if network is not None:
-                self._remove_network(network)
-            if isinstance(e, EgressError):
-                raise
-            raise EgressError(f"cannot prepare the egress network for call {call_id}: {e}") from e
-        url = f"http://{username}:{password}@{ip}:{self.settings.port}"
+                               max_bytes=grant.max_bytes, max_connections=grant.max_connections,
+                               socket_dir=token)
+        except EgressError:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+        url = f"http://{username}:{password}@127.0.0.1:{self.settings.port}"
         env = {"HTTP_PROXY": url, "HTTPS_PROXY": url, "http_proxy": url, "https_proxy": url,
                "ALL_PROXY": url, "NO_PROXY": "", "no_proxy": ""}
-        return CallEgress(call_id, name, network.id, ip, username, env)
+        return CallEgress(call_id, username, directory, env, self.settings.port)
 
     def close_call(self, call: CallEgress) -> EgressReport:
-        """Revoke the call's credentials (its open connections end) and remove its network."""
+        """Revoke the call's credentials (its socket closes, its open connections end) and
+        remove its directory."""
         error = None
         summary: dict = {"events": [], "bytes": 0, "connections": 0, "events_dropped": 0}
         try:
@@ -344,26 +398,8 @@ class EgressProxy:
             summary = self.channel.revoke(call.username)
         except (EgressError, AssertionError) as e:
             error = str(e)
-        try:
-            self._remove_network(self.client.networks.get(call.network_id))
-        except docker.errors.NotFound:
-            pass
-        except docker.errors.DockerException as e:
-            error = error or f"network {call.network} not removed (the reaper will): {e}"
+        shutil.rmtree(call.socket_dir, ignore_errors=True)
+        if os.path.exists(call.socket_dir):
+            error = error or f"{call.socket_dir} not removed (the proxy's close removes it)"
         return EgressReport(call.call_id, tuple(summary.get("events", ())), int(summary.get("bytes", 0)),
                             int(summary.get("connections", 0)), int(summary.get("events_dropped", 0)), error)
-
-    def _remove_network(self, network) -> None:
-        try:
-            network.reload()
-            for member in network.containers:
-                try:
-                    network.disconnect(member, force=True)
-                except docker.errors.DockerException:
-                    pass
-        except docker.errors.NotFound:
-            return
-        try:
-            network.remove()
-        except docker.errors.NotFound:
-            pass

@@ -1,9 +1,20 @@
 """The egress proxy: an HTTP forward proxy (plain HTTP and CONNECT) in stdlib asyncio.
 
+Where requests come from. The proxy has no TCP listener. Each call's grant comes with a
+listening unix socket of its own, `<calls_dir>/<token>/proxy.sock`, in a directory the host
+created for that call and bind-mounts into that call's sandbox only (the sandbox itself has no
+network; sandbox.egress.relay turns the socket back into 127.0.0.1:3128 for its tools). So
+every connection is known to belong to the call whose socket accepted it, before a byte of it
+is read: it is that call's connection, recorded on that call, cut when that call is revoked.
+
 It admits a request only when every check passes, in this order, and opens the upstream
 connection only after the last one:
 
-1. credentials   Proxy-Authorization Basic user:password of a live call grant (407 otherwise)
+1. credentials   Proxy-Authorization Basic user:password of a live call grant (407
+                 "credentials_invalid" otherwise), AND that grant must be the one of the
+                 socket the connection arrived on: a live credential of another call is
+                 refused (407 "credential_misuse") and recorded on both calls, each event
+                 naming the other ("call_binding")
 2. target        a host *name*: a bare IP (`CONNECT 1.2.3.4:443`) is refused ("ip_literal")
 3. allowlist     host:port matches the call's patterns (sandbox.egress.allowlist)
 4. Host header   plain HTTP: the Host header names the target ("host_mismatch")
@@ -18,22 +29,27 @@ connection only after the last one:
                  a tunnel carrying anything else -- e.g. a CONNECT for a second proxy further
                  on -- never reaches upstream.
 
+Why credentials at all, when the socket already names the call: defence in depth (a socket
+handed to the wrong sandbox by a host bug would still need that call's password), and a
+credential that leaked out of one call and is presented in another is an attack worth
+reporting, which only a credential check can see.
+
 Plain HTTP requests are forwarded one per client connection, in origin form, with the body
 bounded by Content-Length (chunked request bodies are refused) and nothing read after it, so
 a pipelined second request cannot ride on the first one's admission.
 
 Bytes in both directions count against the call's budget; past it every connection of the
-call is cut. Revoking a grant (the call completed) aborts its open connections, and its
-credentials stop working at once.
+call is cut. Revoking a grant (the call completed) closes its socket, aborts its open
+connections, and its credentials stop working at once.
 
 Every decision is an event: one JSON object per request (call, host, port, address, allowed
 or denied and why, bytes up/down, why it was cut), kept per call for the control channel to
 hand back and printed as a JSON line on stdout.
 
 Control channel: a unix socket (`control_socket`), one JSON request line and one JSON reply
-line per connection: ping, grant, revoke (returns the call's events), events. It lives in a
-directory that only the host and the proxy container mount; the sandboxes on the proxy's
-internal networks have no path to it (see sandbox.egress.proxy for why).
+line per connection: ping, grant, revoke (returns the call's events), events. It lives at the
+top of the state directory, which only the host and the proxy container mount; a sandbox
+mounts only its own call's directory below it (see sandbox.egress.proxy).
 
 Run inside the image as `python3 -I -S -B /opt/ringfence/egress_proxy.py --config FILE`.
 Stdlib only; laid into the egress-proxy image as it is (images/egress-proxy/image.json, `files`).
@@ -50,6 +66,7 @@ import hmac
 import ipaddress
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -62,12 +79,16 @@ from .addresses import address_permitted, parse_address
 from .allowlist import HostPattern, PatternError, check_port, is_ip_literal, normalize_host, parse_patterns
 from .tlspeek import MAX_HELLO, HelloError, NeedMore, parse_client_hello
 
-PROTOCOL_VERSION = 1
+# 2: grants carry the call's socket directory; no TCP listener.
+PROTOCOL_VERSION = 2
 MAX_HEAD = 16 * 1024
 MAX_CONTROL = 1024 * 1024
 # Checks a TEST configuration may switch off to prove that each one matters (red checks).
 # A production configuration never carries any (sandbox.egress.proxy refuses to write one).
-CHECKS = frozenset({"allowlist", "address", "ip_literal", "sni", "host_header"})
+CHECKS = frozenset({"allowlist", "address", "ip_literal", "sni", "host_header", "call_binding"})
+SOCKET_NAME = "proxy.sock"
+# A call's socket directory, as the host names it in a grant: one path component, no dots.
+_SOCKET_DIR = re.compile(r"[A-Za-z0-9_-]{8,64}")
 _HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authorization", "proxy-authenticate", "proxy-connection",
     "te", "trailer", "transfer-encoding", "upgrade",
@@ -86,9 +107,9 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ProxyConfig:
-    listen_host: str = "0.0.0.0"
-    listen_port: int = 3128
     control_socket: str | None = "/run/rfproxy/control.sock"
+    calls_dir: str = "/run/rfproxy/calls"
+    """Where the host creates one directory per call; the proxy listens in it for that call."""
     resolver: str = "system"
     """`system` (getaddrinfo in the proxy's own network namespace) or `test`."""
     test_hosts: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -167,6 +188,9 @@ class Grant:
     events_dropped: int = 0
     tasks: set = field(default_factory=set)
     transports: dict = field(default_factory=dict)  # open transport -> the event of its request
+    socket_path: str | None = None
+    """This call's own listening socket: every connection it accepts is this call's."""
+    listener: Any = field(default=None, repr=False)  # the asyncio server on socket_path
 
     def cut_all(self, reason: str) -> None:
         self.cut_reason = self.cut_reason or reason
@@ -249,15 +273,13 @@ class EgressProxyServer:
         self._grants: dict[str, Grant] = {}
         self._servers: list[asyncio.AbstractServer] = []
         self._handlers: set[asyncio.Task] = set()
-        self.port: int | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    async def start(self) -> int:
-        server = await asyncio.start_server(self._handle, self.cfg.listen_host, self.cfg.listen_port,
-                                            limit=MAX_HEAD)
-        self._servers.append(server)
-        self.port = server.sockets[0].getsockname()[1]
+    async def start(self) -> None:
+        # No TCP listener: a connection that did not arrive on a call's own socket could not be
+        # attributed to a call, and a port would be one more thing the proxy's upstream
+        # networks could reach.
         if self.cfg.control_socket:
             path = self.cfg.control_socket
             if os.path.exists(path):
@@ -268,11 +290,11 @@ class EgressProxyServer:
         if self.cfg.disabled_checks:
             self._emit({"event": "warning", "message": "TEST configuration: checks disabled",
                         "disabled_checks": sorted(self.cfg.disabled_checks)})
-        return self.port
 
     async def close(self) -> None:
         for g in list(self._grants.values()):
             g.revoked = True
+            self._close_listener(g)
             g.cut_all("shutdown")
         for s in self._servers:
             s.close()
@@ -288,27 +310,59 @@ class EgressProxyServer:
 
     # -- grants ------------------------------------------------------------------------
 
-    def grant(self, *, call_id: str, username: str, password: str, allow: list[str],
-              max_bytes: int, max_connections: int) -> None:
+    async def grant(self, *, call_id: str, username: str, password: str, allow: list[str],
+                    max_bytes: int, max_connections: int, socket_dir: str) -> str:
+        """Register a call and start listening on its own socket; returns the socket's path.
+
+        `socket_dir` names a directory the host made for this call under `calls_dir`; the
+        proxy never creates directories, so a grant cannot make it write anywhere else."""
         if not username or not password or ":" in username:
             raise ValueError("username and password are required; ':' is not allowed in a username")
         if username in self._grants:
             raise ValueError(f"username {username!r} is already granted")
         if max_bytes < 0 or max_connections < 0:
             raise ValueError("ceilings must not be negative")
+        if not isinstance(socket_dir, str) or not _SOCKET_DIR.fullmatch(socket_dir):
+            raise ValueError("socket_dir must be one name of 8-64 characters [A-Za-z0-9_-]")
         patterns = parse_patterns(allow)
-        self._grants[username] = Grant(
+        directory = os.path.join(self.cfg.calls_dir, socket_dir)
+        if not os.path.isdir(directory) or os.path.islink(directory):
+            raise ValueError(f"no call directory {socket_dir!r} under {self.cfg.calls_dir}")
+        path = os.path.join(directory, SOCKET_NAME)
+        if os.path.lexists(path) or any(g.socket_path == path for g in self._grants.values()):
+            raise ValueError(f"call directory {socket_dir!r} is already in use")
+        grant = Grant(
             call_id=str(call_id), username=username,
             password_sha256=hashlib.sha256(password.encode()).digest(), patterns=patterns,
-            max_bytes=int(max_bytes), max_connections=int(max_connections))
+            max_bytes=int(max_bytes), max_connections=int(max_connections), socket_path=path)
+        grant.listener = await asyncio.start_unix_server(
+            lambda r, w: self._handle(r, w, grant), path, limit=MAX_HEAD)
+        # Anyone who can reach the path may connect: only this call's sandbox can (the directory
+        # is bind-mounted into it alone; on the host it lies in the proxy's 0700 state dir),
+        # and a sandbox may run as any non-root uid.
+        os.chmod(path, 0o666)
+        self._grants[username] = grant
         self._emit({"event": "grant", "call_id": call_id, "allow": [str(p) for p in patterns],
                     "max_bytes": max_bytes, "max_connections": max_connections})
+        return path
+
+    @staticmethod
+    def _close_listener(g: Grant) -> None:
+        if g.listener is not None:
+            g.listener.close()
+            g.listener = None
+        if g.socket_path:
+            try:
+                os.unlink(g.socket_path)  # a later connect() finds nothing rather than a dead socket
+            except OSError:
+                pass
 
     async def revoke(self, username: str, wait_s: float = 5.0) -> dict:
         g = self._grants.pop(username, None)
         if g is None:
             raise KeyError(f"no grant for {username!r}")
         g.revoked = True
+        self._close_listener(g)
         g.cut_all("revoked")
         pending = [t for t in g.tasks if not t.done()]
         if pending:
@@ -349,7 +403,8 @@ class EgressProxyServer:
 
     # -- the proxy ---------------------------------------------------------------------
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, arrived: Grant) -> None:
+        """One connection accepted on `arrived`'s own socket: it is that call's, whatever it says."""
         grant: Grant | None = None
         ev: dict[str, Any] = {"method": None, "host": None, "port": None, "address": None,
                               "decision": "denied", "reason": None, "bytes_up": 0, "bytes_down": 0,
@@ -358,7 +413,12 @@ class EgressProxyServer:
         answered = False
         task = asyncio.current_task()
         self._handlers.add(task)
+        # Known from the first byte: revoking the call ends this connection even mid-head.
+        arrived.tasks.add(task)
+        arrived.transports[writer.transport] = ev
         try:
+            if arrived.revoked:
+                return
             try:
                 head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.cfg.head_timeout_s)
             except asyncio.LimitOverrunError:
@@ -367,9 +427,10 @@ class EgressProxyServer:
                 return
             req = _parse_head(head)
             ev["method"] = req.method
-            grant = self._authenticate(req)
-            grant.tasks.add(task)
-            grant.transports[writer.transport] = ev
+            grant = self._authenticate(req, arrived, ev)
+            if grant is not arrived:  # only with the call_binding check off (tests)
+                grant.tasks.add(task)
+                grant.transports[writer.transport] = ev
             if req.method == "CONNECT":
                 host, port = _split_hostport(req.target, None)
                 ev["host"], ev["port"] = host, port
@@ -402,16 +463,17 @@ class EgressProxyServer:
             for w in (upstream, writer):
                 if w is not None:
                     w.transport.abort() if ev["cut"] else w.close()
-            if grant is not None:
-                grant.tasks.discard(task)
-                grant.transports.pop(writer.transport, None)
+            for g in {arrived, grant} - {None}:
+                g.tasks.discard(task)
+                g.transports.pop(writer.transport, None)
                 if upstream is not None:
-                    grant.transports.pop(upstream.transport, None)
+                    g.transports.pop(upstream.transport, None)
             if ev["method"] is not None:
-                self._record(grant, ev)
+                # Attributed to the call whose socket it came in on, whatever credential it bore.
+                self._record(arrived, ev)
             self._handlers.discard(task)
 
-    def _authenticate(self, req: _Request) -> Grant:
+    def _authenticate(self, req: _Request, arrived: Grant, ev: dict) -> Grant:
         values = req.header_values("proxy-authorization")
         if len(values) != 1:
             raise _Deny(407, "credentials_missing")
@@ -428,7 +490,22 @@ class EgressProxyServer:
         expected = grant.password_sha256 if grant is not None else hashlib.sha256(b"\0").digest()
         if not sep or not hmac.compare_digest(digest, expected) or grant is None or grant.revoked:
             raise _Deny(407, "credentials_invalid")
+        if grant is not arrived:
+            if "call_binding" in self.cfg.disabled_checks:
+                return grant  # TEST configuration: the credential's own call, as if bound
+            ev["credential_of"], ev["target"] = grant.call_id, req.target
+            self._misuse(owner=grant, arrived=arrived, req=req)
+            raise _Deny(407, "credential_misuse",
+                        f"a credential of call {grant.call_id} presented on call {arrived.call_id}'s socket")
         return grant
+
+    def _misuse(self, *, owner: Grant, arrived: Grant, req: _Request) -> None:
+        """A live credential came in on another call's socket: it leaked out of `owner` (its
+        sandbox handed it on, or something read it) and `arrived` tried to use it. Both calls
+        get an event naming the other (the one on `arrived` is its request event)."""
+        self._record(owner, {"event": "credential_misuse", "method": req.method, "target": req.target,
+                             "decision": "denied", "reason": "credential_misuse",
+                             "presented_by": arrived.call_id})
 
     async def _admit(self, grant: Grant, host: str, port: int, ev: dict) -> tuple[str, str]:
         """All checks before any upstream packet; returns (canonical name, address to use)."""
@@ -685,12 +762,13 @@ class EgressProxyServer:
             op = req.get("op")
             if op == "ping":
                 resp = {"ok": True, "version": PROTOCOL_VERSION, "grants": len(self._grants),
-                        "port": self.port}
+                        "listeners": sum(1 for g in self._grants.values() if g.listener is not None)}
             elif op == "grant":
-                self.grant(call_id=req["call_id"], username=req["username"], password=req["password"],
-                           allow=req["allow"], max_bytes=req["max_bytes"],
-                           max_connections=req["max_connections"])
-                resp = {"ok": True}
+                path = await self.grant(call_id=req["call_id"], username=req["username"],
+                                        password=req["password"], allow=req["allow"],
+                                        max_bytes=req["max_bytes"], max_connections=req["max_connections"],
+                                        socket_dir=req["socket_dir"])
+                resp = {"ok": True, "socket": path}
             elif op == "revoke":
                 resp = {"ok": True, **(await self.revoke(req["username"]))}
             elif op == "events":
@@ -715,8 +793,8 @@ def load_config(path: str) -> ProxyConfig:
 
 async def _serve(config: ProxyConfig) -> None:
     server = EgressProxyServer(config)
-    port = await server.start()
-    server._emit({"event": "ready", "port": port, "control_socket": config.control_socket,
+    await server.start()
+    server._emit({"event": "ready", "control_socket": config.control_socket, "calls_dir": config.calls_dir,
                   "resolver": config.resolver})
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -1,8 +1,10 @@
 """Test support for the egress proxy (used by tests/ and bench/, never by product code).
 
-- ProxyHarness: the real proxy on 127.0.0.1 in a thread, with a connector that opens sockets to
-  loopback only and records every attempt (so no unit test can send a packet off the machine,
-  even with a check switched off), plus raw-socket clients (http_get, tunnel, raw_request).
+- ProxyHarness: the real proxy in a thread, each grant with its own unix socket in a temp
+  directory (as the host makes them), with a connector that opens sockets to loopback only and
+  records every attempt (so no unit test can send a packet off the machine, even with a check
+  switched off), plus raw-socket clients (http_get, tunnel, raw_request) that take a call's
+  socket path (or a loopback TCP port, for the in-sandbox relay's tests).
 - EgressTestbed: decoy containers (sandbox.egress.decoy in the pinned `base` image) on the
   test's own internal Docker networks, and egress proxies whose test resolver maps their names.
 - SANDBOX_CLIENT: the stdlib client that runs inside a sandbox (JSON ops on stdin).
@@ -17,6 +19,7 @@ import io
 import ipaddress
 import json
 import os
+import secrets
 import socket
 import ssl
 import subprocess
@@ -29,7 +32,7 @@ from pathlib import Path
 from sandbox import labels as L
 from sandbox.egress import decoy as _decoy_module
 from sandbox.egress.channel import ControlChannel
-from sandbox.egress.server import EgressProxyServer, ProxyConfig
+from sandbox.egress.server import SOCKET_NAME, EgressProxyServer, ProxyConfig
 
 
 class RecordingConnector:
@@ -45,15 +48,31 @@ class RecordingConnector:
         return await asyncio.open_connection(ip, port)
 
 
+@dataclass(frozen=True)
+class HarnessCall:
+    """One granted call of a ProxyHarness: its credentials and its own socket."""
+
+    call_id: str
+    user: str
+    password: str
+    sock: str
+
+    @property
+    def auth(self) -> tuple[str, str]:
+        return self.user, self.password
+
+
 class ProxyHarness:
     def __init__(self, config: ProxyConfig) -> None:
         self.connector = RecordingConnector()
         self.log = io.StringIO()
+        self.calls_dir = config.calls_dir
+        os.makedirs(self.calls_dir, exist_ok=True)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.server = EgressProxyServer(config, connector=self.connector, log=self.log)
-        self.port = self.run(self.server.start())
+        self.run(self.server.start())
         self.channel = ControlChannel(config.control_socket)
         self._n = 0
 
@@ -61,12 +80,17 @@ class ProxyHarness:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def grant(self, allow, *, max_bytes: int = 10_000_000, max_connections: int = 100,
-              call_id: str | None = None) -> tuple[str, str]:
+              call_id: str | None = None) -> HarnessCall:
+        """A grant as the host makes one: a fresh directory for the call, then the grant."""
         self._n += 1
         user, password = f"u{self._n}", f"secret-{self._n}-{id(self)}"
-        self.channel.grant(call_id=call_id or f"call-{self._n}", username=user, password=password,
-                           allow=list(allow), max_bytes=max_bytes, max_connections=max_connections)
-        return user, password
+        token = secrets.token_hex(8)
+        os.mkdir(os.path.join(self.calls_dir, token), 0o700)
+        call_id = call_id or f"call-{self._n}"
+        reply = self.channel.grant(call_id=call_id, username=user, password=password, allow=list(allow),
+                                   max_bytes=max_bytes, max_connections=max_connections, socket_dir=token)
+        assert reply == os.path.join(self.calls_dir, token, SOCKET_NAME)
+        return HarnessCall(call_id, user, password, reply)
 
     def close(self) -> None:
         try:
@@ -118,19 +142,36 @@ def parse_reply(data: bytes) -> Reply:
     return Reply(status, headers, body)
 
 
-def raw_request(port: int, payload: bytes, timeout: float = 10) -> Reply:
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+Where = int | str
+"""A call's socket path (str), or a TCP port on 127.0.0.1 (int)."""
+
+
+def connect(where: Where, timeout: float = 10) -> socket.socket:
+    if isinstance(where, int):
+        return socket.create_connection(("127.0.0.1", where), timeout=timeout)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect(where)
+    except OSError:
+        s.close()
+        raise
+    return s
+
+
+def raw_request(where: Where, payload: bytes, timeout: float = 10) -> Reply:
+    with connect(where, timeout) as s:
         s.sendall(payload)
         return parse_reply(_read_all(s))
 
 
-def http_get(port: int, url: str, auth: tuple[str, str] | None, *, host: str | None = None,
+def http_get(where: Where, url: str, auth: tuple[str, str] | None, *, host: str | None = None,
              extra: str = "") -> Reply:
     hostport = url.split("/")[2]
     lines = [f"GET {url} HTTP/1.1", f"Host: {host or hostport}"]
     if auth:
         lines.append(f"Proxy-Authorization: {basic(*auth)}")
-    return raw_request(port, ("\r\n".join(lines) + "\r\n" + extra + "\r\n").encode())
+    return raw_request(where, ("\r\n".join(lines) + "\r\n" + extra + "\r\n").encode())
 
 
 def _read_head(s: socket.socket) -> bytes:
@@ -151,10 +192,10 @@ class TunnelResult:
     error: str | None = None
 
 
-def tunnel(port: int, target: str, auth, *, sni: str | None, tls: bool = True,
+def tunnel(where: Where, target: str, auth, *, sni: str | None, tls: bool = True,
            payload: bytes | None = None, timeout: float = 10) -> TunnelResult:
     """CONNECT target; then TLS with `sni` (or, with tls=False, `payload` in clear) and a GET."""
-    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    s = connect(where, timeout)
     try:
         head = f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n"
         if auth:
@@ -446,7 +487,7 @@ def op_direct(o):
         s.close()
         return {"connected": True}
     except Exception as e:
-        return {"connected": False, "error": type(e).__name__ + ": " + str(e)[:100]}
+        return {"connected": False, "error": type(e).__name__ + ": " + str(e)[:100], "errno": ename(e)}
 
 def op_direct_gateway(o):
     """Connect to the default route's gateway (the host side of the bridge, if it has one)."""
@@ -465,7 +506,7 @@ def op_udp(o):
         s.sendto(b"ringfence-udp-probe", (o["ip"], o["port"]))
         return {"sent": True}
     except Exception as e:
-        return {"sent": False, "error": type(e).__name__ + ": " + str(e)[:100]}
+        return {"sent": False, "error": type(e).__name__ + ": " + str(e)[:100], "errno": ename(e)}
 
 def op_resolve(o):
     try:
@@ -479,31 +520,127 @@ def dns_query(name):
         q += bytes([len(label)]) + label.encode()
     return q + b"\x00" + struct.pack(">HH", 1, 1)
 
-def op_dns_forward(o):
-    """Query Docker's embedded resolver for an unknown name while listening on our own
-    127.0.0.1:53: where does the query go, and is there an answer?"""
-    out = {"listener": None, "forwarded_to_own_loopback": False, "answer": None}
+def ename(e):
+    if isinstance(e, socket.timeout):
+        return "timeout"
+    import errno
+    return errno.errorcode.get(getattr(e, "errno", None) or 0, type(e).__name__)
+
+def recv_exact(s, n):
+    data = b""
+    while len(data) < n:
+        c = s.recv(n - len(data))
+        if not c:
+            raise ConnectionError("closed after %d of %d bytes" % (len(data), n))
+        data += c
+    return data
+
+def dns_reply(data):
+    """What a DNS reply says: its rcode, answer count and the IPv4 addresses it gives."""
+    _id, flags, qd, an = struct.unpack(">HHHH", data[:8])
+    out = {"rcode": flags & 0x0F, "answers": an, "addresses": []}
+    i = 12
+    def skip_name(i):
+        while True:
+            n = data[i]
+            if n == 0:
+                return i + 1
+            if n & 0xC0 == 0xC0:
+                return i + 2
+            i += 1 + n
+    for _ in range(qd):
+        i = skip_name(i) + 4
+    for _ in range(an):
+        i = skip_name(i)
+        t, _c, _ttl, rdlen = struct.unpack(">HHIH", data[i:i + 10])
+        i += 10
+        if t == 1 and rdlen == 4:
+            out["addresses"].append(socket.inet_ntoa(data[i:i + 4]))
+        i += rdlen
+    return out
+
+def op_dns(o):
+    """Ask each server (and, with resolv_conf, the sandbox's configured nameservers) for
+    o["name"] over UDP and TCP port 53. Each answer is {"reply": ...} or {"error": errno}."""
+    servers = list(o.get("servers", []))
+    if o.get("resolv_conf"):
+        with open("/etc/resolv.conf") as f:
+            servers += [l.split()[1] for l in f.read().splitlines() if l.startswith("nameserver")]
+    out = {}
+    for server in servers:
+        for proto in ("udp", "tcp"):
+            q = dns_query(o["name"])
+            s = None
+            try:
+                if proto == "udp":
+                    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                    s.settimeout(o.get("timeout", 3))
+                    s.connect((server, 53))
+                    s.send(q)
+                    data = s.recv(4096)
+                else:
+                    s = socket.create_connection((server, 53), timeout=o.get("timeout", 3))
+                    s.sendall(struct.pack(">H", len(q)) + q)
+                    data = recv_exact(s, struct.unpack(">H", recv_exact(s, 2))[0])
+                out[proto + ":" + server] = {"reply": dns_reply(data)}
+            except Exception as e:
+                out[proto + ":" + server] = {"error": ename(e)}
+            finally:
+                if s is not None:
+                    s.close()
+    return out
+
+def op_dns_local(o):
+    """Hold 127.0.0.1:53 (the resolver resolv.conf names) ourselves and look a name up: does
+    the query come to us, i.e. stay on the sandbox's own loopback, and does anything answer?"""
+    out = {"listener": None, "query_seen_locally": False, "lookup": None}
     mine = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         mine.bind(("127.0.0.1", 53))
         out["listener"] = "bound"
     except OSError as e:
-        out["listener"] = type(e).__name__
-    c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    c.sendto(dns_query(o["name"]), ("127.0.0.11", 53))
-    end = time.monotonic() + o.get("wait", 4)
-    import select
-    while time.monotonic() < end:
-        r, _, _ = select.select([mine, c] if out["listener"] == "bound" else [c], [], [], 0.2)
-        if mine in r:
-            data, peer = mine.recvfrom(4096)
+        out["listener"] = ename(e)
+    import threading
+    def listen():
+        mine.settimeout(o.get("wait", 4))
+        try:
+            data, _ = mine.recvfrom(4096)
             if o["name"].split(".")[0].encode() in data:
-                out["forwarded_to_own_loopback"] = True
-        if c in r:
-            data, _ = c.recvfrom(4096)
-            rcode = data[3] & 0x0F
-            ancount = struct.unpack(">H", data[6:8])[0]
-            out["answer"] = {"rcode": rcode, "answers": ancount}
+                out["query_seen_locally"] = True
+        except OSError:
+            pass
+    t = threading.Thread(target=listen)
+    if out["listener"] == "bound":
+        t.start()
+    try:
+        out["lookup"] = sorted({i[4][0] for i in socket.getaddrinfo(o["name"], 80)})
+    except Exception as e:
+        out["lookup"] = "error: " + type(e).__name__
+    if out["listener"] == "bound":
+        t.join()
+    mine.close()
+    return out
+
+def op_metadata(o):
+    """Connect to the metadata addresses -- only when the sandbox's own view has no interface
+    but lo and no route, so no packet can leave whatever the answer (refuses otherwise)."""
+    with open("/proc/net/dev") as f:
+        ifaces = [l.split(":")[0].strip() for l in f.read().splitlines()[2:]]
+    with open("/proc/net/route") as f:
+        routes = [l for l in f.read().splitlines()[1:] if l.strip()]
+    if ifaces != ["lo"] or routes:
+        return {"probed": False, "interfaces": ifaces}
+    out = {"probed": True}
+    for family, addr in ((socket.AF_INET, ("169.254.169.254", 80)), (socket.AF_INET6, ("fd00:ec2::254", 80))):
+        s = socket.socket(family, socket.SOCK_STREAM)
+        s.settimeout(2)
+        try:
+            s.connect(addr)
+            out[addr[0]] = "connected"
+        except OSError as e:
+            out[addr[0]] = ename(e)
+        finally:
+            s.close()
     return out
 
 def op_netinfo(o):

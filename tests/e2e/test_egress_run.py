@@ -4,8 +4,10 @@ decoys sit on the test's own internal networks).
 
 The `fetch` tool declares allowed.test and denied.test; policy grants only allowed.test. So the
 call's allowlist is allowed.test alone: a fetch of denied.test is denied at admission (never
-dispatched, the decoy never sees a connection), a fetch of allowed.test runs through the proxy,
-and the proxy's decision is an `egress` event of that call in the run's log.
+dispatched, the decoy never sees a connection), a fetch of allowed.test runs through the proxy
+(the `fetch` tool, the image's own runner, behind the in-sandbox relay and the call's own
+socket: the sandbox has no network), and the proxy's decision is an `egress` event of that
+call in the run's log, attributed to that call's attempt.
 """
 
 from __future__ import annotations
@@ -78,6 +80,8 @@ def test_a_calls_allowlist_is_the_tools_hosts_and_the_policy_grant(stack):
     assert len(testbed.decoys["allowed"].connections()) == allowed_before + 1
     [egress] = [e for e in events if e.type == "egress"]
     assert egress.data["call_id"] == "ok"
+    # The proxy attributed the request to the sandbox call of that attempt (its socket's).
+    assert {d["call_id"] for d in egress.data["decisions"]} == {f"ok.a{egress.data['attempt']}"}
     assert [(d["host"], d["port"], d["decision"]) for d in egress.data["decisions"]] == [("allowed.test", 80, "allowed")]
 
 

@@ -1,24 +1,31 @@
-"""Egress-enabled tools (ESCAPE-BATTERY case 29, and cases 25-28 for tools that have egress).
+"""Egress-enabled tools (ESCAPE-BATTERY case 29, cases 25-28 for tools that have egress, 46 and 47).
 
 Every request runs from inside a real sandbox (pinned tool image, DockerBackend with an egress
-grant) through the real egress-proxy container. The decoys are `base` containers on this
-test's own internal networks (sandbox.egress.testing.EgressTestbed) that log every TCP
-connection at accept and every UDP datagram: "refused" is shown by the decoy's log staying
-empty, never by the mere absence of an error. Each protection has a red check: the same
-attack with exactly that protection removed (a proxy with one check switched off by its TEST
-config, a backend that bypasses the proxy, a network whose bridge keeps its host address),
-and the decoy then sees the connection.
+grant) through the real egress-proxy container: the sandbox has no network (only lo); the
+relay in it listens on 127.0.0.1:3128 and splices to the call's own unix socket, on which the
+proxy serves that call alone. The decoys are `base` containers on this test's own internal
+networks (sandbox.egress.testing.EgressTestbed) that log every TCP connection at accept and
+every UDP datagram: "refused" is shown by the decoy's log staying empty, never by the mere
+absence of an error. Each protection has a red check: the same attack with exactly that
+protection removed (a proxy with one check switched off by its TEST config, a sandbox attached
+to a Docker network or to the host's network namespace), and the attack then succeeds.
 
-No packet is ever aimed outside the test's networks: the metadata *address* is proven refused
-by the classifier's unit tests; here a fake metadata server on a link-local test network
-(169.254.250.0/24) stands in for it, and the proxy's test resolver maps every name.
+No packet is ever aimed outside the test's networks: the metadata *address* is probed only
+from a sandbox whose own view has just shown no interface but lo and no route (connect() fails
+locally, nothing is sent), and proven refused by the proxy's classifier in its unit tests;
+here a fake metadata server on a link-local test network (169.254.250.0/24) stands in for it,
+and the proxy's test resolver maps every name. DNS probes go to loopback addresses only.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
+import urllib.parse
+import uuid
+from typing import Any, Callable
 
 import pytest
 from docker.types import Mount
@@ -26,8 +33,7 @@ from docker.types import Mount
 from sandbox.backend import SandboxRequest
 from sandbox.docker_backend import DockerBackend
 from sandbox.egress.grant import MiB, EgressGrant
-from sandbox.egress.proxy import EgressProxy
-from sandbox.egress.testing import SANDBOX_CLIENT
+from sandbox.egress.testing import SANDBOX_CLIENT, connect, http_get
 from sandbox.profile import SandboxProfile
 from sandbox.result import Outcome
 
@@ -37,10 +43,10 @@ ARGV = ("python3", "-I", "-S", "-B", "-c", SANDBOX_CLIENT)
 
 
 class Runner:
-    """Runs a list of client operations in one sandbox call; keeps the proxy's report."""
+    """Runs a list of client operations in one sandbox call; keeps the proxy's reports."""
 
     def __init__(self, client, lock, proxy, backend_class=DockerBackend) -> None:
-        self.reports = []
+        self.reports: list[Any] = []
         self.backend = backend_class(client, lock=lock, egress_proxy=proxy,
                                      on_egress_report=lambda _req, rep: self.reports.append(rep))
 
@@ -48,12 +54,50 @@ class Runner:
         profile = SandboxProfile(egress=EgressGrant(allow=tuple(allow), **grant), timeout_s=60)
         result = self.backend.run(SandboxRequest(profile=profile, argv=ARGV, stdin=json.dumps(ops).encode(),
                                                  run_id="escape-egress"))
+        self.result = result
         assert result.outcome is Outcome.OK, (result.outcome, result.message, result.stderr[-2000:])
         return json.loads(result.stdout)
 
     @property
     def events(self):
         return list(self.reports[-1].events)
+
+    @property
+    def call_id(self) -> str:
+        return self.reports[-1].call_id
+
+
+class Seen:
+    """New connections a decoy logged since this object was made (decoys are shared)."""
+
+    def __init__(self, decoy) -> None:
+        self.decoy = decoy
+        self.before = len(decoy.connections())
+
+    def new(self) -> list[dict]:
+        return self.decoy.connections()[self.before :]
+
+
+def loosened(change: Callable[[dict], None]):
+    """An egress backend whose settings `change(settings)` alters. Red checks only."""
+
+    class Loosened(DockerBackend):
+        def _apply_egress(self, settings, call):
+            settings = super()._apply_egress(settings, call)
+            change(settings)
+            return settings
+
+    return Loosened
+
+
+def on_network(name: str):
+    """An egress backend whose sandbox is also attached to Docker network `name` (a test's own),
+    as egress sandboxes were before they lost their per-call network. Red checks only."""
+
+    def change(settings: dict) -> None:
+        settings["network_mode"] = name
+
+    return loosened(change)
 
 
 @pytest.fixture
@@ -71,17 +115,6 @@ def run_with(docker_client, pinned_images, testbed):
         return Runner(docker_client, pinned_images, p, backend_class)
 
     return make
-
-
-class Seen:
-    """New connections a decoy logged since this object was made (decoys are shared)."""
-
-    def __init__(self, decoy) -> None:
-        self.decoy = decoy
-        self.before = len(decoy.connections())
-
-    def new(self) -> list[dict]:
-        return self.decoy.connections()[self.before :]
 
 
 # -- the allowed request ---------------------------------------------------------------------
@@ -179,18 +212,6 @@ def _with_spoofed_hosts(ip: str, directory):
     return SpoofedHosts
 
 
-def loosened(change):
-    """An egress backend whose settings `change(settings)` alters. Red checks only."""
-
-    class Loosened(DockerBackend):
-        def _apply_egress(self, settings, call):
-            settings = super()._apply_egress(settings, call)
-            change(settings)
-            return settings
-
-    return Loosened
-
-
 def test_etc_hosts_spoof(run, run_with, testbed, proxy, tmp_path):
     denied = testbed.decoys["denied"]
     # 1. The sandbox cannot write /etc/hosts: it is a read-only bind of a 0444 file, on a
@@ -266,11 +287,22 @@ def test_byte_ceiling_cuts_a_large_download(run):
     assert run.reports[-1].bytes > 1 * MiB  # what was offered; what got through is capped
 
 
-def test_credentials_stop_working_after_the_call(run, docker_client, testbed):
+def egress_dir(result) -> str:
+    """The host directory that was bind-mounted as the call's way out (from `applied`)."""
+    [source] = [m["source"] for m in result.applied["mounts"] if m["target"] == "/run/ringfence/egress"]
+    return source
+
+
+def test_credentials_stop_working_after_the_call(run, testbed):
     [first] = run([{"op": "env"}])
     old = first["proxy"].split("//", 1)[1].split("@", 1)[0]
     user, password = old.split(":", 1)
-    first_network = run.reports[-1]
+    first_report, first_dir = run.reports[-1], egress_dir(run.result)
+    assert first_report.error is None
+    # The first call's directory is gone, and with it its socket: nothing listens there.
+    assert not os.path.exists(first_dir)
+    with pytest.raises(OSError):
+        connect(os.path.join(first_dir, "proxy.sock"))
     seen = Seen(testbed.decoys["allowed"])
     # A later call presents the first call's credentials to the proxy: refused.
     replay, own = run([
@@ -279,9 +311,9 @@ def test_credentials_stop_working_after_the_call(run, docker_client, testbed):
     ])
     assert (replay["status"], replay["reason"]) == (407, "credentials_invalid")
     assert own["status"] == 200 and len(seen.new()) == 1
-    assert first_network.error is None
-    # The first call's network is gone as well.
-    assert not [n for n in docker_client.networks.list() if n.name.startswith(f"rf-egress-{first_network.call_id[:20]}")]
+    # Both are the second call's requests: they came in on its socket.
+    assert [(e["call_id"], e["reason"]) for e in run.events] == [(run.call_id, "credentials_invalid"),
+                                                                 (run.call_id, None)]
 
 
 def test_tools_without_egress_still_have_only_lo(attack, proxy):
@@ -290,55 +322,128 @@ def test_tools_without_egress_still_have_only_lo(attack, proxy):
     assert info["interfaces"] == ["lo"] and info["routes"] == []
 
 
-# -- cases 25-28 for egress-enabled tools ------------------------------------------------------
+# -- case 46: a call's credentials work only from the call's own socket --------------------------
+# A call's proxy credentials are useless from any other call, and every proxied request is
+# attributed to the call whose socket it came in on.
+#
+# The attack, as the review ran it: call A's credentials leak out (A posted them to a host it may
+# reach); call B, allowed only that host, fetches them and presents them to the proxy to reach a
+# host only A may reach. Here A is a live grant opened with the proxy API and kept open for the
+# whole attack (the test hands its credentials to B's probe); B is a real sandbox on the same
+# real proxy. Both may reach allowed.test (decoy X); only A may reach denied.test (decoy Y), whose
+# log shows whether anything arrived. The red check runs the same attack on a proxy whose
+# TEST config switches exactly the binding check off ("call_binding"): Y then sees it.
 
 
-class BypassProxy(DockerBackend):
-    """Puts the sandbox straight on the decoys' network instead of its own (red check only)."""
-
-    network: str = ""
-
-    def _apply_egress(self, settings, call):
-        settings = super()._apply_egress(settings, call)
-        settings["network_mode"] = self.network
-        return settings
+def credentials(call) -> tuple[str, str]:
+    url = urllib.parse.urlsplit(call.env["HTTP_PROXY"])
+    return url.username, url.password
 
 
-def test_25_only_the_call_network_and_no_direct_path_to_decoys(run, run_with, testbed, proxy):
+def attack(user: str, password: str) -> list[dict]:
+    """B's probe: its own request first (its channel works), then A's credentials, plain HTTP
+    and CONNECT, to the host only A may reach."""
+    return [
+        {"op": "http_raw", "url": "http://allowed.test/", "host": "allowed.test"},
+        {"op": "http_raw", "url": "http://denied.test/", "host": "denied.test", "user": user, "password": password},
+        {"op": "connect", "target": "denied.test:443", "sni": "denied.test", "user": user, "password": password},
+    ]
+
+
+@pytest.fixture
+def call_a():
+    """open(proxy) -> A's live grant on `proxy` (allowed.test and denied.test); closed after the test."""
+    opened = []
+
+    def open_(proxy):
+        a = proxy.open_call(f"case46-a-{uuid.uuid4().hex[:6]}", EgressGrant(allow=("allowed.test", "denied.test")))
+        opened.append((proxy, a))
+        return a
+
+    yield open_
+    for proxy, a in opened:
+        proxy.close_call(a)
+
+
+def test_46_a_credential_is_refused_from_another_calls_socket_and_reported_on_both(
+        docker_client, pinned_images, proxy, testbed, call_a):
+    a = call_a(proxy)
+    user, password = credentials(a)
+    x, y = Seen(testbed.decoys["allowed"]), Seen(testbed.decoys["denied"])
+    b = Runner(docker_client, pinned_images, proxy)
+    own, plain, tls = b(attack(user, password), allow=("allowed.test",))
+    assert own["status"] == 200  # B's own channel and credentials work
+    assert (plain["status"], plain["reason"]) == (407, "credential_misuse")
+    assert (tls["status"], tls["reason"]) == (407, "credential_misuse")
+    assert y.new() == []  # the host only A may reach never saw a connection
+    assert len(x.new()) == 1  # only B's own request
+    # B's events: all three requests are B's, the two with A's credential naming A.
+    assert [(e["call_id"], e["method"], e["reason"], e.get("credential_of")) for e in b.events] == [
+        (b.call_id, "GET", None, None),
+        (b.call_id, "GET", "credential_misuse", a.call_id),
+        (b.call_id, "CONNECT", "credential_misuse", a.call_id)]
+    # A's events (A is still live): the attempts, naming B.
+    on_a = proxy.channel.events(a.username)["events"]
+    assert [(e["event"], e["call_id"], e["method"], e["presented_by"]) for e in on_a] == [
+        ("credential_misuse", a.call_id, "GET", b.call_id), ("credential_misuse", a.call_id, "CONNECT", b.call_id)]
+    # And the proxy's JSON log has them, as lines of each call.
+    logged = [e for e in proxy.logs() if e.get("reason") == "credential_misuse"]
+    assert sorted((e["call_id"], e.get("credential_of") or e.get("presented_by")) for e in logged) == sorted(
+        [(b.call_id, a.call_id)] * 2 + [(a.call_id, b.call_id)] * 2)
+    # Positive control: the credential is live and works on A's own socket.
+    reply = http_get(a.socket_path, "http://denied.test/", (user, password))
+    assert reply.status == 200 and reply.body == b"hello from denied\n"
+    assert len(y.new()) == 1
+
+
+def test_46_red_check_without_the_binding_the_credential_reaches_the_other_calls_host(
+        docker_client, pinned_images, testbed, call_a):
+    red_proxy = testbed.proxy({"call_binding"})
+    a = call_a(red_proxy)
+    y = Seen(testbed.decoys["denied"])
+    own, plain, tls = Runner(docker_client, pinned_images, red_proxy)(attack(*credentials(a)), allow=("allowed.test",))
+    assert own["status"] == 200
+    assert plain["status"] == 200 and plain["body"] == "hello from denied\n"
+    assert tls["status"] == 200 and tls["body"].endswith("hello from denied\n")
+    assert [c["port"] for c in y.new()] == [80, 443]  # B, allowed only allowed.test, reached Y
+
+
+# -- cases 25-28 for egress-enabled tools: the same empty network as tools without egress -------
+
+
+def only_loopback(info) -> bool:
+    v6 = [line.split()[-1] for line in info["if_inet6"].splitlines() if line.strip()]
+    return info["interfaces"] == ["lo"] and info["routes"] == [] and set(v6) <= {"lo"}
+
+
+def test_25_only_lo_and_no_direct_path_to_decoys(run, run_with, testbed, proxy):
     d = testbed.decoys["allowed"]
     ops = [{"op": "netinfo"}, {"op": "direct", "ip": d.ip, "port": 80}, {"op": "udp", "ip": d.ip, "port": 9999},
-           {"op": "direct", "ip": testbed.decoys["private"].ip, "port": 80}]
+           {"op": "direct", "ip": testbed.decoys["private"].ip, "port": 80},
+           {"op": "get", "url": "http://allowed.test/"}]
     seen = Seen(d)
-    info, tcp, udp, tcp_private = run(ops)
-    assert info["interfaces"] == ["lo", "eth0"] and info["if_inet6"] == ""
-    # One on-link route (the call's own network, none of the decoys'), plus the default route
-    # whose gateway no one holds (test_26_27).
-    on_link = {r["dest"] for r in info["routes"] if r["dest"] != "0.0.0.0"}
-    assert len(on_link) == 1 and on_link.isdisjoint(s.split("/")[0] for s in testbed.subnets.values())
-    assert tcp["connected"] is False and tcp_private["connected"] is False
-    assert seen.new() == []  # neither the TCP connect nor the datagram arrived
-    # Red: joined to the decoys' network directly, the same probes arrive.
-    BypassProxy.network = testbed.networks["outside"].name
-    _, tcp, udp, _ = run_with(backend_class=BypassProxy, proxy=proxy)(ops)
-    assert tcp["connected"] is True
-    new = seen.new()
-    assert {"tcp", "udp"} <= {c["event"] for c in new}
-
-
-class ExposedGateway(EgressProxy):
-    """Per-call networks whose bridge keeps the host's gateway address (red check only)."""
-
-    def _call_network_options(self):
-        options = super()._call_network_options()
-        options["options"] = {}
-        return options
+    info, tcp, udp, tcp_private, fetched = run(ops)
+    assert only_loopback(info), info
+    # No route: connect() and sendto() fail in the sandbox itself; nothing is sent.
+    assert tcp["connected"] is False and tcp["errno"] == "ENETUNREACH"
+    assert udp["sent"] is False and udp["errno"] == "ENETUNREACH"
+    assert tcp_private["connected"] is False
+    # The one way out is the proxy, through the relay: the fetch is the decoy's only connection.
+    assert fetched["status"] == 200
+    assert [c["event"] for c in seen.new()] == ["tcp"]
+    # Red: attached to the decoys' network (what a per-call network shared with them would be),
+    # the same probes arrive.
+    seen = Seen(d)
+    _, tcp, udp, _, _ = run_with(backend_class=on_network(testbed.networks["outside"].name), proxy=proxy)(ops)
+    assert tcp["connected"] is True and udp["sent"] is True
+    assert {"tcp", "udp"} <= {c["event"] for c in seen.new()}
 
 
 @pytest.fixture
 def host_listener():
-    """A listener on the host (all addresses, ephemeral port) that records who connected."""
+    """A listener on the host's loopback (ephemeral port) that records who connected."""
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.bind(("0.0.0.0", 0))
+    s.bind(("127.0.0.1", 0))
     s.listen(16)
     s.settimeout(0.2)
     peers: list[str] = []
@@ -361,35 +466,72 @@ def host_listener():
     s.close()
 
 
-def test_26_27_host_and_gateway_unreachable(run, run_with, host_listener):
+def in_the_host_network_namespace(settings: dict) -> None:
+    for key in ("dns", "dns_search", "hostname"):  # the engine refuses them with the host's network
+        settings.pop(key, None)
+    settings["network_mode"] = "host"
+
+
+def test_26_27_metadata_host_and_gateway_unreachable(run, run_with, host_listener, proxy):
+    """No gateway and no route at all, so the metadata address (probed only once the sandbox's
+    own view shows nothing but lo) and every host address fail in the sandbox; 127.0.0.1 is the
+    sandbox's own loopback, not the host's."""
     port, peers = host_listener
-    info, probe = run([{"op": "netinfo"}, {"op": "direct_gateway", "port": port}])
-    gateway = next(r["gateway"] for r in info["routes"] if r["dest"] == "0.0.0.0")
-    assert probe["gateway"] == gateway and probe["connected"] is False
+    info, meta, own_loopback, gateway = run([
+        {"op": "netinfo"}, {"op": "metadata"}, {"op": "direct", "ip": "127.0.0.1", "port": port},
+        {"op": "direct_gateway", "port": port}])
+    assert only_loopback(info)
+    assert meta == {"probed": True, "169.254.169.254": "ENETUNREACH", "fd00:ec2::254": "EADDRNOTAVAIL"}
+    assert own_loopback["connected"] is False and own_loopback["errno"] == "ECONNREFUSED"
+    assert gateway == {"gateway": None, "connected": False}
     assert peers == []
-    # The route to the metadata address (and everything else) is only this gateway, which no
-    # host interface holds: nothing on the path answers, and the proxy refuses the range itself.
-    assert {r["gateway"] for r in info["routes"]} <= {gateway, "0.0.0.0"}
-    # Red: with the host's address left on the call network's bridge, the host answers.
-    red = run_with(proxy_class=ExposedGateway)
-    _, probe = red([{"op": "netinfo"}, {"op": "direct_gateway", "port": port}])
-    assert probe["connected"] is True and len(peers) == 1  # the host saw the sandbox connect
-    assert peers[0].rsplit(".", 2)[0] == probe["gateway"].rsplit(".", 2)[0]  # from the call network
+    # Red: the same sandbox in the host's network namespace reaches the host's listener.
+    [own_loopback] = run_with(backend_class=loosened(in_the_host_network_namespace), proxy=proxy)(
+        [{"op": "direct", "ip": "127.0.0.1", "port": port}])
+    assert own_loopback["connected"] is True and peers == ["127.0.0.1"]
 
 
-def test_28_dns_gets_no_answer_and_queries_stay_in_the_sandbox(run):
-    """The sandbox's resolv.conf names only 127.0.0.1 (its own loopback, where nothing listens).
-    Docker's embedded resolver (127.0.0.11, present on every user-defined network) can still
-    be queried directly; it answers nothing useful -- decoy names do not resolve -- and it
-    forwards an unknown name to the configured DNS, 127.0.0.1 *in the sandbox's own
-    namespace*: shown by the query arriving at a listener the sandbox itself holds there. A
-    red check would need the engine to forward to the host's resolver, i.e. a packet off the
-    machine: deliberately not done."""
-    resolved, probe, info = run([{"op": "resolve", "name": "allowed.test"},
-                                 {"op": "dns_forward", "name": "rfexfil-probe.invalid"}, {"op": "netinfo"}])
-    assert "error" in resolved
-    assert probe["listener"] == "bound" and probe["forwarded_to_own_loopback"] is True
-    assert probe["answer"] is None or probe["answer"]["answers"] == 0
-    # The sandbox's own resolver configuration names only its own loopback.
+def test_28_dns_lookups_get_no_answer_and_queries_stay_in_the_sandbox(run):
+    """resolv.conf names only 127.0.0.1, the sandbox's own loopback: a lookup's query goes there
+    and nowhere else, shown by a listener the sandbox itself holds on 127.0.0.1:53 receiving it.
+    (The red check, a resolver that carries the query name out, is test_network's: for this
+    sandbox it is the same resolv.conf and the same empty network.)"""
+    local, info = run([{"op": "dns_local", "name": "rfexfil-probe.invalid"}, {"op": "netinfo"}])
+    assert local["listener"] == "bound" and local["query_seen_locally"] is True
+    assert local["lookup"].startswith("error")
     nameservers = [line.split()[1] for line in info["resolv_conf"].splitlines() if line.startswith("nameserver")]
     assert nameservers == ["127.0.0.1"]
+
+
+# -- case 47: no resolver at all, the engine's embedded one included ----------------------------
+
+
+def dns_probe(proxy, testbed):
+    """Docker's embedded resolver (127.0.0.11) and the configured nameserver, over UDP and TCP, for
+    names it would know: the proxy's container and a decoy's, both on the test's network; then
+    the same names through the system resolver; the interfaces; and a fetch through the proxy."""
+    ops = [{"op": "dns", "name": n, "servers": ["127.0.0.11"], "resolv_conf": True}
+           for n in (proxy.name, testbed.decoys["allowed"].container.name)]
+    ops += [{"op": "resolve", "name": proxy.name}, {"op": "netinfo"}, {"op": "get", "url": "http://allowed.test/"}]
+    return ops
+
+
+def test_47_no_resolver_answers_not_even_the_engines_embedded_one(run, run_with, proxy, testbed):
+    by_proxy, by_decoy, lookup, info, fetched = run(dns_probe(proxy, testbed))
+    for asked in (by_proxy, by_decoy):
+        assert set(asked) == {"udp:127.0.0.11", "tcp:127.0.0.11", "udp:127.0.0.1", "tcp:127.0.0.1"}
+        # Nothing listens on any of them: refused in the sandbox's own loopback, no reply at all.
+        assert all(a == {"error": "ECONNREFUSED"} for a in asked.values()), asked
+    assert lookup["error"].startswith("gaierror")
+    assert info["interfaces"] == ["lo"]
+    assert fetched["status"] == 200 and fetched["body"] == "hello from allowed\n"  # name resolution: the proxy's
+    # Red: the same probe in a sandbox also attached to a Docker network (the test's own, which
+    # the proxy and the decoys are on): the engine's resolver answers with their addresses.
+    red = run_with(backend_class=on_network(testbed.networks["outside"].name), proxy=proxy)
+    by_proxy, by_decoy, _, info, fetched = red(dns_probe(proxy, testbed))
+    proxy.container.reload()
+    proxy_ip = proxy.container.attrs["NetworkSettings"]["Networks"][testbed.networks["outside"].name]["IPAddress"]
+    for asked, ip in ((by_proxy, proxy_ip), (by_decoy, testbed.decoys["allowed"].ip)):
+        for proto in ("udp", "tcp"):
+            assert asked[f"{proto}:127.0.0.11"]["reply"]["addresses"] == [ip], asked
+    assert info["interfaces"] == ["lo", "eth0"] and fetched["status"] == 200

@@ -1,12 +1,18 @@
-"""The egress proxy's lifecycle on a real engine: its hardening, the per-call networks (labels,
-members, removal, reaping), the control channel's reach, concurrency, and the CLI flag."""
+"""The egress proxy's lifecycle on a real engine: its hardening, each call's own socket directory
+(made, mounted read-only into that sandbox alone, removed with its listener after the call,
+reaped with a dead process's proxy), the control channel's reach, the relay in front of the
+tool, concurrency, and the CLI flag. No call gets a Docker network."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -17,8 +23,9 @@ from sandbox import labels as L
 from sandbox.backend import SandboxRequest
 from sandbox.docker_backend import DockerBackend
 from sandbox.egress.grant import EgressGrant
-from sandbox.egress.proxy import CONTROL_DIR, INHIBIT_IPV4, ProxySettings
-from sandbox.egress.testing import SANDBOX_CLIENT
+from sandbox.egress.proxy import CALLS, CONTROL_DIR, SANDBOX_EGRESS_DIR, STATE_PREFIX, ProxySettings
+from sandbox.egress.server import SOCKET_NAME
+from sandbox.egress.testing import SANDBOX_CLIENT, connect
 from sandbox.profile import SandboxProfile
 from sandbox.reaper import reap
 from sandbox.result import Outcome
@@ -37,6 +44,11 @@ def call(docker_client, lock, proxy, argv, stdin=b"", allow=("allowed.test",), r
     return backend.run(SandboxRequest(profile=profile, argv=tuple(argv), stdin=stdin, run_id=run_id))
 
 
+def egress_mount(result) -> dict:
+    [mount] = [m for m in result.applied["mounts"] if m["target"] == SANDBOX_EGRESS_DIR]
+    return mount
+
+
 def test_the_proxy_container_is_hardened_like_a_sandbox(proxy):
     attrs = proxy.container.attrs
     host, config = attrs["HostConfig"], attrs["Config"]
@@ -51,25 +63,32 @@ def test_the_proxy_container_is_hardened_like_a_sandbox(proxy):
     labels = config["Labels"]
     assert labels[L.PRODUCT_LABEL] == L.PRODUCT and labels[L.PURPOSE_LABEL] == "proxy"
     assert labels[L.TEST_SESSION_LABEL] == os.environ[L.TEST_SESSION_ENV]
+    # It listens on no TCP port (state 0A = LISTEN), only on unix sockets. The one listener in
+    # its network namespace is the engine's embedded resolver (127.0.0.11, 0B00007F), which
+    # every container on a user-defined network has.
+    code, out = proxy.container.exec_run(["cat", "/proc/net/tcp", "/proc/net/tcp6"], user="10001:10001")
+    rows = [line.split() for line in out.decode().splitlines() if line.strip() and not line.lstrip().startswith("sl")]
+    assert code == 0 and [r[1].split(":")[0] for r in rows if r[3] == "0A"] in ([], ["0B00007F"])
 
 
-def test_each_call_gets_its_own_labelled_internal_network_removed_afterwards(docker_client, pinned_images, proxy):
+def test_each_call_gets_its_own_socket_directory_removed_afterwards(docker_client, pinned_images, proxy):
+    calls_dir = os.path.join(proxy.state_dir, CALLS)
     seen: dict = {}
+    networks: set = set()
     stop = threading.Event()
+    selector = {"label": [f"{L.RUN_LABEL}=it-egress-watch", f"{L.TEST_SESSION_LABEL}={os.environ[L.TEST_SESSION_ENV]}"]}
 
     def watch():
-        import docker.errors
-
-        selector = {"label": [f"{L.RUN_LABEL}=it-egress-watch",
-                              f"{L.TEST_SESSION_LABEL}={os.environ[L.TEST_SESSION_ENV]}"]}
         while not stop.is_set():
-            for n in docker_client.networks.list(filters=selector):
+            for token in os.listdir(calls_dir):
+                directory = os.path.join(calls_dir, token)
                 try:
-                    n.reload()
-                except docker.errors.NotFound:  # removed between list and inspect
+                    st, sock = os.stat(directory), os.stat(os.path.join(directory, SOCKET_NAME))
+                    seen.setdefault(directory, (st.st_uid, oct(st.st_mode & 0o777), oct(sock.st_mode & 0o777),
+                                                sorted(os.listdir(directory))))
+                except FileNotFoundError:  # not yet listening, or already gone
                     continue
-                if len(n.attrs.get("Containers") or {}) == 2:
-                    seen.setdefault(n.name, n.attrs)
+            networks.update(n.name for n in docker_client.networks.list(filters=selector))
             time.sleep(0.05)
 
     t = threading.Thread(target=watch, daemon=True)
@@ -80,44 +99,98 @@ def test_each_call_gets_its_own_labelled_internal_network_removed_afterwards(doc
         stop.set()
         t.join(5)
     assert r.outcome is Outcome.OK
-    [(name, attrs)] = seen.items()
-    assert attrs["Internal"] is True and attrs["Options"] == {INHIBIT_IPV4: "true"}
-    members = {c["Name"] for c in attrs["Containers"].values()}
-    assert members == {proxy.name, r.container_name}  # the sandbox and the proxy, nobody else
-    labels = attrs["Labels"]
-    assert labels[L.PURPOSE_LABEL] == "network" and labels[L.RUN_LABEL] == "it-egress-watch"
-    assert labels[L.CALL_LABEL] and int(labels[L.DEADLINE_LABEL]) > time.time()
-    assert labels[L.TEST_SESSION_LABEL] == os.environ[L.TEST_SESSION_ENV]
-    assert r.applied["network_mode"] == name
-    # After the call: network gone, proxy no longer attached to it.
-    assert not docker_client.networks.list(names=[name])
-    proxy.container.reload()
-    assert name not in proxy.container.attrs["NetworkSettings"]["Networks"]
+    [(directory, (uid, mode, sock_mode, listing))] = seen.items()
+    # The proxy's (uid 10001) directory, searchable but not listable by others; its socket open
+    # to whichever uid the sandbox runs as: the bind mount is what gives one sandbox the path.
+    assert (uid, mode, sock_mode, listing) == (10001, "0o711", "0o666", [SOCKET_NAME])
+    mount = egress_mount(r)
+    assert mount == {"source": directory, "target": SANDBOX_EGRESS_DIR, "read_only": True}
+    assert r.applied["network_mode"] == "none" and networks == set()  # no network for the call
+    # After the call: the directory is gone, the proxy listens for no call any more.
+    assert not os.path.exists(directory) and os.listdir(calls_dir) == []
+    with pytest.raises(OSError):
+        connect(os.path.join(directory, SOCKET_NAME))
+    assert proxy.channel.ping()["listeners"] == 0
 
 
-def test_the_reaper_removes_an_orphaned_call_network(docker_client, proxy):
-    orphan = proxy.open_call("orphan-call", EgressGrant(allow=("allowed.test",)), deadline_s=-10)
-    assert docker_client.networks.list(names=[orphan.network])
+def test_the_reaper_removes_a_dead_processs_proxy_with_its_call_directories(docker_client, pinned_images):
+    """A control plane killed mid-call leaves its proxy container, the proxy's own bridge and the
+    state directory with the live call's socket directory; `sandbox gc` (the reaper) removes all
+    three once the owning process is gone."""
+    script = ("import json, time\n"
+              "import docker\n"
+              "from sandbox.egress.grant import EgressGrant\n"
+              "from sandbox.egress.proxy import EgressProxy\n"
+              "p = EgressProxy(docker.from_env())\n"
+              "c = p.open_call('doomed-call', EgressGrant(allow=('example.test',)))\n"
+              "print(json.dumps({'state': p.state_dir, 'call': c.socket_dir, 'name': p.name}), flush=True)\n"
+              "time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        made = json.loads(proc.stdout.readline())
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    try:
+        assert os.path.exists(os.path.join(made["call"], SOCKET_NAME))
+        reaped = {(r.kind, r.name) for r in reap(docker_client)}
+        assert {("container", made["name"]), ("network", f"{made['name']}-out"), ("directory", made["state"])} <= reaped
+        assert not os.path.exists(made["state"])
+        assert not docker_client.containers.list(all=True, filters={"name": made["name"]})
+    finally:
+        shutil.rmtree(made["state"], ignore_errors=True)  # the container and network: by session label
+
+
+def test_the_reaper_still_removes_labelled_networks_past_their_deadline(docker_client):
+    name = f"rf-test-old-call-net-{os.getpid()}"
+    docker_client.networks.create(name, driver="bridge", internal=True, labels=L.base_labels("network", deadline_s=-10))
     reaped = reap(docker_client)
-    assert ("network", orphan.network) in {(r.kind, r.name) for r in reaped}
-    assert not docker_client.networks.list(names=[orphan.network])
-    # Revoking still works (and is harmless) once the network is gone.
-    assert proxy.close_call(orphan).error is None
+    assert ("network", name) in {(r.kind, r.name) for r in reaped}
+    assert not docker_client.networks.list(names=[name])
 
 
-def test_the_sandbox_cannot_reach_the_control_channel(docker_client, pinned_images, proxy):
-    script = ("import json,os\n"
-              "m=open('/proc/self/mountinfo').read()\n"
-              "u=open('/proc/net/unix').read()\n"
-              "print(json.dumps({'mount': 'rfproxy' in m or 'rf-egress' in m, 'unix': 'control.sock' in u,"
-              " 'dir': os.path.exists('/run/rfproxy')}))")
+def test_the_sandbox_reaches_its_own_socket_and_nothing_of_the_control_channel(docker_client, pinned_images, proxy):
+    script = (
+        "import json, os, socket\n"
+        "mounts = [l.split() for l in open('/proc/self/mountinfo').read().splitlines()]\n"
+        "egress = [m for m in mounts if m[4] == '/run/ringfence/egress']\n"
+        "try:\n"
+        "    open('/run/ringfence/egress/x', 'w'); write = 'written'\n"
+        "except OSError as e:\n"
+        "    write = e.strerror\n"
+        "s = socket.socket(socket.AF_UNIX); s.connect('/run/ringfence/egress/proxy.sock')\n"
+        "s.sendall(b'{\"op\": \"ping\"}\\r\\n\\r\\n'); control = s.recv(200).split(b'\\r\\n')[0].decode()\n"
+        "print(json.dumps({'egress_mounts': [(m[3], m[5].split(',')[0]) for m in egress],\n"
+        "    'listing': sorted(os.listdir('/run/ringfence/egress')), 'up': sorted(os.listdir('/run/ringfence')),\n"
+        "    'write': write, 'control': control, 'rfproxy': os.path.exists('/run/rfproxy'),\n"
+        "    'unix': 'control.sock' in open('/proc/net/unix').read()}))\n")
     r = call(docker_client, pinned_images, proxy, ["python3", "-c", script])
-    assert json.loads(r.stdout) == {"mount": False, "unix": False, "dir": False}
+    assert r.outcome is Outcome.OK, r.stderr
+    seen = json.loads(r.stdout)
+    # One mount: the call's own directory below the state dir (never the state dir itself), read-only.
+    [(root, mode)] = seen["egress_mounts"]
+    assert mode == "ro" and root.endswith(egress_mount(r)["source"][len(proxy.state_dir):])
+    assert root.split("/")[-2] == CALLS
+    assert seen["listing"] == [SOCKET_NAME] and seen["up"] == ["egress"]
+    assert seen["write"] == "Read-only file system"
+    # The socket speaks HTTP-proxy only: a control request is a bad proxy request.
+    assert seen["control"] == "HTTP/1.1 400 Bad Request"
+    assert seen["rfproxy"] is False and seen["unix"] is False
     # Positive control: the channel does answer on the host.
     assert proxy.channel.ping()["ok"] is True
 
 
-def test_concurrent_calls_have_separate_networks_and_credentials(docker_client, pinned_images, proxy, testbed):
+def test_the_images_default_command_runs_behind_the_relay_with_its_own_exit_status(docker_client, pinned_images, proxy):
+    """No argv: the image's Cmd (the tool runner) runs after the relay, reads the request on its
+    stdin and reports a structured tool error with its exit status, exactly as without egress."""
+    request = {"tool": "fail", "arguments": {"class": "rate_limited", "retry_after_s": 3}, "call_id": "x"}
+    r = call(docker_client, pinned_images, proxy, [], json.dumps(request).encode())
+    assert r.outcome is Outcome.TOOL_ERROR and r.exit_code == 3, (r.outcome, r.stderr)
+    assert (r.error_class.value, r.retry_after_s) == ("rate_limited", 3.0)
+    assert r.applied["entrypoint"] == ["/usr/bin/tini", "-v", "--"]  # the relay is in the command
+
+
+def test_concurrent_calls_have_separate_sockets_and_credentials(docker_client, pinned_images, proxy, testbed):
     results, reports = {}, []
     ops = json.dumps([{"op": "env"}, {"op": "get", "url": "http://allowed.test/"}, {"op": "netinfo"}]).encode()
 
@@ -131,9 +204,12 @@ def test_concurrent_calls_have_separate_networks_and_credentials(docker_client, 
         t.join(120)
     outs = [json.loads(results[i].stdout) for i in range(3)]
     assert all(o[1]["status"] == 200 for o in outs)
-    assert len({o[0]["proxy"] for o in outs}) == 3  # three credentials (and proxy addresses)
-    assert len({tuple(r["dest"] for r in o[2]["routes"]) for o in outs}) == 3  # three networks
+    assert len({o[0]["proxy"] for o in outs}) == 3  # three credentials ...
+    assert {o[0]["proxy"].split("@")[1] for o in outs} == {"127.0.0.1:3128"}  # ... each to its own relay
+    assert all(o[2]["interfaces"] == ["lo"] for o in outs)
+    assert len({egress_mount(results[i])["source"] for i in range(3)}) == 3  # three sockets
     assert sorted(len(rep.events) for rep in reports) == [1, 1, 1]
+    assert all(e["call_id"] == rep.call_id for rep in reports for e in rep.events)
 
 
 def test_every_decision_is_also_in_the_proxy_log(docker_client, pinned_images, proxy):
@@ -150,6 +226,8 @@ def test_a_weakened_proxy_needs_the_test_resolver():
     with pytest.raises(ValueError):
         ProxySettings(disabled_checks={"allowlist"})
     with pytest.raises(ValueError):
+        ProxySettings(disabled_checks={"call_binding"})
+    with pytest.raises(ValueError):
         ProxySettings(test_networks=("10.0.0.0/8",))
 
 
@@ -162,8 +240,11 @@ def egress_objects(client) -> set[str]:
 def test_cli_exec_with_egress_allow_runs_through_a_proxy(docker_client, pinned_images):
     """`ringfence sandbox exec --egress-allow` (production settings: the proxy's own bridge,
     system resolver). The command makes no request -- a real resolver would be asked -- it
-    only shows it has an interface besides lo and the proxy URL, and nothing is left behind."""
+    only shows it has no interface but lo and the proxy URL of its relay, and nothing is left
+    behind (containers, networks, state directories)."""
     before = egress_objects(docker_client)
+    state_dirs = os.path.join(tempfile.gettempdir(), f"{STATE_PREFIX}*")
+    dirs_before = set(glob.glob(state_dirs))
     ringfence = str(Path(sys.executable).parent / "ringfence")
     cmd = [ringfence, "sandbox", "exec", "--egress-allow", "example.test", "--",
            "sh", "-c", "cut -d: -f1 /proc/net/dev | tail -n +3 | tr -d ' '; echo \"$HTTPS_PROXY\" | cut -d@ -f2"]
@@ -172,8 +253,9 @@ def test_cli_exec_with_egress_allow_runs_through_a_proxy(docker_client, pinned_i
     result = json.loads(probe.stdout)
     lines = result["stdout"].split() if isinstance(result["stdout"], str) else []
     assert result["outcome"] == "ok", result
-    assert lines[:2] == ["lo", "eth0"] and lines[2].endswith(":3128")
-    assert egress_objects(docker_client) == before  # the CLI's proxy and network are gone
+    assert lines == ["lo", "127.0.0.1:3128"]
+    assert egress_objects(docker_client) == before  # the CLI's proxy and its network are gone
+    assert set(glob.glob(state_dirs)) == dirs_before
 
 
 def test_the_result_never_carries_the_proxy_password(docker_client, pinned_images, proxy):
