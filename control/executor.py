@@ -935,7 +935,7 @@ class Orchestrator:
         extra: dict[str, Any] = {}
         allowlist = call_allowlist(manifest, self.config.policy.egress_for(manifest.name))
         if allowlist:
-            # Issue 4: the call's allowlist is its tool's declared hosts AND what policy grants
+            # The call's allowlist is its tool's declared hosts AND what policy grants
             # (resource policy has already refused private and metadata targets in its
             # arguments); the sandbox puts the call behind the egress proxy with exactly it.
             # Nothing granted: the call runs with no network at all.
@@ -959,7 +959,7 @@ class Orchestrator:
         except SandboxError as e:
             return Attempt(n, FailureClass.FATAL, message=f"sandbox: {e}", outcome="start_failed")
         if result.egress_events:
-            # Every decision of the egress proxy becomes an event of the call (issue 4).
+            # Every decision of the egress proxy becomes an event of the call.
             self._append(state, "egress", {"call_id": a.call_id, "attempt": n,
                                            "decisions": [dict(e) for e in result.egress_events]})
         failure = classify(result)

@@ -55,14 +55,17 @@ def register(subparsers) -> None:
     exec_.add_argument("--pids", type=int, default=_DEFAULTS["pids"], help="max processes+threads (default 128)")
     exec_.add_argument("--timeout", type=_duration, default=_DEFAULTS["timeout"], help="wall time, e.g. 5s, 500ms (default 10s)")
     exec_.add_argument("--output-limit", type=_size, default=_DEFAULTS["output_limit"], help="stdout cap, e.g. 1MiB (default)")
-    exec_.add_argument("--tmpfs", type=_size, default=_DEFAULTS["tmpfs"], help="size of the noexec /tmp (default 16MiB)")
+    exec_.add_argument("--tmpfs", type=_size, default=_DEFAULTS["tmpfs"],
+                       help="size of each writable memory filesystem, /tmp and /dev/shm (default 16MiB)")
+    exec_.add_argument("--tmpfs-inodes", type=int, default=4096,
+                       help="files each of /tmp and /dev/shm may hold (default 4096)")
     exec_.add_argument("--runtime", choices=["runc", "gvisor"], default="runc", help="container runtime (default runc)")
     exec_.add_argument("--stdin", action="store_true", help="pass this process's stdin to the command")
     _add_egress_arguments(exec_)
     exec_.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARG...]", help="the command to run")
     exec_.set_defaults(func=exec_command)
 
-    gc = sub.add_parser("gc", help="remove containers and networks of dead ringfence instances")
+    gc = sub.add_parser("gc", help="remove containers, networks and egress socket directories of dead ringfence instances")
     gc.set_defaults(func=gc_command)
 
 
@@ -104,6 +107,7 @@ def exec_command(args) -> int:
             timeout_s=args.timeout,
             stdout_limit=args.output_limit,
             tmpfs_bytes=args.tmpfs,
+            tmpfs_inodes=args.tmpfs_inodes,
             **_egress_from_args(args),
         )
         stdin = sys.stdin.buffer.read() if args.stdin else b""

@@ -26,6 +26,7 @@ from typing import Any
 
 import docker
 import docker.errors
+from docker.models.containers import _create_container_args  # containers.create's own mapping
 from docker.types import LogConfig, Mount, Ulimit
 
 from sandbox import labels as L
@@ -34,6 +35,7 @@ from sandbox.backend import SandboxRequest
 from sandbox.errors import EngineError, ImageError, ProfileError
 from sandbox.profile import ENGINE_RUNTIME, SandboxProfile
 from sandbox.result import Outcome, SandboxResult, ToolErrorClass, classify_exit
+from sandbox.witness import InitWitness
 
 # The runner (images/tool) exits with this status after writing a structured tool error.
 RUNNER_TOOL_ERROR_EXIT = 3
@@ -42,11 +44,86 @@ _HOSTNAME = etc_files.HOSTNAME
 # DNS: a resolver on the sandbox's own loopback where nothing listens. Docker would otherwise
 # copy the host's resolv.conf in, and a query name is an exfiltration channel.
 _DNS = ["127.0.0.1"]
+# Under gVisor the host's pids cgroup counts the sentry's own tasks, not the tool's: about 48
+# threads at start, and more for each tool process's address-space stub. The tool's own budget
+# is RLIMIT_NPROC inside the sentry (threads included); the host limit bounds the runtime. A
+# fork bomb at the tool's budget can still make the sentry's stubs spike past it (measured:
+# even a host limit of 640 for 32 tool tasks), and a sentry that cannot get a thread dies
+# (exit 2, the whole sandbox gone): the call is then `killed` by its runtime (sandbox.witness),
+# never the tool's error, and the host is unaffected.
 GVISOR_PIDS_OVERHEAD = 64
+
+
+def engine_pids_limit(profile: SandboxProfile) -> int:
+    """The pids limit the engine enforces for `profile` (see GVISOR_PIDS_OVERHEAD)."""
+    if profile.runtime == "gvisor":
+        return profile.pids + GVISOR_PIDS_OVERHEAD
+    return profile.pids
+
+
+# Docker 20.10's default masked paths (HostConfig.MaskedPaths replaces the list, so it is
+# repeated here) and what else tells a tool about the host: the kernel command line names the
+# host's agents and ports; modules, partitions and disk statistics its hardware; DMI the
+# machine's vendor. runc binds /dev/null over a masked file and an empty read-only tmpfs over a
+# masked directory.
+DOCKER_DEFAULT_MASKED_PATHS = (
+    "/proc/asound", "/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+    "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware",
+)
+HOST_INFO_MASKED_PATHS = (
+    "/proc/cmdline", "/proc/bootconfig", "/proc/config.gz", "/proc/modules", "/proc/partitions",
+    "/proc/diskstats", "/sys/devices/virtual/dmi",
+)
+MASKED_PATHS = DOCKER_DEFAULT_MASKED_PATHS + HOST_INFO_MASKED_PATHS
+
+# PID 1. Under runc it is /usr/bin/tini, which the base image ships execute-only (0711, not
+# readable by the sandbox user): the kernel makes a process that execs an unreadable binary
+# non-dumpable, so /proc/1/mem, maps and environ of PID 1 are out of the tool's reach although
+# both run as the same uid. gVisor's loader needs to read the binary, so there it is the
+# readable tini-static; gVisor's own /proc refuses PID 1's memory to the tool already.
+# `-v` makes tini report how the tool ended, which is how a runtime death is told apart from
+# the tool's own exit (see InitWitness).
+INIT = {"runc": "/usr/bin/tini", "gvisor": "/usr/bin/tini-static"}
+# gVisor exposes /dev/fuse and /dev/net/tun (its own emulations) in every sandbox; runc's /dev
+# has neither, so only gVisor needs them hidden.
+GVISOR_HIDDEN_DEVICES = ("/dev/fuse",)
+GVISOR_HIDDEN_DEVICE_DIRS = ("/dev/net",)
+
+
+def _memory_fs(profile: SandboxProfile) -> str:
+    """Options of every writable filesystem: the same byte and inode caps, never exec, setuid or
+    device files."""
+    return f"rw,noexec,nosuid,nodev,size={profile.tmpfs_bytes},nr_inodes={profile.tmpfs_inodes},mode=1777"
+
+
+# A read-only, empty tmpfs: what stands where a writable filesystem must not be.
+_ABSENT_FS = "ro,noexec,nosuid,nodev,size=4k,nr_inodes=1,mode=555"
 
 
 def host_config_kwargs(profile: SandboxProfile, seccomp_json: str) -> dict[str, Any]:
     """The container settings for `profile`: every hardening point, no switches."""
+    gvisor = profile.runtime == "gvisor"
+    tmpfs = {
+        "/tmp": _memory_fs(profile),
+        # Docker's own /dev/shm is 64 MiB whatever the profile says, with no inode cap.
+        "/dev/shm": _memory_fs(profile),
+        # POSIX message queues: Docker mounts a writable mqueue filesystem here. A tool has no
+        # use for queues (our seccomp profile refuses the mq_* calls too), so it goes.
+        "/dev/mqueue": _ABSENT_FS,
+    }
+    if gvisor:
+        tmpfs.update({d: _ABSENT_FS for d in GVISOR_HIDDEN_DEVICE_DIRS})
+    ulimits = [
+        Ulimit(name="nofile", soft=profile.nofile, hard=profile.nofile),
+        Ulimit(name="fsize", soft=profile.fsize_bytes, hard=profile.fsize_bytes),
+        Ulimit(name="core", soft=0, hard=0),
+    ]
+    if gvisor:
+        # gVisor runs the tool's threads inside its sentry, where the host's pids cgroup does
+        # not see them (1,000 threads ran under --pids 32); the sentry enforces RLIMIT_NPROC on
+        # every task, threads included. Not under runc: there the limit would count every
+        # process of uid 10001 on the host, across all sandboxes.
+        ulimits.append(Ulimit(name="nproc", soft=profile.pids, hard=profile.pids))
     return dict(
         user=profile.user,
         read_only=True,
@@ -64,16 +141,12 @@ def host_config_kwargs(profile: SandboxProfile, seccomp_json: str) -> dict[str, 
         mem_limit=profile.memory_bytes,
         memswap_limit=profile.memory_bytes,
         nano_cpus=int(profile.cpus * 1e9),
-        # Under gVisor the pids cgroup also counts the sentry's own host threads (about 48 at
-        # start), so the tool's budget is added on top of that overhead.
-        pids_limit=profile.pids + (GVISOR_PIDS_OVERHEAD if profile.runtime == "gvisor" else 0),
-        ulimits=[
-            Ulimit(name="nofile", soft=profile.nofile, hard=profile.nofile),
-            Ulimit(name="fsize", soft=profile.fsize_bytes, hard=profile.fsize_bytes),
-            Ulimit(name="core", soft=0, hard=0),
-        ],
-        tmpfs={"/tmp": f"rw,noexec,nosuid,nodev,size={profile.tmpfs_bytes},mode=1777"},
+        pids_limit=engine_pids_limit(profile),
+        ulimits=ulimits,
+        tmpfs=tmpfs,
+        masked_paths=list(MASKED_PATHS),
         mounts=etc_files.mounts()
+        + (etc_files.hide(GVISOR_HIDDEN_DEVICES) if gvisor else [])
         + [
             Mount(target=m.container_path, source=m.host_path, type="bind", read_only=True)
             for m in profile.inputs
@@ -81,6 +154,7 @@ def host_config_kwargs(profile: SandboxProfile, seccomp_json: str) -> dict[str, 
         environment=dict(profile.env),
         working_dir=profile.workdir,
         runtime=ENGINE_RUNTIME[profile.runtime],
+        entrypoint=[INIT[profile.runtime], "-v", "--"],
         # Output is read through the attach socket; a log driver would also copy a flood to disk.
         log_config=LogConfig(type=LogConfig.types.NONE),
         init=False,
@@ -124,6 +198,8 @@ def applied_settings(attrs: dict[str, Any]) -> dict[str, Any]:
         "nano_cpus": host.get("NanoCpus"),
         "pids_limit": host.get("PidsLimit"),
         "tmpfs": host.get("Tmpfs"),
+        "masked_paths": host.get("MaskedPaths"),
+        "entrypoint": config.get("Entrypoint"),
         "ulimits": [
             {"name": u.get("Name"), "soft": u.get("Soft"), "hard": u.get("Hard")}
             for u in host.get("Ulimits") or []
@@ -134,12 +210,12 @@ def applied_settings(attrs: dict[str, Any]) -> dict[str, Any]:
             {"source": m.get("Source"), "target": m.get("Target"), "read_only": m.get("ReadOnly")}
             for m in host.get("Mounts") or []
         ],
-        "env": _redact_proxy_credentials(config.get("Env")),  # issue 4 (egress)
+        "env": _redact_proxy_credentials(config.get("Env")),
     }
 
 
 def _redact_proxy_credentials(env: list[str] | None) -> list[str] | None:
-    """Issue 4 (egress): the proxy URL in the env carries the call's password; results and
+    """The proxy URL in an egress call's env carries the call's password; results and
     events keep the variable (and the user name) but never the password."""
     if not env:
         return env
@@ -156,7 +232,8 @@ def _redact_proxy_credentials(env: list[str] | None) -> list[str] | None:
 
 @dataclass
 class _Streams:
-    """Output read so far, capped; `over` names the first stream that went past its cap."""
+    """Output read so far, capped. PID 1's own lines are taken out of stdout first (tini writes
+    its reports there; they are not the tool's output and do not count against its cap)."""
 
     stdout_limit: int
     stderr_limit: int
@@ -164,6 +241,7 @@ class _Streams:
     stderr: bytearray
     stdout_truncated: bool = False
     stderr_truncated: bool = False
+    witness: InitWitness = dataclasses.field(default_factory=InitWitness)
 
     def add(self, stream: int, data: bytes) -> bool:
         """Keep what fits; return True when a cap was exceeded."""
@@ -173,11 +251,20 @@ class _Streams:
             if len(data) > room:
                 self.stderr_truncated = True
         else:
+            data = self.witness.feed(data)
             room = self.stdout_limit - len(self.stdout)
             self.stdout += data[: max(room, 0)]
             if len(data) > room:
                 self.stdout_truncated = True
         return self.stdout_truncated or self.stderr_truncated
+
+    def finish(self) -> None:
+        """The container is gone: what the witness still held back is the tool's stdout."""
+        held = self.witness.finish()
+        room = self.stdout_limit - len(self.stdout)
+        self.stdout += held[: max(room, 0)]
+        if len(held) > room:
+            self.stdout_truncated = True
 
 
 class _Demuxer:
@@ -217,7 +304,8 @@ class DockerBackend:
             raise EngineError(f"cannot reach the Docker engine: {e}") from e
         self._lock = lock
         self._runtimes: set[str] | None = None
-        # Issue 4 (egress), additive: the egress proxy (sandbox.egress.proxy.EgressProxy) for
+        self._image_cmds: dict[str, list[str]] = {}
+        # The egress proxy (sandbox.egress.proxy.EgressProxy) for
         # calls whose profile has an egress grant; created on first use unless one is given.
         # `on_egress_report(request, EgressReport)` receives each call's proxy decisions.
         self._egress_proxy = egress_proxy
@@ -230,13 +318,13 @@ class DockerBackend:
         return self._client
 
     def close(self) -> None:
-        if self._owns_egress_proxy and self._egress_proxy is not None:  # issue 4 (egress)
+        if self._owns_egress_proxy and self._egress_proxy is not None:
             self._egress_proxy.close()
             self._egress_proxy = None
         self._client.close()
 
     def _egress(self):
-        """Issue 4 (egress): the egress proxy, started on the first egress call."""
+        """The egress proxy, started on the first egress call (most runs never need one)."""
         with self._egress_mutex:
             if self._egress_proxy is None:
                 from sandbox.egress.proxy import EgressProxy
@@ -245,13 +333,16 @@ class DockerBackend:
             return self._egress_proxy
 
     def _apply_egress(self, settings: dict[str, Any], call: Any) -> dict[str, Any]:
-        """Issue 4 (egress): instead of network_mode none, the call's own internal network
-        (whose only other member is the proxy) and the proxy URL with the call's credentials.
-        dns stays 127.0.0.1: Docker's embedded resolver on that network forwards unknown
-        names there, i.e. into the sandbox's own loopback, where nothing answers. Tests
-        subclass this to bypass the proxy and show what it stops."""
+        """An egress call's sandbox keeps network_mode none (only lo): a Docker network of its
+        own would bring the engine's embedded resolver (127.0.0.11, which answers container
+        names and forwards the rest), a gateway, and a network to create per call. Its one way
+        out is its own socket directory (sandbox.egress.proxy.CallEgress), bind-mounted
+        read-only; the relay (sandbox.egress.relay, put in front of the command by `_run`) runs
+        after the init and before the tool, and the environment names it as the HTTP proxy, with
+        the call's credentials. Tests
+        subclass this to remove one protection and show what it stops."""
         settings = dict(settings)
-        settings["network_mode"] = call.network
+        settings["mounts"] = list(settings.get("mounts") or []) + [call.mount()]
         settings["environment"] = {**dict(settings.get("environment") or {}), **dict(call.env)}
         return settings
 
@@ -289,23 +380,31 @@ class DockerBackend:
         kwargs = self._container_settings(profile)
         started = time.monotonic()
         container = None
-        egress_call = None  # issue 4 (egress)
+        egress_call = None  # the call's socket and credentials at the proxy, while it runs
         try:
-            if profile.egress is not None:  # issue 4 (egress)
+            if profile.egress is not None:
                 if profile.runtime != "runc":
+                    # runsc is registered with --network=none and without --host-uds: a gVisor
+                    # sandbox could not connect to the call's socket.
                     raise ProfileError("egress", "egress tools run on runc only")
                 from sandbox.egress.channel import EgressError
 
                 try:
-                    egress_call = self._egress().open_call(
-                        request.call_id, profile.egress, run_id=request.run_id, deadline_s=profile.timeout_s + 60)
+                    egress_call = self._egress().open_call(request.call_id, profile.egress)
                 except EgressError as e:
                     return self._start_failed(profile, image_id, started, f"egress: {e}")
                 kwargs = self._apply_egress(kwargs, egress_call)
+            command = list(request.argv) or self._default_command(image_id)
+            if egress_call is not None:
+                # The init's child is the relay, which execs the command: the tool keeps that
+                # process, so its pid, streams and exit status are its own. (In the command, not
+                # the entrypoint: `applied` reports the entrypoint, and need not carry the
+                # relay's source in every result.)
+                command = egress_call.relay_argv() + command
             try:
-                container = self._client.containers.create(
+                container = self._create(
                     image_id,
-                    command=list(request.argv) or None,
+                    command=command,
                     name=name,
                     labels=container_labels,
                     **kwargs,
@@ -327,11 +426,31 @@ class DockerBackend:
                 except docker.errors.DockerException:
                     # The reaper removes it later by label; the result stands.
                     pass
-            if egress_call is not None:  # issue 4 (egress): revoke credentials, drop network
+            if egress_call is not None:
+                # After the container is gone: revoke the credentials, close the call's socket,
+                # remove its directory, and collect the proxy's decisions.
                 report = self._egress().close_call(egress_call)
                 reports.append(report)
                 if self._on_egress_report is not None:
                     self._on_egress_report(request, report)
+
+    def _default_command(self, image_id: str) -> list[str]:
+        """The image's own Cmd: our entrypoint (tini with its flags) replaces the image's, and
+        the engine then drops the image's Cmd too, so a request without argv names it."""
+        if image_id not in self._image_cmds:
+            config = self._client.api.inspect_image(image_id).get("Config") or {}
+            self._image_cmds[image_id] = list(config.get("Cmd") or [])
+        return self._image_cmds[image_id]
+
+    def _create(self, image_id: str, **kwargs: Any):
+        """containers.create, plus the settings docker-py has no argument for (MaskedPaths)."""
+        masked_paths = kwargs.pop("masked_paths", None)
+        kwargs.update(image=image_id, version=self._client.api._version)
+        create_kwargs = _create_container_args(kwargs)
+        if masked_paths is not None:
+            create_kwargs["host_config"]["MaskedPaths"] = list(masked_paths)
+        created = self._client.api.create_container(**create_kwargs)
+        return self._client.containers.get(created["Id"])
 
     def _container_settings(self, profile: SandboxProfile) -> dict[str, Any]:
         # One place for the settings, so the escape battery can subclass and remove exactly one
@@ -399,11 +518,17 @@ class DockerBackend:
         state = container.attrs.get("State") or {}
         if exit_code is None:
             exit_code = state.get("ExitCode")
+        streams.finish()
+        tool_ended = self._tool_ended(streams.witness)
         outcome = classify_exit(
-            exit_code=exit_code, killed_for=killed_for, oom_killed=bool(state.get("OOMKilled"))
+            exit_code=exit_code, killed_for=killed_for, oom_killed=bool(state.get("OOMKilled")),
+            tool_ended=tool_ended,
         )
         error_class, message, retry_after = None, "", None
-        if outcome is Outcome.TOOL_ERROR:
+        if outcome is Outcome.KILLED and not tool_ended:
+            message = (f"the sandbox ended with status {exit_code} before its init reported the tool's "
+                       f"end: the {profile.runtime} runtime (or an outside kill) stopped it, not the tool")
+        elif outcome is Outcome.TOOL_ERROR:
             error_class, message, retry_after = _tool_error(request, exit_code, bytes(streams.stdout))
         elif outcome is Outcome.OOM:
             message = f"memory limit of {profile.memory_bytes} bytes reached"
@@ -427,6 +552,11 @@ class DockerBackend:
             container_name=container.name,
             applied=applied,
         )
+
+    @staticmethod
+    def _tool_ended(witness: InitWitness) -> bool:
+        # One place, so the battery's red check can show what happens when it is not asked.
+        return witness.tool_ended
 
     @staticmethod
     def _pump(sock: socket.socket, stdin: bytes, streams: _Streams, deadline: float) -> Outcome | None:

@@ -1,4 +1,5 @@
-"""The sandbox's /etc/hosts, /etc/hostname and /etc/resolv.conf, written by us.
+"""The sandbox's /etc/hosts, /etc/hostname and /etc/resolv.conf, written by us, and the empty
+file that hides a device node gVisor would otherwise expose.
 
 Docker would otherwise bind its own copies from /var/lib/docker/containers/<id>/, which shows
 the engine's data root, the container id and the host's block device in the sandbox's
@@ -23,6 +24,9 @@ FILES = {
     "hostname": f"{HOSTNAME}\n",
     "resolv.conf": "nameserver 127.0.0.1\noptions ndots:0 attempts:1 timeout:1\n",
 }
+# Bound read-only over device nodes that must not exist in the sandbox: an empty regular file
+# is no device, and being read-only it cannot even be opened for writing.
+EMPTY = "empty"
 
 _lock = threading.Lock()
 _dir: str | None = None
@@ -33,7 +37,7 @@ def _directory() -> str:
     with _lock:
         if _dir is None or not os.path.isdir(_dir):
             path = tempfile.mkdtemp(prefix="ringfence-etc-")
-            for name, content in FILES.items():
+            for name, content in {**FILES, EMPTY: ""}.items():
                 with open(os.path.join(path, name), "w", encoding="ascii") as f:
                     f.write(content)
                 os.chmod(os.path.join(path, name), 0o444)
@@ -41,6 +45,12 @@ def _directory() -> str:
             atexit.register(shutil.rmtree, path, True)
             _dir = path
         return _dir
+
+
+def hide(targets: tuple[str, ...]) -> list[Mount]:
+    """Read-only binds of an empty regular file over each of `targets` (device nodes)."""
+    source = os.path.join(_directory(), EMPTY)
+    return [Mount(target=t, source=source, type="bind", read_only=True) for t in targets]
 
 
 def mounts() -> list[Mount]:

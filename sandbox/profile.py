@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from sandbox.egress.grant import EgressGrant  # issue 4 (egress): the optional egress field
+from sandbox.egress.grant import EgressGrant
 from sandbox.errors import ProfileError
 
 KiB = 1024
@@ -93,7 +93,11 @@ class SandboxProfile:
     """Byte caps; past either the container is killed and the outcome is `output_limit`."""
 
     tmpfs_bytes: int = 16 * MiB
-    """Size of the noexec /tmp tmpfs, the only writable place."""
+    """Size of each writable memory filesystem (/tmp and /dev/shm, both noexec, nosuid, nodev)."""
+
+    tmpfs_inodes: int = 4096
+    """Files (inodes) each of them may hold: a byte cap alone let 200,000 empty files into a
+    1 MiB /tmp, and every inode costs kernel memory."""
 
     nofile: int = 256
     fsize_bytes: int = 16 * MiB
@@ -105,8 +109,8 @@ class SandboxProfile:
 
     inputs: tuple[InputMount, ...] = ()
 
-    # Issue 4 (egress), additive: None = no network at all (the default, unchanged). A grant
-    # puts the call on its own internal network whose only way out is the egress proxy.
+    # None = no network at all (the default). A grant gives the call one way out: its own
+    # socket to the egress proxy, which admits only the grant's hosts (sandbox.egress).
     egress: EgressGrant | None = None
     """Hosts and ceilings this call may use through the egress proxy (runc only)."""
 
@@ -127,6 +131,7 @@ class SandboxProfile:
         _in_range("stdout_limit", self.stdout_limit, 1, 64 * MiB)
         _in_range("stderr_limit", self.stderr_limit, 1, 64 * MiB)
         _in_range("tmpfs_bytes", self.tmpfs_bytes, 64 * KiB, 1 * GiB)
+        _in_range("tmpfs_inodes", self.tmpfs_inodes, 16, 1_000_000)
         _in_range("nofile", self.nofile, 16, 65536)
         _in_range("fsize_bytes", self.fsize_bytes, 4 * KiB, 1 * GiB)
         _check_container_path("workdir", self.workdir)
@@ -147,13 +152,13 @@ class SandboxProfile:
             if mount.container_path in seen:
                 raise ProfileError("inputs", f"{mount.container_path} mounted twice")
             seen.add(mount.container_path)
-        # Issue 4 (egress): a grant is a validated EgressGrant, and gVisor (registered with
-        # --network=none on these machines) cannot join the proxy's network.
+        # A grant is a validated EgressGrant. gVisor is registered without --host-uds, so its
+        # sandbox cannot connect to the host-side socket that is the call's way out.
         if self.egress is not None:
             if not isinstance(self.egress, EgressGrant):
                 raise ProfileError("egress", "must be an EgressGrant or None")
             if self.runtime == "gvisor":
-                raise ProfileError("egress", "egress tools run on runc: gvisor here has no network")
+                raise ProfileError("egress", "egress tools run on runc: gvisor here cannot reach the proxy's socket")
 
     @property
     def user(self) -> str:

@@ -10,6 +10,9 @@ protection matters, by removing exactly that protection and showing the attack t
 
 from __future__ import annotations
 
+import io
+import os
+import tarfile
 from typing import Callable
 
 import pytest
@@ -45,3 +48,25 @@ def weakened(docker_client, pinned_images):
         return _runner(WeakenedBackend(docker_client, pinned_images, change))
 
     return make
+
+
+@pytest.fixture(scope="session")
+def readable_tini(docker_client, pinned_images, tmp_path_factory) -> str:
+    """/usr/bin/tini of the pinned tool image, copied to the host with mode 0755 (the image
+    ships it execute-only): the red checks of cases 19 and 41 bind it over the image's."""
+    from sandbox import labels as L
+    from sandbox.images import resolve_pinned
+
+    container = docker_client.containers.create(resolve_pinned(docker_client, "tool", pinned_images),
+                                                command=["true"], labels=L.base_labels("test"))
+    try:
+        stream, _ = container.get_archive("/usr/bin/tini")
+        data = b"".join(stream)
+    finally:
+        container.remove(force=True)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        body = tar.extractfile(tar.getmember("tini")).read()
+    path = tmp_path_factory.mktemp("tini") / "tini"
+    path.write_bytes(body)
+    os.chmod(path, 0o755)
+    return str(path)

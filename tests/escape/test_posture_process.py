@@ -19,10 +19,11 @@ import re
 import pytest
 
 import probes
-from weaken import without_security_opt
+from weaken import with_readable_init, without_security_opt
 from sandbox import labels as L
 from sandbox import seccomp
 from sandbox.errors import ProfileError
+from sandbox.docker_backend import INIT
 from sandbox.profile import SandboxProfile
 
 pytestmark = pytest.mark.docker
@@ -38,7 +39,7 @@ def host_ns(kind: str) -> str:
 
 def test_case_18_private_namespaces(attack, runtime):
     p = probes.report(attack(probes.argv("namespaces"), runtime=runtime))
-    assert p["pid1"] == "/usr/bin/tini"
+    assert p["pid1"] == INIT[runtime]
     assert len(p["pids"]) == 2 and p["pids"][0] == 1  # tini and the probe, nothing else
     assert p["hostname"] == p["uname_node"] == "sandbox"
     if runtime == "runc":
@@ -54,7 +55,7 @@ def test_case_18_red_host_pid(weakened):
     """pid_mode=host: the host's processes are visible and PID 1 is the host's init."""
     p = probes.report(weakened(lambda s: {**s, "pid_mode": "host"})(probes.argv("namespaces")))
     assert p["ns"]["pid"] == host_ns("pid")
-    assert p["pid1"] != "/usr/bin/tini" and len(p["pids"]) > 10
+    assert p["pid1"] != INIT["runc"] and len(p["pids"]) > 10
 
 
 def test_case_18_red_host_ipc(weakened):
@@ -79,7 +80,7 @@ def test_case_18_red_host_uts(weakened):
 
 def test_case_19_no_ptrace_of_init(attack, runtime):
     p = probes.report(attack(probes.argv("ptrace"), runtime=runtime))
-    assert p["pid1"] == "/usr/bin/tini"
+    assert p["pid1"] == INIT[runtime]
     assert p["attach"]["ret"] == -1 and p["attach"]["errno"] == "EPERM"
     # Refused by the seccomp profile, which gVisor applies too (runsc --oci-seccomp).
     assert p["process_vm_readv"] == {"ret": -1, "errno": "EPERM"}
@@ -91,10 +92,19 @@ def test_case_19_process_vm_readv_refused(attack):
     assert p["process_vm_readv"] == {"ret": -1, "errno": "EPERM"}
 
 
-def test_case_19_red_seccomp_unconfined(weakened):
-    """With seccomp=unconfined process_vm_readv reads PID 1's memory (its ELF header), and the
-    attach succeeds: our profile's removal of ptrace (sandbox/seccomp.py) is what refuses it."""
+def test_case_19_seccomp_unconfined_still_meets_the_non_dumpable_init(weakened):
+    """Two walls stand between the tool and PID 1: our profile's removal of ptrace, and a
+    non-dumpable tini (case 41). With seccomp unconfined the second still refuses both."""
     p = probes.report(weakened(without_security_opt("seccomp"))(probes.argv("ptrace")))
+    assert p["attach"] == {"ret": -1, "errno": "EPERM"}
+    assert p["process_vm_readv"] == {"ret": -1, "errno": "EPERM"}
+
+
+def test_case_19_red_seccomp_unconfined_and_readable_init(weakened, readable_tini):
+    """With seccomp=unconfined and a readable (so dumpable) tini, process_vm_readv reads PID 1's
+    memory (its ELF header) and the attach succeeds."""
+    change = without_security_opt("seccomp")
+    p = probes.report(weakened(lambda s: with_readable_init(change(s), readable_tini))(probes.argv("ptrace")))
     assert p["attach"]["ret"] == 0 and p["attach"]["detach"]["ret"] == 0
     assert p["process_vm_readv"]["ret"] == 16
     assert p["process_vm_readv"]["bytes"].startswith("7f454c46")  # "\x7fELF"
@@ -186,12 +196,16 @@ def test_case_23_only_standard_fds(attack, runtime):
     target = re.compile(r"^pipe:\[\d+\]$" if runtime == "runc" else r"^host:\[\d+\]$")
     assert sorted(p["processes"], key=int)[0] == "1"
     for pid, proc in p["processes"].items():
+        if pid == "1" and runtime == "runc":
+            # tini is non-dumpable (case 41): its fds and cwd are not the tool's to read.
+            assert proc == {"fds": {"errno": "EACCES"}, "cwd": "?EACCES"}
+            continue
         fds = {k: v for k, v in proc["fds"].items() if not (pid == p["self"] and v == "?ENOENT")}
         assert sorted(fds) == ["0", "1", "2"], (pid, proc)
         assert all(target.match(v) for v in fds.values()), (pid, proc)
     assert p["cwd"] == "/tmp"
     if runtime == "runc":
-        assert {proc["cwd"] for proc in p["processes"].values()} == {"/tmp"}
+        assert {proc["cwd"] for pid, proc in p["processes"].items() if pid != "1"} == {"/tmp"}
 
 
 def _session_containers(client) -> int:
@@ -236,9 +250,12 @@ def canary(monkeypatch):
 
 def test_case_24_no_host_credentials(attack, runtime, canary):
     p = probes.report(attack(probes.argv("environ"), runtime=runtime, env={"RF_DECLARED": "yes"}))
-    assert p["pid1"] == "/usr/bin/tini"
+    assert p["pid1"] == INIT[runtime]
     assert len(p["environ"]) == 2
     for pid, env in p["environ"].items():
+        if pid == "1" and runtime == "runc":
+            assert env == {"errno": "EACCES"}  # non-dumpable tini (case 41)
+            continue
         # Exactly the image's variables and the declared one: nothing from the host.
         assert env == {**CONTAINER_ENV, "RF_DECLARED": "yes"}, pid
     assert canary not in json.dumps(p)
@@ -252,4 +269,6 @@ def test_case_24_red_host_env_passthrough(weakened, canary):
         return {**s, "environment": {**s["environment"], CANARY: os.environ[CANARY]}}
 
     p = probes.report(weakened(change)(probes.argv("environ")))
-    assert all(env.get(CANARY) == canary for env in p["environ"].values())
+    readable = {pid: env for pid, env in p["environ"].items() if "errno" not in env}
+    assert len(readable) == 1  # the probe's; tini's environ is not readable (case 41)
+    assert all(env.get(CANARY) == canary for env in readable.values())

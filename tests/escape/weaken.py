@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from docker.types import Mount
+
 from sandbox.docker_backend import DockerBackend
 from sandbox.profile import SandboxProfile
 
@@ -35,3 +37,9 @@ def without_security_opt(prefix: str) -> Callable[[Settings], Settings]:
         return {**settings, "security_opt": opts}
 
     return change
+
+
+def with_readable_init(settings: Settings, readable_tini: str) -> Settings:
+    """tini bound over the image's execute-only one, readable: PID 1 stays dumpable (case 41)."""
+    mount = Mount(target="/usr/bin/tini", source=readable_tini, type="bind", read_only=True)
+    return {**settings, "mounts": list(settings["mounts"]) + [mount]}

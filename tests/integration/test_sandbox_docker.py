@@ -50,7 +50,11 @@ def test_applied_settings_read_back_from_the_engine(backend):
     assert applied["memory"] == applied["memory_swap"] == 64 * MiB
     assert applied["nano_cpus"] == 500_000_000
     assert applied["pids_limit"] == 64
-    assert applied["tmpfs"] == {"/tmp": f"rw,noexec,nosuid,nodev,size={8 * MiB},mode=1777"}
+    memory_fs = f"rw,noexec,nosuid,nodev,size={8 * MiB},nr_inodes=4096,mode=1777"
+    assert applied["tmpfs"] == {"/tmp": memory_fs, "/dev/shm": memory_fs,
+                                "/dev/mqueue": "ro,noexec,nosuid,nodev,size=4k,nr_inodes=1,mode=555"}
+    assert "/proc/cmdline" in applied["masked_paths"] and "/proc/kcore" in applied["masked_paths"]
+    assert applied["entrypoint"] == ["/usr/bin/tini", "-v", "--"]
     assert {u["name"]: u["hard"] for u in applied["ulimits"]} == {"nofile": 256, "fsize": 16 * MiB, "core": 0}
     assert applied["dns"] == ["127.0.0.1"]
     # Only our static /etc files (never Docker's copies under its data root), all read-only.
