@@ -16,7 +16,7 @@ from pathlib import Path
 from control.api.background import BackgroundServer
 from control.api.client import RingfenceClient
 from control.config import load_config
-from control.executor import Orchestrator
+from control.orchestration import Orchestrator
 from control.model import ApprovalStatus
 from control.store import SqliteEventStore
 

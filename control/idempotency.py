@@ -1,9 +1,14 @@
 """Idempotency keys for mutating calls (step 8).
 
-key = sha256(run id, canonical signature). The orchestrator looks the key up among the run's
-recorded completions (a completion found → the stored result, no dispatch) and passes it to
-the tool in the runner request, so a receiver can deduplicate too: that is the only defence
-for a crash between the effect and its record (the run then ends `uncertain`, never re-run).
+key = sha256(tenant, run id, canonical signature), or, for a call that carries a key of the
+client's choosing, sha256(tenant, that key). The tenant is always part of it: two tenants may
+use the same run id (or the same client key), and a receiver that deduplicates by key must
+never drop one tenant's real effect as a repeat of another's. Derived only from what the log
+holds, so the key is the same after a restart.
+
+The orchestrator looks the key up among the run's recorded completions (a completion found →
+the stored result, no dispatch) and passes it to the tool in the runner request, so a receiver
+can deduplicate too: that is the only defence for a crash between the effect and its record.
 """
 
 from __future__ import annotations
@@ -13,5 +18,9 @@ from typing import Any, Mapping
 from control.validation import sha256_hex, signature
 
 
-def idempotency_key(run_id: str, tool: str, arguments: Mapping[str, Any]) -> str:
-    return sha256_hex("idempotency/v1", run_id, signature(tool, arguments))
+def idempotency_key(tenant: str, run_id: str, tool: str, arguments: Mapping[str, Any]) -> str:
+    return sha256_hex("idempotency/v2", tenant, run_id, signature(tool, arguments))
+
+
+def client_idempotency_key(tenant: str, client_key: str) -> str:
+    return sha256_hex("idempotency/client/v1", tenant, client_key)

@@ -63,6 +63,8 @@ class ProposedCall:
     call_id: str
     tool: str
     arguments: Mapping[str, Any] = field(default_factory=dict)
+    idempotency_key: str | None = None
+    """The client's key for a mutating call, scoped to the tenant (control.idempotency)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "arguments", _frozen_mapping(self.arguments))
@@ -77,6 +79,7 @@ class ObservationStatus(enum.StrEnum):
     PENDING_APPROVAL = "pending_approval"
     DEDUPLICATED = "deduplicated"
     HALTED = "halted"
+    WITHHELD = "withheld"  # the tool ran; the result guardrail withheld its result
 
 
 @dataclass(frozen=True)
@@ -178,6 +181,10 @@ class Event:
     data: Mapping[str, Any]
     schema_version: int
     at: float
+    prev_hash: str = ""
+    """The `hash` of the run's previous event ("" for seq 1): the audit chain (control.store.audit)."""
+    hash: str = ""
+    """sha256 hex of prev_hash and this event's canonical content, computed by the store on append."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data", _frozen_mapping(self.data))

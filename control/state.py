@@ -8,10 +8,10 @@ clock, no randomness, no lookups.
 
 Event types and their data:
     run_started       run_id, tenant, goal, created_at, deadline_at, policy_version, trace
-    batch_started     batch_id, turn, calls[{call_id, tool, arguments}]
+    batch_started     batch_id, turn, calls[{call_id, tool, arguments}], fingerprint (of the client's batch)
     call_decided      call_id, tool, arguments (canonical or raw), signature|null, verdict, verdict_path, reason
     approval_requested approval_id, call_id, tool, arguments, digest, created_at, expires_at,
-                      mutates, idempotency_key, image_digest, policy_version
+                      mutates, idempotency_key, image_digest, policy_version, proposed_by
     approval_decided  approval_id, approved, by, reason
     approval_expired  approval_id
     approval_used     approval_id
@@ -26,6 +26,7 @@ Event types and their data:
 from __future__ import annotations
 
 import copy
+import enum
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -43,6 +44,25 @@ from control.model import (
 )
 
 
+class EventType(enum.StrEnum):
+    """Every event a run's log may hold (data fields in the module docstring)."""
+
+    RUN_STARTED = "run_started"
+    BATCH_STARTED = "batch_started"
+    CALL_DECIDED = "call_decided"
+    APPROVAL_REQUESTED = "approval_requested"
+    APPROVAL_DECIDED = "approval_decided"
+    APPROVAL_EXPIRED = "approval_expired"
+    APPROVAL_USED = "approval_used"
+    GRANT_ADDED = "grant_added"
+    DISPATCH_STARTED = "dispatch_started"
+    ATTEMPT = "attempt"
+    EGRESS = "egress"
+    CALL_COMPLETED = "call_completed"
+    OBSERVATION = "observation"
+    RUN_FINISHED = "run_finished"
+
+
 @dataclass
 class PendingCall:
     """A call admitted as ASK: waiting for its approval, or approved and not yet dispatched."""
@@ -54,6 +74,8 @@ class PendingCall:
     mutates: bool
     idempotency_key: str | None
     verdict_path: tuple[str, ...]
+    proposed_by: str | None = None
+    """The subject that proposed the call: never the one who may decide its approval."""
 
 
 @dataclass
@@ -82,6 +104,8 @@ class RunState:
     grants: set[str] = field(default_factory=set)
     attempts: dict[str, int] = field(default_factory=dict)
     unobserved: dict[str, dict[str, Any]] = field(default_factory=dict)  # completed, no observation yet
+    batches: dict[str, dict[str, Any]] = field(default_factory=dict)  # batch id -> fingerprint, call ids
+    admitted: dict[str, dict[str, Any]] = field(default_factory=dict)  # call_id -> decided `allow`, not yet dispatched
     last_seq: int = 0
 
     @property
@@ -159,13 +183,55 @@ def _set_approval(state: RunState, approval_id: str, **changes: Any) -> None:
         state.approvals[approval_id] = replace(a, **changes)
 
 
+# The fields each event must carry for `apply` to take it (the docstring lists all of them).
+_REQUIRED: dict[EventType, tuple[str, ...]] = {
+    EventType.RUN_STARTED: ("tenant", "created_at"),
+    EventType.BATCH_STARTED: ("calls",),
+    EventType.CALL_DECIDED: ("call_id", "tool", "verdict"),
+    EventType.APPROVAL_REQUESTED: ("approval_id", "call_id", "tool", "arguments", "digest", "created_at",
+                                   "expires_at"),
+    EventType.APPROVAL_DECIDED: ("approval_id", "approved"),
+    EventType.APPROVAL_EXPIRED: ("approval_id",),
+    EventType.APPROVAL_USED: ("approval_id",),
+    EventType.GRANT_ADDED: ("signature",),
+    EventType.DISPATCH_STARTED: ("call_id", "tool"),
+    EventType.ATTEMPT: ("call_id", "attempt"),
+    EventType.EGRESS: ("call_id",),
+    EventType.CALL_COMPLETED: ("call_id", "tool", "ok"),
+    EventType.OBSERVATION: ("call_id", "tool", "status", "executed"),
+    EventType.RUN_FINISHED: ("outcome",),
+}
+
+
+def check_event(type_: str, data: Any) -> None:
+    """Refuse (ValueError) an event `apply` would not take, before it is made durable."""
+    try:
+        t = EventType(type_)
+    except ValueError:
+        raise ValueError(f"unknown event type {type_!r}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{t}: data must be an object")
+    missing = [f for f in _REQUIRED[t] if f not in data]
+    if missing:
+        raise ValueError(f"{t}: missing {', '.join(missing)}")
+    if t is EventType.OBSERVATION:
+        ObservationStatus(data["status"])
+    elif t is EventType.RUN_FINISHED:
+        RunOutcome(data["outcome"])
+    elif t is EventType.BATCH_STARTED and not all(isinstance(c, dict) and "call_id" in c for c in data["calls"]):
+        raise ValueError(f"{t}: every call needs a call_id")
+
+
 def apply(state: RunState, event: Event) -> RunState:
     d = event.data
-    t = event.type
+    try:
+        t = EventType(event.type)
+    except ValueError:
+        raise ValueError(f"unknown event type {event.type!r}") from None
     if event.seq != state.last_seq + 1:
         raise ValueError(f"run {event.run_id}: event seq {event.seq} after {state.last_seq}")
     state.last_seq = event.seq
-    if t == "run_started":
+    if t is EventType.RUN_STARTED:
         state.key = event.run_id
         state.run_id = d.get("run_id") or event.run_id
         state.tenant = d["tenant"]
@@ -174,15 +240,22 @@ def apply(state: RunState, event: Event) -> RunState:
         state.deadline_at = d.get("deadline_at")
         state.policy_version = d.get("policy_version", "")
         state.trace = dict(d.get("trace") or {})
-    elif t == "batch_started":
+    elif t is EventType.BATCH_STARTED:
         state.turns += 1
+        if d.get("batch_id"):
+            state.batches[d["batch_id"]] = {"fingerprint": d.get("fingerprint"),
+                                            "call_ids": [c["call_id"] for c in d["calls"]]}
         for c in d["calls"]:
             state.call_ids.add(c["call_id"])
             state.call_order.setdefault(c["call_id"], len(state.call_order))
-    elif t == "call_decided":
+    elif t is EventType.CALL_DECIDED:
         if d.get("signature"):
             state.signatures[d["signature"]] += 1
-    elif t == "approval_requested":
+        if d.get("verdict") == "allow":
+            # Admitted: until its dispatch starts (or it is observed otherwise) a crash leaves a
+            # call that provably never reached a container (recovery runs it).
+            state.admitted[d["call_id"]] = dict(d)
+    elif t is EventType.APPROVAL_REQUESTED:
         state.approvals[d["approval_id"]] = Approval(
             approval_id=d["approval_id"], tenant=state.tenant, run_id=state.run_id, call_id=d["call_id"],
             tool=d["tool"], arguments=d["arguments"], digest=d["digest"], status=ApprovalStatus.PENDING,
@@ -190,41 +263,43 @@ def apply(state: RunState, event: Event) -> RunState:
         state.pending[d["call_id"]] = PendingCall(
             call_id=d["call_id"], tool=d["tool"], arguments=dict(d["arguments"]), approval_id=d["approval_id"],
             mutates=bool(d.get("mutates")), idempotency_key=d.get("idempotency_key"),
-            verdict_path=tuple(d.get("verdict_path") or ()))
-    elif t == "approval_decided":
+            verdict_path=tuple(d.get("verdict_path") or ()), proposed_by=d.get("proposed_by"))
+    elif t is EventType.APPROVAL_DECIDED:
         _set_approval(state, d["approval_id"],
                       status=ApprovalStatus.APPROVED if d["approved"] else ApprovalStatus.DECLINED,
                       decided_by=d.get("by"), reason=d.get("reason"))
-    elif t == "approval_expired":
+    elif t is EventType.APPROVAL_EXPIRED:
         _set_approval(state, d["approval_id"], status=ApprovalStatus.EXPIRED)
-    elif t == "approval_used":
+    elif t is EventType.APPROVAL_USED:
         _set_approval(state, d["approval_id"], status=ApprovalStatus.USED)
-    elif t == "grant_added":
+    elif t is EventType.GRANT_ADDED:
         state.grants.add(d["signature"])
-    elif t == "dispatch_started":
+    elif t is EventType.DISPATCH_STARTED:
         state.inflight[d["call_id"]] = dict(d)
         state.pending.pop(d["call_id"], None)
-    elif t == "attempt":
+        state.admitted.pop(d["call_id"], None)
+    elif t is EventType.ATTEMPT:
         state.attempts[d["call_id"]] = int(d["attempt"])
-    elif t == "call_completed":
+    elif t is EventType.CALL_COMPLETED:
         state.inflight.pop(d["call_id"], None)
         state.unobserved[d["call_id"]] = dict(d)
         state.calls += 1
         state.cost += float(d.get("cost") or 0.0)
         if d.get("mutates") and d.get("ok") and d.get("idempotency_key"):
             state.completions[d["idempotency_key"]] = {"content": d.get("content"), "call_id": d["call_id"]}
-    elif t == "observation":
+    elif t is EventType.OBSERVATION:
         obs = _observation(dict(d))
         state.trajectory[obs.call_id] = obs
+        state.admitted.pop(obs.call_id, None)
         if obs.status is not ObservationStatus.PENDING_APPROVAL:
             state.pending.pop(obs.call_id, None)
             state.inflight.pop(obs.call_id, None)
             state.unobserved.pop(obs.call_id, None)
         state.call_ids.add(obs.call_id)
         state.call_order.setdefault(obs.call_id, len(state.call_order))
-    elif t == "egress":
+    elif t is EventType.EGRESS:
         pass  # the egress proxy's decisions for one attempt: a record for the log, no state
-    elif t == "run_finished":
+    elif t is EventType.RUN_FINISHED:
         state.outcome = RunOutcome(d["outcome"])
         state.finish_reason = d.get("reason", "")
     else:

@@ -8,6 +8,8 @@ the wire. Errors with no ControlError counterpart stay grpc.RpcError.
 
 from __future__ import annotations
 
+import uuid
+
 from typing import Any, Callable, Generic, Iterator, Mapping, Sequence, TypeVar
 
 import grpc
@@ -139,8 +141,12 @@ class RingfenceClient:
     def cancel_run(self, run_id: str) -> RunView:
         return convert.run_from_proto(self._unary(self.runs.CancelRun, runs_pb2.CancelRunRequest(run_id=run_id)))
 
-    def submit_batch(self, run_id: str, calls: Sequence[ProposedCall | Mapping[str, Any]]) -> list[Observation]:
-        request = runs_pb2.SubmitBatchRequest(run_id=run_id, calls=[convert.call_to_proto(c) for c in calls])
+    def submit_batch(self, run_id: str, calls: Sequence[ProposedCall | Mapping[str, Any]],
+                     batch_id: str | None = None) -> list[Observation]:
+        """One turn's batch. `batch_id` (default: a fresh one) makes a resend safe: the same id
+        and calls again return the recorded observations instead of running anything twice."""
+        request = runs_pb2.SubmitBatchRequest(run_id=run_id, calls=[convert.call_to_proto(c) for c in calls],
+                                              batch_id=batch_id or "b-" + uuid.uuid4().hex[:20])
         response = self._unary(self.runs.SubmitBatch, request)
         return [convert.observation_from_proto(o) for o in response.observations]
 

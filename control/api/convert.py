@@ -217,8 +217,11 @@ def calls_from_proto(
         seen.add(call.call_id)
         _check_tool(call.tool, f"{at}.tool", v)
         arguments = parse_json_object(call.arguments_json, f"{at}.arguments_json", max_argument_bytes, v)
+        key = call.idempotency_key if call.HasField("idempotency_key") else None
+        if key is not None:
+            check_text(key, f"{at}.idempotency_key", 200, v, required=True)
         if arguments is not None and not v.items:
-            out.append(ProposedCall(call.call_id, call.tool, arguments))
+            out.append(ProposedCall(call.call_id, call.tool, arguments, idempotency_key=key))
     return tuple(out)
 
 
@@ -413,8 +416,10 @@ def event_from_proto(msg: types_pb2.Event) -> Event:
 
 def call_to_proto(call: ProposedCall | Mapping[str, Any]) -> types_pb2.ProposedCall:
     if isinstance(call, Mapping):
-        call = ProposedCall(call["call_id"], call["tool"], call.get("arguments", {}))
-    return types_pb2.ProposedCall(call_id=call.call_id, tool=call.tool, arguments_json=dump_json(dict(call.arguments)))
+        call = ProposedCall(call["call_id"], call["tool"], call.get("arguments", {}),
+                            idempotency_key=call.get("idempotency_key"))
+    return types_pb2.ProposedCall(call_id=call.call_id, tool=call.tool, arguments_json=dump_json(dict(call.arguments)),
+                                  idempotency_key=call.idempotency_key)
 
 
 def step_to_proto(step: PlanStep | Mapping[str, Any]) -> types_pb2.PlanStep:

@@ -107,7 +107,7 @@ def serve_command(args) -> int:
         if tls is None:
             print(f"warning: bearer tokens travel in clear text on {listen}; use --tls-cert/--tls-key", file=sys.stderr)
 
-    from control.executor import Orchestrator
+    from control.orchestration import Orchestrator
     from control.store import SqliteEventStore
     from sandbox.docker_backend import DockerBackend
     from sandbox.errors import SandboxError

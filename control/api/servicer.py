@@ -411,6 +411,7 @@ class RingfenceMethods:
         options = self.edge.options
         v = convert.Violations()
         convert.check_id(request.run_id, "run_id", v)
+        convert.check_id(request.batch_id, "batch_id", v, required=False)
         calls = convert.calls_from_proto(
             request.calls,
             max_calls=options.max_batch_calls,
@@ -419,7 +420,8 @@ class RingfenceMethods:
         )
         v.raise_if_any("the batch is invalid; nothing was run")
         slot = self.edge.batches.acquire(call.principal.tenant)
-        observations = await call.run(self.core.submit_batch, call.principal, request.run_id, calls, slot=slot)
+        observations = await call.run(self.core.submit_batch, call.principal, request.run_id, calls,
+                                      request.batch_id or None, slot=slot)
         return runs_pb2.SubmitBatchResponse(observations=[convert.observation_to_proto(o) for o in observations])
 
     async def ExecutePlan(self, request: runs_pb2.ExecutePlanRequest, call: Call) -> AsyncIterator[types_pb2.Event]:

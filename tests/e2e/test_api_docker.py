@@ -17,7 +17,7 @@ import pytest
 from control.api.background import BackgroundServer
 from control.api.client import RingfenceClient
 from control.config import load_config, token_digest
-from control.executor import Orchestrator
+from control.orchestration import Orchestrator
 from control.model import ApprovalStatus, ObservationStatus, RunOutcome
 from control.store import SqliteEventStore
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from control.config import load_config
-from control.executor import Orchestrator
+from control.orchestration import Orchestrator
 from control.model import ObservationStatus as S
 from control.model import Principal, ProposedCall, Role
 from control.store.sqlite import SqliteEventStore
@@ -87,7 +87,7 @@ def test_a_mutation_gets_its_idempotency_key_and_is_not_repeated(tmp_path, backe
         [first] = orch.submit_batch(AGENT, run, [ProposedCall("w1", "write_note", args)])
         assert first.status is S.EXECUTED, first
         # The real tool saw the key the control plane derived.
-        assert first.content["idempotency_key"] == idempotency_key(run, "write_note", args)
+        assert first.content["idempotency_key"] == idempotency_key("acme", run, "write_note", args)
         [second] = orch.submit_batch(AGENT, run, [ProposedCall("w2", "write_note", args)])
         assert second.status is S.DEDUPLICATED and second.content == first.content
         assert len(counting.requests) == 1

@@ -98,7 +98,7 @@ class StubOrchestrator:
     def cancel_run(self, p, run_id):
         return self.get_run(p, run_id)
 
-    def submit_batch(self, p, run_id, calls):
+    def submit_batch(self, p, run_id, calls, batch_id=None):
         self._hook("submit_batch", p)
         self.entered.release()
         if self.gate is not None:
@@ -176,7 +176,7 @@ class RealCore:
     """The real Orchestrator over a SQLite store in a temporary directory."""
 
     def __init__(self, config, backend) -> None:
-        from control.executor import Orchestrator
+        from control.orchestration import Orchestrator
         from control.store import SqliteEventStore
 
         self.config = config

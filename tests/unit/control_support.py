@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from control.config import load_config
-from control.executor import Orchestrator
+from control.orchestration import Orchestrator
 from control.model import Principal, ProposedCall, Role
 from control.registry import Registry
 from control.store.sqlite import SqliteEventStore
@@ -184,7 +184,7 @@ class Harness:
             if isinstance(c, ProposedCall):
                 proposed.append(c)
             else:
-                n = len(self.orch._states[(who.tenant, run_id)].call_ids) + i + 1
+                n = len(self.orch.runs.get(who.tenant, run_id).call_ids) + i + 1
                 proposed.append(ProposedCall(f"c{n}", c[0], c[1]))
         return self.orch.submit_batch(who, run_id, proposed)
 

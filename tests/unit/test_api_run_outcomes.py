@@ -12,7 +12,7 @@ from control.api.background import BackgroundServer
 from control.api.client import RingfenceClient
 from control.config import load_config
 from control.errors import FailedPrecondition
-from control.executor import Orchestrator
+from control.orchestration import Orchestrator
 from control.model import ObservationStatus, Role, RunOutcome
 from control.registry import Registry
 from control.store.sqlite import SqliteEventStore

@@ -19,7 +19,8 @@ from control.api.background import BackgroundServer
 from control.api.client import RingfenceClient
 from control.api.gen.ringfence.v1 import tools_pb2
 from control.errors import FailedPrecondition, InvalidArgument, NotFound
-from control.executor import Orchestrator
+from control.orchestration import Orchestrator
+from control.orchestration.runs import RunRepository
 from control.model import ApprovalStatus, ObservationStatus, Role, RunOutcome, RunStatus
 from control.tools import BUILTIN_DIR
 
@@ -193,15 +194,13 @@ def test_red_check_without_the_tenant_check_the_run_leaks(agent, other, monkeypa
     """The test above fails when the core's tenant check is removed: here it is removed, and
     another tenant's client reads the run."""
 
-    def _get_without_tenant_check(self, p, run_id):
-        with self._lock:
-            states = list(self._states.values())
-        state = next((s for s in states if s.run_id == run_id), None)
+    def get_without_tenant_check(self, tenant, run_id):
+        state = next((s for s in self.live() if s.run_id == run_id), None)
         if state is None:
             raise NotFound(f"run {run_id!r} not found")
         return state
 
-    monkeypatch.setattr(Orchestrator, "_get", _get_without_tenant_check)
+    monkeypatch.setattr(RunRepository, "get", get_without_tenant_check)
     run = agent.start_run("acme's secret goal", "acme-run-2")
     leaked = other.get_run(run.run_id)
     assert leaked.goal == "acme's secret goal" and leaked.tenant == "acme"

@@ -4,7 +4,7 @@
   permitting itself;
 - control.registry never imports control.policy: a tool must not describe itself as permitted;
 - generated protobuf modules are imported only at the edge (control.api, the CLI, the demo);
-- control.executor is imported by nothing but the edge.
+- control.orchestration is imported by nothing but the edge (and itself).
 """
 
 from __future__ import annotations
@@ -72,14 +72,14 @@ def test_generated_protos_only_at_the_edge():
     assert offenders(core, lambda n: n.startswith("control.api") or n.endswith("_pb2") or n.endswith("_pb2_grpc")) == []
 
 
-def test_only_the_edge_depends_on_the_executor():
-    core = [p for p in modules("control") if not is_edge(p) and p.stem != "executor"]
-    assert offenders(core, lambda n: n == "control.executor" or n.startswith("control.executor.")) == []
+def test_only_the_edge_depends_on_orchestration():
+    core = [p for p in modules("control") if not is_edge(p) and "orchestration" not in p.parts]
+    assert offenders(core, lambda n: n == "control.orchestration" or n.startswith("control.orchestration.")) == []
 
 
 def test_the_checker_sees_a_violation(tmp_path):
     # The rule checker itself must turn red on a violating file.
     bad = tmp_path / "bad.py"
-    bad.write_text("from control import policy\nimport control.executor\n")
+    bad.write_text("from control import policy\nimport control.orchestration\n")
     names = imports_of(bad)
-    assert {"control.policy", "control.executor"} <= names
+    assert {"control.policy", "control.orchestration"} <= names

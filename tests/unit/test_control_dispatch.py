@@ -30,7 +30,7 @@ def test_a_recorded_mutation_is_not_repeated(tmp_path):
     assert first.status is S.EXECUTED and second.status is S.DEDUPLICATED
     assert not second.executed and second.content == first.content
     assert h.backend.starts == 1
-    key = idempotency_key(run, "write_note", {"name": "n", "text": "hello"})
+    key = idempotency_key("acme", run, "write_note", {"name": "n", "text": "hello"})
     assert h.emulator.log[0].idempotency_key == key == first.content["idempotency_key"]
 
 
@@ -212,7 +212,8 @@ def test_a_private_key_in_a_result_withholds_it(tmp_path):
     h.emulator.overrides["echo"] = lambda call: "-----BEGIN RSA PRIVATE KEY-----\nMIIE...\n"
     run = h.run()
     [obs] = h.submit(run, ("echo", {"text": "x"}))
-    assert obs.status is S.BLOCKED and obs.executed and obs.content is None
+    # The call ran (executed): its result is WITHHELD, never BLOCKED (which says it never ran).
+    assert obs.status is S.WITHHELD and obs.executed and obs.content is None
     assert h.orch.get_run(AGENT, run).outcome is None  # the run goes on
     assert "PRIVATE KEY" not in str([dict(e.data) for e in h.events(run)])
 

@@ -17,7 +17,8 @@ def test_model_exports_are_pinned():
         "Role", "Principal", "ToolView", "ProposedCall", "ObservationStatus", "Observation", "RunStatus",
         "RunOutcome", "Usage", "ApprovalStatus", "Approval", "RunView", "Event", "PlanStep"])
     assert [s.value for s in model.ObservationStatus] == [
-        "executed", "denied", "blocked", "declined", "unknown_tool", "pending_approval", "deduplicated", "halted"]
+        "executed", "denied", "blocked", "declined", "unknown_tool", "pending_approval", "deduplicated", "halted",
+        "withheld"]
     assert [o.value for o in model.RunOutcome] == [
         "completed", "loop_detected", "guardrail_stop", "budget_exhausted", "deadline_exceeded", "cancelled",
         "error", "uncertain"]

@@ -433,7 +433,7 @@ def test_cancel_stops_a_running_batch_before_its_writes(tmp_path):
         canceller.start()
         # cancel_run raises the flag at once, then waits for the in-flight read to come back.
         for _ in range(1000):
-            if h.orch._cancel_flag(h.orch._get(AGENT, run)).is_set():
+            if h.orch._cancel_flag(h.orch.runs.get(AGENT.tenant, run)).is_set():
                 break
             threading.Event().wait(0.01)
     finally:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from control.api.gen.ringfence.v1 import types_pb2 as ringfence_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17ringfence/v1/runs.proto\x12\x0cringfence.v1\x1a\x18ringfence/v1/types.proto\"/\n\x0fStartRunRequest\x12\x0c\n\x04goal\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\x11\n\x0fListRunsRequest\"3\n\x10ListRunsResponse\x12\x1f\n\x04runs\x18\x01 \x03(\x0b\x32\x11.ringfence.v1.Run\"\"\n\x10\x46inishRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\"\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"O\n\x12SubmitBatchRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12)\n\x05\x63\x61lls\x18\x02 \x03(\x0b\x32\x1a.ringfence.v1.ProposedCall\"F\n\x13SubmitBatchResponse\x12/\n\x0cobservations\x18\x01 \x03(\x0b\x32\x19.ringfence.v1.Observation\"^\n\x12\x45xecutePlanRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12%\n\x05steps\x18\x02 \x03(\x0b\x32\x16.ringfence.v1.PlanStep\x12\x11\n\tmax_steps\x18\x03 \x01(\r\"3\n\x0fWatchRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x02 \x01(\x04\x32\xad\x04\n\nRunService\x12<\n\x08StartRun\x12\x1d.ringfence.v1.StartRunRequest\x1a\x11.ringfence.v1.Run\x12\x38\n\x06GetRun\x12\x1b.ringfence.v1.GetRunRequest\x1a\x11.ringfence.v1.Run\x12I\n\x08ListRuns\x12\x1d.ringfence.v1.ListRunsRequest\x1a\x1e.ringfence.v1.ListRunsResponse\x12>\n\tFinishRun\x12\x1e.ringfence.v1.FinishRunRequest\x1a\x11.ringfence.v1.Run\x12>\n\tCancelRun\x12\x1e.ringfence.v1.CancelRunRequest\x1a\x11.ringfence.v1.Run\x12R\n\x0bSubmitBatch\x12 .ringfence.v1.SubmitBatchRequest\x1a!.ringfence.v1.SubmitBatchResponse\x12\x46\n\x0b\x45xecutePlan\x12 .ringfence.v1.ExecutePlanRequest\x1a\x13.ringfence.v1.Event0\x01\x12@\n\x08WatchRun\x12\x1d.ringfence.v1.WatchRunRequest\x1a\x13.ringfence.v1.Event0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17ringfence/v1/runs.proto\x12\x0cringfence.v1\x1a\x18ringfence/v1/types.proto\"/\n\x0fStartRunRequest\x12\x0c\n\x04goal\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\x11\n\x0fListRunsRequest\"3\n\x10ListRunsResponse\x12\x1f\n\x04runs\x18\x01 \x03(\x0b\x32\x11.ringfence.v1.Run\"\"\n\x10\x46inishRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\"\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"a\n\x12SubmitBatchRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12)\n\x05\x63\x61lls\x18\x02 \x03(\x0b\x32\x1a.ringfence.v1.ProposedCall\x12\x10\n\x08\x62\x61tch_id\x18\x03 \x01(\t\"F\n\x13SubmitBatchResponse\x12/\n\x0cobservations\x18\x01 \x03(\x0b\x32\x19.ringfence.v1.Observation\"^\n\x12\x45xecutePlanRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12%\n\x05steps\x18\x02 \x03(\x0b\x32\x16.ringfence.v1.PlanStep\x12\x11\n\tmax_steps\x18\x03 \x01(\r\"3\n\x0fWatchRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x02 \x01(\x04\x32\xad\x04\n\nRunService\x12<\n\x08StartRun\x12\x1d.ringfence.v1.StartRunRequest\x1a\x11.ringfence.v1.Run\x12\x38\n\x06GetRun\x12\x1b.ringfence.v1.GetRunRequest\x1a\x11.ringfence.v1.Run\x12I\n\x08ListRuns\x12\x1d.ringfence.v1.ListRunsRequest\x1a\x1e.ringfence.v1.ListRunsResponse\x12>\n\tFinishRun\x12\x1e.ringfence.v1.FinishRunRequest\x1a\x11.ringfence.v1.Run\x12>\n\tCancelRun\x12\x1e.ringfence.v1.CancelRunRequest\x1a\x11.ringfence.v1.Run\x12R\n\x0bSubmitBatch\x12 .ringfence.v1.SubmitBatchRequest\x1a!.ringfence.v1.SubmitBatchResponse\x12\x46\n\x0b\x45xecutePlan\x12 .ringfence.v1.ExecutePlanRequest\x1a\x13.ringfence.v1.Event0\x01\x12@\n\x08WatchRun\x12\x1d.ringfence.v1.WatchRunRequest\x1a\x13.ringfence.v1.Event0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,13 +45,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CANCELRUNREQUEST']._serialized_start=257
   _globals['_CANCELRUNREQUEST']._serialized_end=291
   _globals['_SUBMITBATCHREQUEST']._serialized_start=293
-  _globals['_SUBMITBATCHREQUEST']._serialized_end=372
-  _globals['_SUBMITBATCHRESPONSE']._serialized_start=374
-  _globals['_SUBMITBATCHRESPONSE']._serialized_end=444
-  _globals['_EXECUTEPLANREQUEST']._serialized_start=446
-  _globals['_EXECUTEPLANREQUEST']._serialized_end=540
-  _globals['_WATCHRUNREQUEST']._serialized_start=542
-  _globals['_WATCHRUNREQUEST']._serialized_end=593
-  _globals['_RUNSERVICE']._serialized_start=596
-  _globals['_RUNSERVICE']._serialized_end=1153
+  _globals['_SUBMITBATCHREQUEST']._serialized_end=390
+  _globals['_SUBMITBATCHRESPONSE']._serialized_start=392
+  _globals['_SUBMITBATCHRESPONSE']._serialized_end=462
+  _globals['_EXECUTEPLANREQUEST']._serialized_start=464
+  _globals['_EXECUTEPLANREQUEST']._serialized_end=558
+  _globals['_WATCHRUNREQUEST']._serialized_start=560
+  _globals['_WATCHRUNREQUEST']._serialized_end=611
+  _globals['_RUNSERVICE']._serialized_start=614
+  _globals['_RUNSERVICE']._serialized_end=1171
 # @@protoc_insertion_point(module_scope)

@@ -115,7 +115,14 @@ class SubmitBatchRequest(google.protobuf.message.Message):
 
     RUN_ID_FIELD_NUMBER: builtins.int
     CALLS_FIELD_NUMBER: builtins.int
+    BATCH_ID_FIELD_NUMBER: builtins.int
     run_id: builtins.str
+    batch_id: builtins.str
+    """The client's id for this batch (1-100 of [A-Za-z0-9_.:-]), so a lost response can be
+    retried: the same id and the same calls again return the recorded observations (nothing
+    runs twice); the same id with other calls is INVALID_ARGUMENT. Empty: the server picks
+    one, and a resend is a new batch (refused, since its call ids are used).
+    """
     @property
     def calls(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[control.api.gen.ringfence.v1.types_pb2.ProposedCall]: ...
     def __init__(
@@ -123,8 +130,9 @@ class SubmitBatchRequest(google.protobuf.message.Message):
         *,
         run_id: builtins.str = ...,
         calls: collections.abc.Iterable[control.api.gen.ringfence.v1.types_pb2.ProposedCall] | None = ...,
+        batch_id: builtins.str = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["calls", b"calls", "run_id", b"run_id"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["batch_id", b"batch_id", "calls", b"calls", "run_id", b"run_id"]) -> None: ...
 
 Global___SubmitBatchRequest: typing_extensions.TypeAlias = SubmitBatchRequest
 

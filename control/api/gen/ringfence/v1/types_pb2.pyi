@@ -51,6 +51,8 @@ class _ObservationStatusEnumTypeWrapper(google.protobuf.internal.enum_type_wrapp
     """A recorded completion of the same mutating call was returned without running it again."""
     OBSERVATION_STATUS_HALTED: _ObservationStatus.ValueType  # 8
     """A guardrail halted the run; the call never ran."""
+    OBSERVATION_STATUS_WITHHELD: _ObservationStatus.ValueType  # 9
+    """The tool ran (executed = true), but the result guardrail withheld its result (a secret)."""
 
 class ObservationStatus(_ObservationStatus, metaclass=_ObservationStatusEnumTypeWrapper):
     """How a proposed call ended, from the caller's point of view."""
@@ -72,6 +74,8 @@ OBSERVATION_STATUS_DEDUPLICATED: ObservationStatus.ValueType  # 7
 """A recorded completion of the same mutating call was returned without running it again."""
 OBSERVATION_STATUS_HALTED: ObservationStatus.ValueType  # 8
 """A guardrail halted the run; the call never ran."""
+OBSERVATION_STATUS_WITHHELD: ObservationStatus.ValueType  # 9
+"""The tool ran (executed = true), but the result guardrail withheld its result (a secret)."""
 Global___ObservationStatus: typing_extensions.TypeAlias = ObservationStatus
 
 class _RunStatus:
@@ -182,19 +186,28 @@ class ProposedCall(google.protobuf.message.Message):
     CALL_ID_FIELD_NUMBER: builtins.int
     TOOL_FIELD_NUMBER: builtins.int
     ARGUMENTS_JSON_FIELD_NUMBER: builtins.int
+    IDEMPOTENCY_KEY_FIELD_NUMBER: builtins.int
     call_id: builtins.str
     """Unique within the batch; chosen by the caller (e.g. the model's tool-call id)."""
     tool: builtins.str
     arguments_json: builtins.str
     """A JSON object. Duplicate keys, NaN and Infinity are rejected."""
+    idempotency_key: builtins.str
+    """For a mutating tool: the client's idempotency key, scoped to the tenant (two tenants never
+    share one). The same key again — in this run or a later one — returns the recorded result
+    instead of running the call; the same key with other arguments is refused, never run.
+    """
     def __init__(
         self,
         *,
         call_id: builtins.str = ...,
         tool: builtins.str = ...,
         arguments_json: builtins.str = ...,
+        idempotency_key: builtins.str | None = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["arguments_json", b"arguments_json", "call_id", b"call_id", "tool", b"tool"]) -> None: ...
+    def HasField(self, field_name: typing.Literal["_idempotency_key", b"_idempotency_key", "idempotency_key", b"idempotency_key"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["_idempotency_key", b"_idempotency_key", "arguments_json", b"arguments_json", "call_id", b"call_id", "idempotency_key", b"idempotency_key", "tool", b"tool"]) -> None: ...
+    def WhichOneof(self, oneof_group: typing.Literal["_idempotency_key", b"_idempotency_key"]) -> typing.Literal["idempotency_key"] | None: ...
 
 Global___ProposedCall: typing_extensions.TypeAlias = ProposedCall
 

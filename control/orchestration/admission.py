@@ -1,0 +1,141 @@
+"""Admission: steps 1-6 of DESIGN.md "The one rule", for every call of a batch, as a pure
+function of the batch and what the run has seen. Nothing here writes, dispatches or reads a
+clock: the same batch against the same state gives the same verdicts, which is what lets the
+log record them before anything runs.
+
+    registry -> argument validation -> action guardrails (secrets, loop) -> resource policy
+    -> contextual policy (ALLOW / ASK / DENY)
+
+The order is the safety property: a resource denial is final before any rule is consulted,
+and a rule can only tighten what the resources allow.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from control import guardrails
+from control.config import Config, Limits
+from control.model import ObservationStatus, ProposedCall
+from control.policy import PolicyEngine, Verdict
+from control.registry import Registry, ToolManifest
+from control.resource_policy import check_resources
+from control.validation import signature, validate_arguments
+
+
+class AdmissionVerdict(enum.StrEnum):
+    UNKNOWN = "unknown"  # no such tool
+    INVALID = "invalid"  # arguments do not validate
+    HALT = "halt"  # a guardrail ends the run
+    BLOCK = "block"  # a guardrail refuses this call
+    DENY = "deny"  # resource or contextual policy refuses it
+    ASK = "ask"  # a person must approve this exact call first
+    ALLOW = "allow"  # admitted
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The admission result for one call."""
+
+    call: ProposedCall
+    verdict: AdmissionVerdict
+    path: tuple[str, ...]
+    """Every step crossed, in order (`registry:ok`, `validation:ok`, ...): the log's record."""
+
+    status: ObservationStatus | None = None
+    """The terminal observation status of a refused call; None when admitted or asked."""
+
+    reason: str = ""
+    error_class: str | None = None
+    manifest: ToolManifest | None = None
+    arguments: Mapping[str, Any] | None = None
+    """Canonical arguments, once validated."""
+
+    signature: str | None = None
+    """tool + canonical arguments, once the call reached the loop detector."""
+
+    halt_kind: str = ""
+
+    @property
+    def admitted(self) -> bool:
+        return self.verdict is AdmissionVerdict.ALLOW
+
+
+@dataclass(frozen=True)
+class AdmissionContext:
+    """What admission may look at: the configuration, and the run's grants and history."""
+
+    registry: Registry
+    config: Config
+    policy: PolicyEngine
+    grants: frozenset[str]
+    seen_signatures: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def limits(self) -> Limits:
+        return self.config.limits
+
+
+def admit_batch(calls: Sequence[ProposedCall], ctx: AdmissionContext) -> list[Decision]:
+    """Every call's verdict, in batch order, before any call runs. Repeats within the batch
+    count towards the loop detector like repeats across batches."""
+    counts: Counter[str] = Counter()
+    return [_admit(call, ctx, counts) for call in calls]
+
+
+def _admit(call: ProposedCall, ctx: AdmissionContext, counts: Counter[str]) -> Decision:
+    path: list[str] = []
+
+    def refuse(verdict: AdmissionVerdict, status: ObservationStatus | None, reason: str, step: str,
+               **more: Any) -> Decision:
+        return Decision(call, verdict, tuple(path + [step]), status=status, reason=reason, **more)
+
+    # 1 registry
+    manifest = ctx.registry.get(call.tool)
+    if manifest is None:
+        return refuse(AdmissionVerdict.UNKNOWN, ObservationStatus.UNKNOWN_TOOL, f"unknown tool {call.tool!r}",
+                      "registry:unknown", error_class="unknown_tool")
+    path.append("registry:ok")
+    # 2 argument validation
+    canon, errs = validate_arguments(manifest, call.arguments, max_bytes=ctx.limits.max_argument_bytes)
+    if errs:
+        # jsonschema quotes the offending value: redact, a secret may be what failed to validate.
+        reason = guardrails.redact("; ".join(f"{v.field}: {v.description}" for v in errs)[:2000])
+        return refuse(AdmissionVerdict.INVALID, ObservationStatus.DENIED, reason, "validation:invalid",
+                      error_class="invalid_arguments", manifest=manifest)
+    path.append("validation:ok")
+    known = dict(manifest=manifest, arguments=canon)
+    # 3 action guardrails: secrets, then the loop detector
+    g = guardrails.check_arguments(canon)
+    if g.action is guardrails.Action.HALT:
+        return refuse(AdmissionVerdict.HALT, None, g.reason, f"guardrail:halt:{g.kind}", halt_kind=g.kind, **known)
+    if g.action is guardrails.Action.BLOCK:
+        return refuse(AdmissionVerdict.BLOCK, ObservationStatus.BLOCKED, g.reason, f"guardrail:block:{g.kind}",
+                      error_class="secret", **known)
+    # Only calls that reach the loop detector are counted (and logged with their signature).
+    sig = signature(manifest.name, canon)
+    previous = ctx.seen_signatures.get(sig, 0) + counts[sig]
+    counts[sig] += 1
+    known["signature"] = sig
+    loop = guardrails.check_loop(previous, ctx.limits.loop_threshold)
+    if loop.action is guardrails.Action.HALT:
+        return refuse(AdmissionVerdict.HALT, None, loop.reason, "guardrail:halt:loop", halt_kind="loop", **known)
+    path.append("guardrail:pass")
+    # 4 resource policy, before any rule; its DENY is final
+    r = check_resources(manifest, canon, ctx.config.inputs, ctx.config.policy.egress_for(manifest.name))
+    if not r.allowed:
+        return refuse(AdmissionVerdict.DENY, ObservationStatus.DENIED, r.reason, "resource:deny",
+                      error_class="resource", **known)
+    path.append("resource:ok")
+    # 5 contextual policy
+    decision = ctx.policy.decide(manifest, canon, ctx.grants)
+    path.extend(f"policy:{x}" for x in decision.path)
+    if decision.verdict is Verdict.DENY:
+        return Decision(call, AdmissionVerdict.DENY, tuple(path), status=ObservationStatus.DENIED,
+                        reason=decision.reason, error_class="policy", **known)
+    if decision.verdict is Verdict.ASK:
+        return Decision(call, AdmissionVerdict.ASK, tuple(path), reason=decision.reason, **known)
+    return Decision(call, AdmissionVerdict.ALLOW, tuple(path + ["admitted"]), **known)

@@ -1,0 +1,145 @@
+"""The approval lifecycle (step 6): requested for an ASK verdict, decided by a person who did
+not propose the call, expired when its time is up, used once by the dispatch it authorizes.
+
+Every transition is an event, so a restart finds each approval where it was; an approved call
+that was not dispatched yet is resumed from the log alone (control.orchestration.recovery).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+from control.approvals import approval_digest, new_approval_id
+from control.config import Limits
+from control.errors import FailedPrecondition, NotFound, PermissionDenied
+from control.model import Approval, ApprovalStatus, Observation, ObservationStatus, Principal, RunOutcome
+from control.orchestration.admission import Decision
+from control.orchestration.dispatch import Admitted, Dispatcher
+from control.orchestration.runs import RunRepository
+from control.policy import PolicyEngine
+from control.registry import Registry, ToolManifest
+from control.state import EventType, PendingCall, RunState
+
+_tracer = trace.get_tracer("ringfence.control")
+
+
+class ApprovalDesk:
+    def __init__(self, *, repo: RunRepository, dispatcher: Dispatcher, registry: Registry, policy: PolicyEngine,
+                 limits: Limits, clock: Callable[[], float], image_digest: Callable[[str], str],
+                 run_context: Callable[[RunState], otel_context.Context],
+                 deadline_passed: Callable[[RunState], tuple[RunOutcome, str] | None],
+                 on_dispatch_error: Callable[[RunState, list[Admitted], Exception], dict[str, Observation]]) -> None:
+        self.repo = repo
+        self.dispatcher = dispatcher
+        self.registry = registry
+        self.policy = policy
+        self.limits = limits
+        self._clock = clock
+        self._image_digest = image_digest
+        self._run_context = run_context
+        self._deadline_passed = deadline_passed
+        self._on_dispatch_error = on_dispatch_error
+
+    def digest(self, state: RunState, manifest: ToolManifest, arguments) -> str:
+        return approval_digest(tenant=state.tenant, run_id=state.run_id, tool=manifest.name, arguments=arguments,
+                               image_digest=self._image_digest(manifest.image), policy_version=self.policy.version)
+
+    def request(self, state: RunState, d: Decision, proposed_by: str) -> Observation:
+        """A durable request bound to the exact call, expiring."""
+        assert d.manifest is not None and d.arguments is not None
+        now = self._clock()
+        approval_id = new_approval_id()
+        path = d.path + ("approval:requested",)
+        self.repo.append(state, EventType.APPROVAL_REQUESTED, {
+            "approval_id": approval_id, "call_id": d.call.call_id, "tool": d.manifest.name,
+            "arguments": dict(d.arguments), "digest": self.digest(state, d.manifest, d.arguments),
+            "created_at": now, "expires_at": now + self.limits.approval_ttl_s, "mutates": d.manifest.mutates,
+            "idempotency_key": self.dispatcher.key_for(state, d.manifest, d.arguments),
+            "image_digest": self._image_digest(d.manifest.image), "policy_version": self.policy.version,
+            "verdict_path": list(path), "proposed_by": proposed_by})
+        return self.repo.observe(state, Observation(d.call.call_id, d.manifest.name, ObservationStatus.PENDING_APPROVAL,
+                                                    False, error="waiting for approval", verdict_path=path,
+                                                    approval_id=approval_id))
+
+    def sweep_expired(self, state: RunState) -> None:
+        """Expire pending approvals whose time is up (an event, so replay agrees)."""
+        now = self._clock()
+        for approval in list(state.approvals.values()):
+            if approval.status is ApprovalStatus.PENDING and now >= approval.expires_at:
+                self.repo.append(state, EventType.APPROVAL_EXPIRED, {"approval_id": approval.approval_id})
+                pending = state.pending.get(approval.call_id)
+                self.repo.observe(state, Observation(
+                    approval.call_id, approval.tool, ObservationStatus.DECLINED, False,
+                    error="approval expired", error_class="approval_expired",
+                    verdict_path=(pending.verdict_path if pending else ()) + ("approval:expired",),
+                    approval_id=approval.approval_id))
+
+    def try_sweep(self, state: RunState) -> None:
+        """Expire what is due, unless a batch holds the run (it sweeps itself; readers never wait)."""
+        lock = self.repo.run_lock(state.key)
+        if lock.acquire(blocking=False):
+            try:
+                if not state.finished:
+                    self.sweep_expired(state)
+            finally:
+                lock.release()
+
+    def decide(self, p: Principal, approval_id: str, approve: bool, reason: str) -> Approval:
+        state = self.repo.approval_run(p.tenant, approval_id)
+        if state is None:
+            raise NotFound(f"approval {approval_id!r} not found")
+        with self.repo.run_lock(state.key):
+            if state.finished:
+                raise FailedPrecondition(f"run {state.run_id} is finished ({state.outcome})")
+            self.sweep_expired(state)
+            approval = state.approvals[approval_id]
+            if approval.status is ApprovalStatus.EXPIRED:
+                return approval
+            if approval.status is not ApprovalStatus.PENDING:
+                raise FailedPrecondition(f"approval {approval_id} is already {approval.status}")
+            pending = state.pending[approval.call_id]
+            if pending.proposed_by is not None and pending.proposed_by == p.subject:
+                # Four eyes: an admin holds the agent and approver roles, and would otherwise
+                # approve what it proposed itself.
+                raise PermissionDenied(f"{p.subject} proposed this call and cannot decide its approval")
+            self.repo.append(state, EventType.APPROVAL_DECIDED, {
+                "approval_id": approval_id, "approved": bool(approve), "by": p.subject, "reason": reason or ""})
+            if not approve:
+                self.repo.observe(state, Observation(
+                    pending.call_id, pending.tool, ObservationStatus.DECLINED, False,
+                    error=f"declined by {p.subject}" + (f": {reason}" if reason else ""),
+                    verdict_path=pending.verdict_path + ("approval:declined",), approval_id=approval_id))
+            else:
+                self.resume(state, pending)
+            return state.approvals[approval_id]
+
+    def resume(self, state: RunState, pending: PendingCall) -> Observation:
+        """Dispatch an approved call, re-deriving everything from the log."""
+        approval = state.approvals[pending.approval_id]
+        manifest = self.registry.get(pending.tool)
+        path = pending.verdict_path
+        if manifest is None or self.digest(state, manifest, pending.arguments) != approval.digest:
+            # The world changed since the approver looked (policy, image, tool): not this approval.
+            return self.repo.observe(state, Observation(
+                pending.call_id, pending.tool, ObservationStatus.DECLINED, False,
+                error="the approval no longer matches this call (policy, image or tool changed)",
+                error_class="approval_mismatch", verdict_path=path + ("approval:mismatch",),
+                approval_id=approval.approval_id))
+        stop = self._deadline_passed(state)
+        if stop is not None:
+            self.repo.finish(state, *stop)
+            return state.trajectory[pending.call_id]
+        if approval.status is ApprovalStatus.APPROVED:
+            self.repo.append(state, EventType.APPROVAL_USED, {"approval_id": approval.approval_id})
+        item = Admitted(pending.call_id, manifest, dict(pending.arguments), path + ("approval:approved", "admitted"),
+                        approval_id=approval.approval_id)
+        with _tracer.start_as_current_span("batch", context=self._run_context(state),
+                                           attributes={"ringfence.run_id": state.run_id, "ringfence.resumed": True}):
+            ctx = otel_context.get_current()
+            try:
+                return self.dispatcher.execute(state, [item], ctx)[pending.call_id]
+            except Exception as e:  # noqa: BLE001 - recorded, then the run ends `error`
+                return self._on_dispatch_error(state, [item], e)[pending.call_id]

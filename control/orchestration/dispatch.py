@@ -1,0 +1,236 @@
+"""Dispatch: steps 8-11 for admitted calls, and the only code that touches the sandbox.
+
+    idempotency -> dispatch (reads in parallel, then writes one at a time; retry of transient
+    failures only; circuit breaker; an `execute_tool` span) -> completion event (after the tool
+    returned, never before) -> result guardrail -> the observation (returned, appended by the
+    caller)
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+from control import guardrails
+from control.config import Config
+from control.idempotency import idempotency_key
+from control.model import Observation, ObservationStatus
+from control.registry import ToolManifest
+from control.resource_policy import call_allowlist
+from control.retry import Attempt, CircuitBreaker, FailureClass, RetryPolicy, classify, retry_call
+from control.state import EventType, RunState
+from control.orchestration.runs import RunRepository
+from sandbox.backend import SandboxBackend, SandboxRequest
+from sandbox.errors import EngineError, ImageError, SandboxError
+from sandbox.profile import InputMount, SandboxProfile
+
+_tracer = trace.get_tracer("ringfence.control")
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A call that crossed admission (and its approval, if it needed one)."""
+
+    call_id: str
+    manifest: ToolManifest
+    arguments: Mapping[str, Any]
+    path: tuple[str, ...]
+    approval_id: str | None = None
+
+
+class Dispatcher:
+    def __init__(self, *, repo: RunRepository, backend: SandboxBackend, config: Config,
+                 sleep: Callable[[float], None], rng: random.Random, clock: Callable[[], float],
+                 cancelled: Callable[[RunState], threading.Event]) -> None:
+        self.repo = repo
+        self.backend = backend
+        self.config = config
+        limits = config.limits
+        self._retry = RetryPolicy(limits.max_attempts, limits.backoff_initial_s, limits.backoff_max_s)
+        self._sleep = sleep
+        self._rng = rng
+        self._clock = clock
+        self._cancelled = cancelled
+        self._breakers: dict[str, CircuitBreaker] = {}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=limits.max_parallel_reads, thread_name_prefix="rf-read")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    def _breaker(self, tool: str) -> CircuitBreaker:
+        limits = self.config.limits
+        with self._lock:
+            return self._breakers.setdefault(
+                tool, CircuitBreaker(limits.breaker_threshold, limits.breaker_cooldown_s, self._clock))
+
+    def key_for(self, state: RunState, manifest: ToolManifest, arguments: Mapping[str, Any]) -> str | None:
+        return idempotency_key(state.tenant, state.run_id, manifest.name, arguments) if manifest.mutates else None
+
+    def execute(self, state: RunState, admitted: list[Admitted], ctx: otel_context.Context) -> dict[str, Observation]:
+        """Reads in parallel, then writes one at a time, in batch order; every observation is
+        appended before this returns."""
+        out: dict[str, Observation] = {}
+        reads = [a for a in admitted if not a.manifest.mutates]
+        writes = [a for a in admitted if a.manifest.mutates]
+        if reads:
+            futures = [self._pool.submit(self.dispatch, state, a, ctx) for a in reads]
+            completions = [f.result() for f in futures]
+            for a, completion in zip(reads, completions):
+                out[a.call_id] = self.repo.observe(state, completion)
+        for a in writes:
+            out[a.call_id] = self.repo.observe(state, self.dispatch(state, a, ctx))
+        return out
+
+    def dispatch(self, state: RunState, a: Admitted, ctx: otel_context.Context) -> Observation:
+        """Run one admitted call; returns its observation (not yet appended)."""
+        manifest = a.manifest
+        if self._cancelled(state).is_set():
+            return Observation(a.call_id, manifest.name, ObservationStatus.HALTED, False,
+                               error="the run was cancelled before this call ran", error_class="cancelled",
+                               verdict_path=a.path + ("run:cancelled",), approval_id=a.approval_id)
+        key = self.key_for(state, manifest, a.arguments)
+        if key is not None and key in state.completions:
+            # 8 idempotency: recorded completion -> the stored result, no dispatch.
+            stored = state.completions[key]
+            return Observation(a.call_id, manifest.name, ObservationStatus.DEDUPLICATED, False,
+                               content=stored["content"], verdict_path=a.path + ("idempotency:deduplicated",),
+                               approval_id=a.approval_id)
+        breaker = self._breaker(manifest.name)
+        if not breaker.allow():
+            return Observation(a.call_id, manifest.name, ObservationStatus.DENIED, False,
+                               error=f"circuit open for {manifest.name}: too many recent failures",
+                               error_class=FailureClass.CIRCUIT_OPEN.value,
+                               verdict_path=a.path + ("breaker:open",), approval_id=a.approval_id)
+        self.repo.append(state, EventType.DISPATCH_STARTED, {"call_id": a.call_id, "tool": manifest.name,
+                                                             "mutates": manifest.mutates, "idempotency_key": key})
+        with _tracer.start_as_current_span(
+                "execute_tool", context=ctx, kind=trace.SpanKind.INTERNAL,
+                attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": manifest.name,
+                            "gen_ai.tool.call.id": a.call_id, "ringfence.run_id": state.run_id}) as span:
+            request_body = json.dumps({"tool": manifest.name, "arguments": a.arguments, "call_id": a.call_id,
+                                       "idempotency_key": key}, separators=(",", ":")).encode()
+            profile = self.profile(manifest)
+
+            def attempt(n: int) -> Attempt:
+                if n > 1 and not breaker.allow():
+                    result = Attempt(n, FailureClass.CIRCUIT_OPEN, message="circuit opened during retries")
+                else:
+                    result = self._attempt(state, a, profile, request_body, n)
+                    breaker.record(result.failure)
+                self.repo.append(state, EventType.ATTEMPT, {
+                    "call_id": a.call_id, "attempt": n,
+                    "failure_class": result.failure.value if result.failure else None,
+                    "outcome": result.outcome, "message": guardrails.redact(result.message[:1000]),
+                    "retry_after_s": result.retry_after_s, "duration_ms": result.duration_ms})
+                return result
+
+            final = retry_call(attempt, self._retry, sleep=self._sleep, rng=self._rng)
+            attempts = state.attempts.get(a.call_id, final.number)
+            span.set_attribute("ringfence.attempts", attempts)
+            if final.failure:
+                span.set_attribute("error.type", final.failure.value)
+                span.set_status(trace.Status(trace.StatusCode.ERROR, final.message[:200]))
+        # 10 completion, after the tool returned. The result guardrail's verdict is computed first
+        # so that the durable record (and any deduplicated replay of it) never holds the secret.
+        guard = guardrails.check_result(final.content) if final.ok else None
+        completion = {"call_id": a.call_id, "tool": manifest.name, "mutates": manifest.mutates,
+                      "idempotency_key": key, "ok": final.ok, "content": guard.content if guard else None,
+                      "guard": ({"action": guard.action.value, "redacted": list(guard.redacted), "reason": guard.reason}
+                                if guard else None),
+                      "error": None if final.ok else guardrails.redact((final.message or str(final.failure))[:2000]),
+                      "error_class": final.failure.value if final.failure else None,
+                      "attempts": attempts, "cost": manifest.cost * attempts}
+        self.repo.append(state, EventType.CALL_COMPLETED, completion)
+        # 11 result guardrail, then the observation
+        return completion_observation(a.call_id, manifest.name, completion, a.path, a.approval_id)
+
+    def profile(self, manifest: ToolManifest) -> SandboxProfile:
+        inputs = []
+        roots = sorted({r for rs in manifest.paths.values() for r in rs})
+        for root in roots:
+            host = self.config.inputs.get(root)
+            if host:
+                inputs.append(InputMount(host, root))
+        lim = manifest.limits
+        extra: dict[str, Any] = {}
+        allowlist = call_allowlist(manifest, self.config.policy.egress_for(manifest.name))
+        if allowlist:
+            # The call's allowlist is its tool's declared hosts AND what policy grants (resource
+            # policy has already refused private and metadata targets in its arguments); the
+            # sandbox puts the call behind the egress proxy with exactly it. Nothing granted:
+            # the call runs with no network at all.
+            from sandbox.egress.grant import EgressGrant
+
+            extra["egress"] = EgressGrant(allow=allowlist)
+        return SandboxProfile(image=manifest.image, runtime=manifest.runtime, memory_bytes=lim.memory_bytes,
+                              cpus=lim.cpus, pids=lim.pids, timeout_s=lim.timeout_s, stdout_limit=lim.stdout_limit,
+                              stderr_limit=lim.stderr_limit, inputs=tuple(inputs), **extra)
+
+    def _attempt(self, state: RunState, a: Admitted, profile: SandboxProfile, body: bytes, n: int) -> Attempt:
+        request = SandboxRequest(profile=profile, argv=(), stdin=body, run_id=state.run_id,
+                                 call_id=f"{a.call_id}.a{n}")
+        try:
+            result = self.backend.run(request)
+        except EngineError as e:
+            # The engine, not the tool: like start_failed, transient.
+            return Attempt(n, FailureClass.TRANSIENT, message=f"sandbox engine: {e}", outcome="start_failed")
+        except ImageError as e:
+            return Attempt(n, FailureClass.FATAL, message=f"image refused: {e}", outcome="start_failed")
+        except SandboxError as e:
+            return Attempt(n, FailureClass.FATAL, message=f"sandbox: {e}", outcome="start_failed")
+        if result.egress_events:
+            # Every decision of the egress proxy becomes an event of the call.
+            self.repo.append(state, EventType.EGRESS, {"call_id": a.call_id, "attempt": n,
+                                                       "decisions": [dict(e) for e in result.egress_events]})
+        failure = classify(result)
+        if failure is None:
+            try:
+                line = result.stdout.decode("utf-8").strip().splitlines()[-1]
+                doc = json.loads(line)
+                if not isinstance(doc, dict) or doc.get("ok") is not True or "content" not in doc:
+                    raise ValueError("not a runner success document")
+            except (ValueError, IndexError, UnicodeDecodeError) as e:
+                return Attempt(n, FailureClass.FATAL, message=f"tool output is not the runner protocol: {e}",
+                               duration_ms=result.duration_ms, outcome=result.outcome.value)
+            return Attempt(n, None, content=doc["content"], duration_ms=result.duration_ms,
+                           outcome=result.outcome.value)
+        message = result.message or f"{result.outcome.value}"
+        return Attempt(n, failure, message=message, retry_after_s=result.retry_after_s,
+                       duration_ms=result.duration_ms, outcome=result.outcome.value)
+
+
+def completion_observation(call_id: str, tool: str, completion: Mapping[str, Any],
+                           path: tuple[str, ...], approval_id: str | None) -> Observation:
+    """The observation of a recorded completion (also what recovery writes for a completion
+    whose observation was lost in a crash)."""
+    attempts = int(completion.get("attempts") or 0)
+    if not completion.get("ok"):
+        return Observation(call_id, tool, ObservationStatus.EXECUTED, True, error=completion.get("error"),
+                           error_class=completion.get("error_class"), verdict_path=path + ("executed:failed",),
+                           approval_id=approval_id, attempts=attempts)
+    # 11 the result guardrail's verdict (recorded with the completion; computed here for a
+    # completion written without one)
+    guard = completion.get("guard")
+    if guard is None:
+        checked = guardrails.check_result(completion.get("content"))
+        guard = {"action": checked.action.value, "redacted": list(checked.redacted), "reason": checked.reason}
+        content = checked.content
+    else:
+        content = completion.get("content")
+    if guard["action"] == guardrails.Action.BLOCK.value:
+        # The tool ran (its effect, if any, happened): the result is withheld, not the call blocked.
+        return Observation(call_id, tool, ObservationStatus.WITHHELD, True, error=guard["reason"],
+                           error_class="secret_in_result", verdict_path=path + ("result:blocked",),
+                           approval_id=approval_id, attempts=attempts)
+    suffix = ("result:redacted",) if guard["redacted"] else ("result:ok",)
+    return Observation(call_id, tool, ObservationStatus.EXECUTED, True, content=content,
+                       error=guard["reason"] or None, verdict_path=path + suffix, approval_id=approval_id,
+                       attempts=attempts)

@@ -1,0 +1,376 @@
+"""The orchestrator: the public API the servicer calls, over the orchestration modules.
+
+    admission.py   steps 1-6, a pure function from a batch to typed verdicts
+    batches.py     one turn: admit all, log all, then dispatch the admitted subset
+    approvals.py   the approval lifecycle (request, decide, expire, resume)
+    dispatch.py    steps 8-11, the only code that touches the sandbox
+    streams.py     live event and approval streams
+    recovery.py    a restart's consistent point
+    runs.py        the run repository: the one writer of run logs
+
+Methods are synchronous; the gRPC edge calls them from worker threads. Every method takes the
+caller's Principal and scopes everything to its tenant: another tenant's run or approval is
+NotFound, so ids do not leak.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+from control.config import Config
+from control.errors import (
+    FailedPrecondition,
+    FieldViolation,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+)
+from control.model import Approval, Event, Observation, PlanStep, Principal, ProposedCall, Role, RunOutcome, RunView, ToolView
+from control.orchestration import streams
+from control.orchestration.admission import AdmissionContext
+from control.orchestration.approvals import ApprovalDesk
+from control.orchestration.batches import BatchRunner
+from control.orchestration.dispatch import Dispatcher
+from control.orchestration.recovery import recover_run
+from control.orchestration.runs import RUN_ID, RunRepository
+from control.policy import PolicyEngine
+from control.registry import Registry
+from control.state import EventType, RunState
+from control.store.base import EventStore
+from control.validation import signature, validate_arguments
+from sandbox.backend import SandboxBackend
+
+_tracer = trace.get_tracer("ringfence.control")
+
+_READ_ROLES = (Role.AGENT, Role.APPROVER, Role.ADMIN)
+_AGENT_ROLES = (Role.AGENT, Role.ADMIN)
+_APPROVER_ROLES = (Role.APPROVER, Role.ADMIN)
+
+
+def _default_image_digest() -> Callable[[str], str]:
+    cache: dict[str, str] = {}
+
+    def digest(name: str) -> str:
+        if name not in cache:
+            try:
+                from sandbox.images import load_lock
+
+                cache[name] = load_lock().image_id(name)
+            except Exception:  # noqa: BLE001 - no lock: the digest says so, dispatch will refuse
+                cache[name] = f"unpinned:{name}"
+        return cache[name]
+
+    return digest
+
+
+class Orchestrator:
+    def __init__(
+        self,
+        *,
+        config: Config,
+        registry: Registry,
+        backend: SandboxBackend,
+        store: EventStore,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+        image_digest: Callable[[str], str] | None = None,
+        recover: bool = True,
+    ) -> None:
+        self.config = config
+        self.limits = config.limits
+        self.registry = registry
+        self.backend = backend
+        self.store = store
+        self.policy = PolicyEngine(config.policy)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._tenant_slots: dict[str, threading.BoundedSemaphore] = {}
+        # Set by cancel_run: a running batch dispatches nothing more once it is set.
+        self._cancelled: dict[str, threading.Event] = {}
+        self._closed = False
+        self.runs = RunRepository(store)
+        self.dispatcher = Dispatcher(repo=self.runs, backend=backend, config=config, sleep=sleep,
+                                     rng=rng or random.Random(), clock=clock, cancelled=self._cancel_flag)
+        self.batches: BatchRunner
+        self.desk = ApprovalDesk(repo=self.runs, dispatcher=self.dispatcher, registry=registry, policy=self.policy,
+                                 limits=self.limits, clock=clock, image_digest=image_digest or _default_image_digest(),
+                                 run_context=self._run_context,
+                                 deadline_passed=lambda s: self.batches.deadline_passed(s),
+                                 on_dispatch_error=lambda s, items, e: self.batches.dispatch_failed(s, items, e))
+        self.batches = BatchRunner(repo=self.runs, desk=self.desk, dispatcher=self.dispatcher, limits=self.limits,
+                                   admission=self._admission_context, clock=clock, run_context=self._run_context)
+        self.runs.load_unfinished()
+        if recover:
+            self.recover()
+
+    @classmethod
+    def from_config(cls, config: Config, backend: SandboxBackend, store: EventStore,
+                    clock: Callable[[], float] = time.time, **kwargs: Any) -> "Orchestrator":
+        registry = kwargs.pop("registry", None) or Registry.from_dir(config.tools_dir)
+        return cls(config=config, registry=registry, backend=backend, store=store, clock=clock, **kwargs)
+
+    @property
+    def on_event(self) -> Callable[[RunState, Event], None] | None:
+        return self.runs.on_event
+
+    @on_event.setter
+    def on_event(self, callback: Callable[[RunState, Event], None] | None) -> None:
+        self.runs.on_event = callback
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _admission_context(self, state: RunState) -> AdmissionContext:
+        return AdmissionContext(registry=self.registry, config=self.config, policy=self.policy,
+                                grants=frozenset(state.grants), seen_signatures=dict(state.signatures))
+
+    def _run_context(self, state: RunState) -> otel_context.Context:
+        """The run's root span as a parent: one trace per run, across batches and restarts."""
+        t = state.trace
+        if not t.get("trace_id"):
+            return otel_context.Context()
+        parent = trace.SpanContext(trace_id=int(t["trace_id"], 16), span_id=int(t["span_id"], 16),
+                                   is_remote=False, trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED))
+        return trace.set_span_in_context(trace.NonRecordingSpan(parent))
+
+    def _cancel_flag(self, state: RunState) -> threading.Event:
+        with self._lock:
+            return self._cancelled.setdefault(state.key, threading.Event())
+
+    @staticmethod
+    def _require(p: Principal, roles: Sequence[Role]) -> None:
+        if p.role not in roles:
+            raise PermissionDenied(f"role {p.role} may not do this")
+
+    @contextmanager
+    def _tenant_slot(self, tenant: str) -> Iterator[None]:
+        with self._lock:
+            sem = self._tenant_slots.setdefault(
+                tenant, threading.BoundedSemaphore(self.limits.max_concurrent_batches))
+        if not sem.acquire(blocking=False):
+            raise ResourceExhausted(
+                f"tenant {tenant} already has {self.limits.max_concurrent_batches} batches running")
+        try:
+            yield
+        finally:
+            sem.release()
+
+    # ------------------------------------------------------------------ runs
+
+    def list_tools(self, p: Principal, query: str = "") -> list[ToolView]:
+        self._require(p, _READ_ROLES)
+        return self.registry.list(query)
+
+    def start_run(self, p: Principal, goal: str, run_id: str | None = None) -> RunView:
+        self._require(p, _AGENT_ROLES)
+        if not isinstance(goal, str) or len(goal.encode()) > self.limits.max_argument_bytes:
+            raise InvalidArgument("goal is too long", [FieldViolation("goal", "at most max_argument_bytes")])
+        run_id = run_id or "run-" + uuid.uuid4().hex[:20]
+        if not RUN_ID.fullmatch(run_id):
+            raise InvalidArgument("bad run id", [FieldViolation("run_id", "1-100 characters of [A-Za-z0-9_.:-]")])
+        with self.runs.run_lock(f"{p.tenant}/{run_id}"):
+            try:
+                return self.runs.view(self.runs.get(p.tenant, run_id))
+            except NotFound:
+                pass  # a new run
+            now = self._clock()
+            with _tracer.start_as_current_span("invoke_agent", context=otel_context.Context(),
+                                               attributes={"gen_ai.operation.name": "invoke_agent",
+                                                           "ringfence.run_id": run_id,
+                                                           "ringfence.tenant": p.tenant}) as span:
+                ctx = span.get_span_context()
+                trace_ids = ({"trace_id": f"{ctx.trace_id:032x}", "span_id": f"{ctx.span_id:016x}"}
+                             if ctx.is_valid else {})
+            state = RunState(run_id=run_id, tenant=p.tenant, key=self.runs.new_key(p.tenant, run_id))
+            self.runs.start(state, {
+                "run_id": run_id, "tenant": p.tenant, "goal": goal, "created_at": now,
+                "deadline_at": now + self.limits.run_deadline_s, "policy_version": self.policy.version,
+                "trace": trace_ids, "by": p.subject})
+            return self.runs.view(state)
+
+    def get_run(self, p: Principal, run_id: str) -> RunView:
+        self._require(p, _READ_ROLES)
+        state = self.runs.get(p.tenant, run_id)
+        self.desk.try_sweep(state)
+        return self.runs.view(state)
+
+    def list_runs(self, p: Principal) -> list[RunView]:
+        self._require(p, _READ_ROLES)
+        for state in self.runs.live(p.tenant):
+            self.desk.try_sweep(state)
+        return self.runs.views(p.tenant)
+
+    def finish_run(self, p: Principal, run_id: str) -> RunView:
+        self._require(p, _AGENT_ROLES)
+        state = self.runs.get(p.tenant, run_id)
+        with self.runs.run_lock(state.key):
+            if not state.finished:
+                self.runs.finish(state, RunOutcome.COMPLETED, "finished by the agent")
+            return self.runs.view(state)
+
+    def cancel_run(self, p: Principal, run_id: str) -> RunView:
+        """The kill switch: no call of the run is dispatched after this, even in a running batch
+        (calls already in a container finish; their completions are recorded)."""
+        self._require(p, _READ_ROLES)
+        state = self.runs.get(p.tenant, run_id)
+        if not state.finished:
+            self._cancel_flag(state).set()
+        with self.runs.run_lock(state.key):
+            if not state.finished:
+                self.runs.finish(state, RunOutcome.CANCELLED, f"cancelled by {p.subject}")
+            return self.runs.view(state)
+
+    # ------------------------------------------------------------------ batches and plans
+
+    def submit_batch(self, p: Principal, run_id: str, calls: Sequence[ProposedCall],
+                     batch_id: str | None = None) -> list[Observation]:
+        self._require(p, _AGENT_ROLES)
+        state = self.runs.get(p.tenant, run_id)
+        calls = list(calls)
+        if batch_id:
+            self.batches.check_batch_id(batch_id)
+            recorded = self.batches.recorded(state, batch_id, calls)
+            if recorded is not None:
+                return recorded
+        self.batches.check_shape(state, calls)
+        with self._tenant_slot(p.tenant), self.runs.run_lock(state.key):
+            if batch_id:
+                # Again under the lock: the first send of this batch may have just finished.
+                recorded = self.batches.recorded(state, batch_id, calls)
+                if recorded is not None:
+                    return recorded
+            if state.finished:
+                raise FailedPrecondition(f"run {run_id} is finished ({state.outcome})")
+            self.batches.check_shape(state, calls)  # again under the lock: ids may have been used meanwhile
+            return self.batches.run(state, calls, proposed_by=p.subject, batch_id=batch_id)
+
+    def validate_plan(self, p: Principal, steps: Sequence[PlanStep], max_steps: int | None) -> None:
+        self._require(p, _AGENT_ROLES)
+        violations: list[FieldViolation] = []
+        cap = self.limits.max_plan_steps
+        limit = self.limits.max_steps if max_steps in (None, 0) else max_steps
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            violations.append(FieldViolation("max_steps", "must be a positive integer"))
+            limit = self.limits.max_steps
+        elif limit > cap:
+            violations.append(FieldViolation("max_steps", f"{limit} is over the hard cap of {cap}"))
+            limit = cap
+        if not steps:
+            violations.append(FieldViolation("steps", "a plan needs at least one step"))
+        if len(steps) > limit:
+            violations.append(FieldViolation("steps", f"{len(steps)} steps is over max_steps {limit}"))
+        seen: set[str] = set()
+        for i, step in enumerate(steps):
+            if not isinstance(step.key, str) or not RUN_ID.fullmatch(step.key):
+                violations.append(FieldViolation(f"steps[{i}].key", "1-100 characters of [A-Za-z0-9_.:-]"))
+            elif step.key in seen:
+                violations.append(FieldViolation(f"steps[{i}].key", f"duplicate key {step.key!r}"))
+            seen.add(step.key)
+            manifest = self.registry.get(step.tool)
+            if manifest is None:
+                violations.append(FieldViolation(f"steps[{i}].tool", f"unknown tool {step.tool!r}"))
+                continue
+            _, errs = validate_arguments(manifest, step.arguments, max_bytes=self.limits.max_argument_bytes,
+                                         field_prefix=f"steps[{i}].arguments")
+            violations.extend(errs)
+        if violations:
+            raise InvalidArgument(f"the plan has {len(violations)} problem(s)", violations)
+
+    def execute_plan(self, p: Principal, run_id: str, steps: Sequence[PlanStep],
+                     max_steps: int | None) -> Iterator[Event]:
+        """Validate the whole plan now (raising InvalidArgument), then return an iterator that
+        runs it as ONE batch (total admission of every step before any runs) and yields the
+        run's events as they are appended."""
+        self.validate_plan(p, steps, max_steps)
+        state = self.runs.get(p.tenant, run_id)
+        if state.finished:
+            raise FailedPrecondition(f"run {run_id} is finished ({state.outcome})")
+        calls = [ProposedCall(s.key, s.tool, s.arguments) for s in steps]
+        self.batches.check_shape(state, calls)
+        return self._stream_batch(p, state, calls)
+
+    def _stream_batch(self, p: Principal, state: RunState, calls: list[ProposedCall]) -> Iterator[Event]:
+        from_seq = state.last_seq + 1
+        done = threading.Event()
+        failure: list[BaseException] = []
+
+        def work() -> None:
+            try:
+                self.submit_batch(p, state.run_id, calls)
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+                failure.append(e)
+            finally:
+                done.set()
+
+        worker = threading.Thread(target=work, name=f"rf-plan-{state.run_id}", daemon=True)
+        worker.start()
+        yield from streams.follow_batch(self.runs, state, from_seq, done)
+        worker.join()
+        if failure:
+            raise failure[0]
+
+    def watch_run(self, p: Principal, run_id: str, from_seq: int, stop: threading.Event) -> Iterator[Event]:
+        self._require(p, _READ_ROLES)
+        state = self.runs.get(p.tenant, run_id)
+        # Clamp: SQLite integers are 64-bit signed, and no run has 2**62 events.
+        return streams.watch_run(self.runs, state, min(max(int(from_seq or 0), 1), 2**62), stop,
+                                 lambda: self._closed)
+
+    # ------------------------------------------------------------------ approvals
+
+    def list_approvals(self, p: Principal, run_id: str | None = None) -> list[Approval]:
+        self._require(p, _READ_ROLES)
+        states = [self.runs.get(p.tenant, run_id)] if run_id is not None else self.runs.live(p.tenant)
+        out: list[Approval] = []
+        for state in states:
+            self.desk.try_sweep(state)
+            out.extend(self.runs.approvals_of(state))
+        return sorted(out, key=lambda a: (a.created_at, a.approval_id))
+
+    def watch_approvals(self, p: Principal, stop: threading.Event) -> Iterator[Approval]:
+        self._require(p, _APPROVER_ROLES)
+        return streams.watch_approvals(lambda: self.list_approvals(p), self.store.version, self.store.wait,
+                                       stop, lambda: self._closed)
+
+    def add_grant(self, p: Principal, run_id: str, tool: str, arguments: Mapping[str, Any]) -> None:
+        """An exact-call session grant for this run (approver/admin). Policy DENY still wins."""
+        self._require(p, _APPROVER_ROLES)
+        state = self.runs.get(p.tenant, run_id)
+        manifest = self.registry.get(tool)
+        if manifest is None:
+            raise InvalidArgument("unknown tool", [FieldViolation("tool", f"unknown tool {tool!r}")])
+        canon, errs = validate_arguments(manifest, arguments, max_bytes=self.limits.max_argument_bytes)
+        if errs:
+            raise InvalidArgument("invalid arguments", errs)
+        with self.runs.run_lock(state.key):
+            self.runs.append(state, EventType.GRANT_ADDED, {"tool": tool, "arguments": canon,
+                                                            "signature": signature(tool, canon), "by": p.subject})
+
+    def decide_approval(self, p: Principal, approval_id: str, approve: bool, reason: str) -> Approval:
+        self._require(p, _APPROVER_ROLES)
+        if not isinstance(reason, str) or len(reason.encode()) > 4096:
+            raise InvalidArgument("reason is too long", [FieldViolation("reason", "at most 4096 bytes")])
+        return self.desk.decide(p, approval_id, approve, reason)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def recover(self) -> None:
+        """Bring every unfinished run to a consistent point after a restart (recovery.py)."""
+        for state in self.runs.live():
+            with self.runs.run_lock(state.key):
+                if not state.finished:
+                    recover_run(state, repo=self.runs, desk=self.desk, batches=self.batches,
+                                registry=self.registry, run_context=self._run_context)
+
+    def close(self) -> None:
+        self._closed = True
+        self.dispatcher.close()

@@ -1,0 +1,179 @@
+"""The run repository: the one writer of run logs, and where live runs are kept.
+
+A run's state changes only through `append` (a durable store append, then control.state.apply
+on the cached state), so the live state is the fold of the log. Unfinished runs stay in memory
+while this process serves them; a finished run leaves memory and is read from the store when
+someone asks for it, so memory and start-up time do not grow with history.
+
+Locks: `run_lock(key)` serializes batches and decisions of one run (re-entrant: a decision may
+resume a call); `append` is atomic per run (parallel reads append from several threads).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import threading
+from typing import Any, Callable, Mapping
+
+from control.errors import NotFound
+from control.model import Approval, ApprovalStatus, Event, Observation, ObservationStatus, RunOutcome, RunView
+from control.state import EventType, RunState, apply, check_event, fold, observation_data
+from control.store.base import EventStore
+
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}")
+
+
+class RunRepository:
+    def __init__(self, store: EventStore) -> None:
+        self.store = store
+        self._live: dict[tuple[str, str], RunState] = {}  # (tenant, run id) -> unfinished run
+        self._approval_runs: dict[str, tuple[str, str]] = {}  # approval id -> (tenant, run id)
+        self._lock = threading.Lock()  # guards the dicts above and the lock tables below
+        self._run_locks: dict[str, threading.RLock] = {}
+        self._append_locks: dict[str, threading.Lock] = {}
+        # Called with (state, event) after every append is applied (metrics, tests).
+        self.on_event: Callable[[RunState, Event], None] | None = None
+
+    # -- loading -----------------------------------------------------------------------
+
+    def load_unfinished(self) -> list[RunState]:
+        """Fold every unfinished run into memory (start-up); finished ones stay in the store."""
+        loaded = []
+        for _tenant, key in self.store.all_runs():
+            events = self.store.read(key)
+            if events and events[-1].type == EventType.RUN_FINISHED:
+                continue
+            state = fold(events)
+            self._remember(state)
+            loaded.append(state)
+        return loaded
+
+    def _remember(self, state: RunState) -> None:
+        with self._lock:
+            self._live[(state.tenant, state.run_id)] = state
+            for approval_id in state.approvals:
+                self._approval_runs[approval_id] = (state.tenant, state.run_id)
+
+    def _key_of(self, tenant: str, run_id: str) -> str | None:
+        """The store key of a tenant's run: its id, or tenant/id when another tenant had the id."""
+        for key in (run_id, f"{tenant}/{run_id}"):
+            if self.store.tenant_of(key) == tenant:
+                return key
+        return None
+
+    def get(self, tenant: str, run_id: str) -> RunState:
+        """A tenant's run, live or folded from the store; another tenant's is NotFound."""
+        with self._lock:
+            state = self._live.get((tenant, run_id))
+        if state is not None:
+            return state
+        key = self._key_of(tenant, run_id) if isinstance(run_id, str) and RUN_ID.fullmatch(run_id) else None
+        if key is None:
+            raise NotFound(f"run {run_id!r} not found")
+        state = fold(self.store.read(key))
+        if not state.finished:
+            # Unfinished but not in memory: another instance's, or appended before this process
+            # started; serve it from here from now on.
+            with self._lock:
+                state = self._live.setdefault((tenant, run_id), state)
+        return state
+
+    def live(self, tenant: str | None = None) -> list[RunState]:
+        with self._lock:
+            return [s for s in self._live.values() if tenant is None or s.tenant == tenant]
+
+    def views(self, tenant: str) -> list[RunView]:
+        """Every run of a tenant, oldest first: live ones from memory, the rest from the store."""
+        live = {s.key: s for s in self.live(tenant)}
+        return [self.view(live.get(key) or fold(self.store.read(key))) for key in self.store.runs(tenant)]
+
+    def approval_run(self, tenant: str, approval_id: str) -> RunState | None:
+        with self._lock:
+            where = self._approval_runs.get(approval_id)
+        if where is None or where[0] != tenant:
+            return None
+        return self.get(*where)
+
+    def new_key(self, tenant: str, run_id: str) -> str:
+        """The store key for a new run: its id, unless another tenant holds it ("/" is not
+        allowed in run ids, so the namespaced form cannot collide with a caller's id)."""
+        return run_id if self.store.tenant_of(run_id) in (None, tenant) else f"{tenant}/{run_id}"
+
+    # -- locks -------------------------------------------------------------------------
+
+    def run_lock(self, key: str) -> threading.RLock:
+        with self._lock:
+            return self._run_locks.setdefault(key, threading.RLock())
+
+    def _append_lock(self, key: str) -> threading.Lock:
+        with self._lock:
+            return self._append_locks.setdefault(key, threading.Lock())
+
+    def view(self, state: RunState) -> RunView:
+        # Under the append lock: parallel dispatch threads may be applying events right now.
+        with self._append_lock(state.key):
+            return state.view()
+
+    def approvals_of(self, state: RunState) -> list[Approval]:
+        with self._append_lock(state.key):
+            return list(state.approvals.values())
+
+    # -- writing -----------------------------------------------------------------------
+
+    def start(self, state: RunState, data: Mapping[str, Any]) -> RunState:
+        self.append(state, EventType.RUN_STARTED, data)
+        self._remember(state)
+        return state
+
+    def append(self, state: RunState, type_: EventType, data: Mapping[str, Any]) -> Event:
+        """Durably append one event and apply it. An event the fold would reject is refused
+        before it reaches the store: nothing durable can make a run unreadable."""
+        check_event(type_, data)
+        with self._append_lock(state.key):
+            event = self.store.append(state.key, type_.value, data, expected_seq=state.last_seq + 1,
+                                      tenant=state.tenant)
+            apply(state, event)
+            if type_ is EventType.APPROVAL_REQUESTED:
+                with self._lock:
+                    self._approval_runs[data["approval_id"]] = (state.tenant, state.run_id)
+            if type_ is EventType.RUN_FINISHED:
+                self._forget(state)
+            if self.on_event is not None:
+                self.on_event(state, event)
+        return event
+
+    def _forget(self, state: RunState) -> None:
+        """A finished run leaves memory: later reads fold it from the store. Its approvals stay
+        indexed (a few bytes each) so that deciding one says "the run is finished", not "not
+        found"; after a restart only unfinished runs' approvals are indexed."""
+        with self._lock:
+            if self._live.get((state.tenant, state.run_id)) is state:
+                del self._live[(state.tenant, state.run_id)]
+
+    def observe(self, state: RunState, obs: Observation) -> Observation:
+        self.append(state, EventType.OBSERVATION, observation_data(obs))
+        return state.trajectory[obs.call_id]
+
+    def finish(self, state: RunState, outcome: RunOutcome, reason: str) -> None:
+        if state.finished:
+            return
+        # Pending approvals die with the run: their calls are declined, durably.
+        for call_id, pending in list(state.pending.items()):
+            approval = state.approvals.get(pending.approval_id)
+            if approval is not None and approval.status is ApprovalStatus.PENDING:
+                self.append(state, EventType.APPROVAL_DECIDED, {
+                    "approval_id": pending.approval_id, "approved": False, "by": "system",
+                    "reason": f"run ended: {outcome}"})
+            self.observe(state, Observation(call_id, pending.tool, ObservationStatus.DECLINED, False,
+                                            error=f"run ended ({outcome}) before this call ran",
+                                            verdict_path=pending.verdict_path + ("run:ended",),
+                                            approval_id=pending.approval_id))
+        self.append(state, EventType.RUN_FINISHED, {"outcome": outcome.value, "reason": reason})
+
+    @staticmethod
+    def public(state: RunState, event: Event) -> Event:
+        """Events as the caller knows them: under its run id, not the store key."""
+        if event.run_id == state.run_id:
+            return event
+        return dataclasses.replace(event, run_id=state.run_id)

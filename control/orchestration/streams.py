@@ -1,0 +1,65 @@
+"""Streams of a run's events and of a tenant's approvals, read from the store as they are
+appended (the store wakes its waiters; nothing here polls faster than its timeout)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable, Iterator
+
+from control.model import Approval, ApprovalStatus, Event
+from control.orchestration.runs import RunRepository
+from control.state import EventType, RunState
+
+
+def watch_run(repo: RunRepository, state: RunState, from_seq: int, stop: threading.Event,
+              closed: Callable[[], bool]) -> Iterator[Event]:
+    """The run's events from `from_seq` on, live, until the run finishes or `stop` is set."""
+    store = repo.store
+    while not stop.is_set():
+        version = store.version()
+        finished = state.finished
+        for event in store.read(state.key, from_seq):
+            from_seq = event.seq + 1
+            yield repo.public(state, event)
+            if event.type == EventType.RUN_FINISHED:
+                return
+        # A finished run (read before the events, so nothing is missed) ends the watch even
+        # when the caller asked to start past its last event.
+        if finished or closed():
+            return
+        store.wait(version, 0.25)
+
+
+def follow_batch(repo: RunRepository, state: RunState, from_seq: int, done: threading.Event) -> Iterator[Event]:
+    """The run's events from `from_seq` on while a batch runs in another thread, then the rest."""
+    store = repo.store
+    while True:
+        version = store.version()
+        finished = done.is_set()
+        for event in store.read(state.key, from_seq):
+            from_seq = event.seq + 1
+            yield repo.public(state, event)
+        if finished:
+            return
+        store.wait(version, 0.1)
+
+
+def watch_approvals(list_approvals: Callable[[], list[Approval]], store_version: Callable[[], int],
+                    store_wait: Callable[[int, float], int], stop: threading.Event,
+                    closed: Callable[[], bool]) -> Iterator[Approval]:
+    """At start the pending approvals; then every new one as it is requested."""
+    seen: set[str] = set()
+    first = True
+    while not stop.is_set():
+        version = store_version()
+        for approval in list_approvals():
+            if approval.approval_id in seen:
+                continue
+            seen.add(approval.approval_id)
+            if first and approval.status is not ApprovalStatus.PENDING:
+                continue  # at start only the pending ones matter; later every new one
+            yield approval
+        first = False
+        if closed():
+            return
+        store_wait(version, 0.25)

@@ -1,0 +1,114 @@
+"""Effects happen once, whoever asks twice: tenants sharing a run id, a client resending a batch,
+a crash between admission and dispatch, and an actor approving what it proposed. Each test
+counts at the witness of what reached the sandbox (the emulator's log / the backend's starts).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from control.errors import InvalidArgument, PermissionDenied
+from control.model import ObservationStatus as S
+from control.model import Principal, ProposedCall, Role
+from control_support import ADMIN, AGENT, APPROVER, Harness
+
+GLOBEX = Principal("globex", Role.AGENT, "globex-agent")
+
+
+def test_two_tenants_with_the_same_run_id_get_different_idempotency_keys(tmp_path):
+    """A receiver deduplicating by key must not drop one tenant's effect as the other's repeat."""
+    h = Harness(tmp_path, limits={"max_concurrent_batches": 4})
+    h.orch.start_run(AGENT, "acme's job", "nightly")
+    h.orch.start_run(GLOBEX, "globex's job", "nightly")
+    note = {"name": "report", "text": "same words"}
+    [a] = h.orch.submit_batch(AGENT, "nightly", [ProposedCall("w", "write_note", note)])
+    [b] = h.orch.submit_batch(GLOBEX, "nightly", [ProposedCall("w", "write_note", note)])
+    assert a.status is b.status is S.EXECUTED
+    keys = [c.idempotency_key for c in h.emulator.log]
+    assert len(keys) == 2 and keys[0] != keys[1] and all(keys)
+
+
+def test_the_idempotency_key_survives_a_restart(tmp_path):
+    h = Harness(tmp_path)
+    run = h.run()
+    h.submit(run, ("write_note", {"name": "n", "text": "t"}))
+    h.restart()
+    [again] = h.submit(run, ("write_note", {"name": "n", "text": "t"}))
+    assert again.status is S.DEDUPLICATED and h.backend.starts == 1
+
+
+def test_the_proposer_cannot_decide_its_own_approval(tmp_path):
+    """An admin holds the agent and approver roles: it may propose, or approve, never both."""
+    h = Harness(tmp_path)
+    run = h.orch.start_run(ADMIN, "four eyes").run_id
+    [pending] = h.orch.submit_batch(ADMIN, run, [ProposedCall("pay", "credit", {"account": "acme-9", "amount": 50})])
+    assert pending.status is S.PENDING_APPROVAL
+    with pytest.raises(PermissionDenied, match="proposed this call"):
+        h.orch.decide_approval(ADMIN, pending.approval_id, True, "my own")
+    assert h.backend.starts == 0
+    h.orch.decide_approval(APPROVER, pending.approval_id, True, "someone else")
+    assert h.orch.get_run(ADMIN, run).trajectory[0].status is S.EXECUTED and h.backend.starts == 1
+
+
+def test_a_resent_batch_returns_the_recorded_observations(tmp_path):
+    h = Harness(tmp_path)
+    run = h.run()
+    calls = [ProposedCall("r", "echo", {"text": "hi"}), ProposedCall("w", "write_note", {"name": "n", "text": "t"})]
+    first = h.orch.submit_batch(AGENT, run, calls, batch_id="turn-1")
+    again = h.orch.submit_batch(AGENT, run, calls, batch_id="turn-1")
+    assert again == first and h.backend.starts == 2
+    assert [e.type for e in h.events(run)].count("batch_started") == 1
+
+
+def test_a_different_batch_under_a_used_id_is_refused(tmp_path):
+    h = Harness(tmp_path)
+    run = h.run()
+    h.orch.submit_batch(AGENT, run, [ProposedCall("r", "echo", {"text": "hi"})], batch_id="turn-1")
+    with pytest.raises(InvalidArgument) as info:
+        h.orch.submit_batch(AGENT, run, [ProposedCall("r2", "echo", {"text": "other"})], batch_id="turn-1")
+    assert [v.field for v in info.value.violations] == ["batch_id"]
+    assert h.backend.starts == 1
+
+
+class Crash(BaseException):
+    """Stands for the process dying: nothing after it runs (a BaseException, like SystemExit)."""
+
+
+def test_calls_admitted_before_a_crash_run_once_after_the_restart(tmp_path):
+    """Killed between admitting a batch and dispatching it: the restarted server runs each
+    admitted call once (they provably never reached a container), reads and writes alike."""
+    h = Harness(tmp_path)
+    run = h.run()
+    decided = []
+
+    def die_after_the_last_verdict(state, event):
+        if event.type == "call_decided":
+            decided.append(event.data["call_id"])
+            if len(decided) == 2:
+                raise Crash()
+
+    h.orch.on_event = die_after_the_last_verdict
+    with pytest.raises(Crash):
+        h.submit(run, ProposedCall("r", "echo", {"text": "hi"}), ProposedCall("w", "write_note", {"name": "n", "text": "t"}))
+    assert h.backend.starts == 0
+    h.restart()
+    view = h.orch.get_run(AGENT, run)
+    by_id = {o.call_id: o for o in view.trajectory}
+    assert by_id["r"].status is S.EXECUTED and by_id["w"].status is S.EXECUTED
+    assert by_id["w"].verdict_path[-2:] == ("recovery:resumed", "result:ok")
+    assert sorted(h.emulator.tools()) == ["echo", "write_note"]
+    h.restart()  # a second restart finds nothing left to do
+    assert sorted(h.emulator.tools()) == ["echo", "write_note"]
+
+
+def test_a_finished_run_leaves_memory_and_is_served_from_the_store(tmp_path):
+    h = Harness(tmp_path)
+    run = h.run()
+    h.submit(run, ("echo", {"text": "hi"}))
+    h.orch.finish_run(AGENT, run)
+    assert h.orch.runs.live() == []
+    assert h.orch.get_run(AGENT, run).trajectory[0].content == {"text": "hi"}
+    assert [v.run_id for v in h.orch.list_runs(AGENT)] == [run]
+    h.restart()
+    assert h.orch.runs.live() == []  # start-up does not fold finished runs
+    assert h.orch.get_run(AGENT, run).outcome.value == "completed"
