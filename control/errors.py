@@ -8,7 +8,9 @@
     ├── Unauthenticated
     ├── PermissionDenied                  authenticated, wrong role
     ├── ResourceExhausted                 sizes, per-tenant concurrency
-    └── Unavailable                       the sandbox engine cannot be reached
+    ├── Unavailable                       the sandbox engine cannot be reached
+    └── Internal                          a server fault (a bug), with an incident id: retrying
+                                          will not help; never raised by the core on purpose
     ConfigError(key, message) < InvalidArgument   a bad config file; `key` is the dotted key
 
 The edge (control/api/status.py) maps these to gRPC status codes in one table; nothing in the
@@ -31,6 +33,7 @@ __all__ = [
     "PermissionDenied",
     "ResourceExhausted",
     "Unavailable",
+    "Internal",
     "ConfigError",
 ]
 
@@ -90,6 +93,10 @@ class ResourceExhausted(ControlError):
 
 class Unavailable(ControlError):
     pass
+
+
+class Internal(ControlError):
+    """What a client receives for a server fault: the message carries the incident id."""
 
 
 class ConfigError(InvalidArgument):

@@ -7,7 +7,7 @@ Every RPC goes through one wrapper (`Edge._unary` / `Edge._stream`) that, in thi
   4. runs the method, which decodes the request strictly (control/api/convert.py) and calls the
      Orchestrator in a worker thread,
   5. maps any exception through the one table in control/api/status.py; an unexpected one is
-     logged, counted (`Edge.unexpected_errors`) and answered UNAVAILABLE, never INTERNAL or
+     logged, counted (`Edge.unexpected_errors`) and answered INTERNAL with an incident id, never
      UNKNOWN.
 The handlers are built from the proto descriptors, so a method added to the protos cannot
 bypass the wrapper (and without an entry in auth.METHOD_ROLES nobody may call it).

@@ -5,10 +5,10 @@ InvalidArgument, a `google.rpc.BadRequest` listing every field violation) carrie
 `grpc-status-details-bin` trailer; the client turns that back into the same ControlError
 subclass. Nothing else in the code base chooses a status code.
 
-An exception that is not a ControlError is a server fault, never the caller's: it is logged
-with an incident id and answered UNAVAILABLE ("retry later; we logged it"). INTERNAL and
-UNKNOWN are never sent on purpose, so a client or a fuzz test that sees one has found a path
-that escaped this table.
+An exception that is not a ControlError is a server fault, never the caller's: a bug. It is
+logged with an incident id, counted, and answered INTERNAL — never a code that invites a retry
+(UNAVAILABLE would make a client repeat a deterministic failure). No known error maps to
+INTERNAL, so a client or a fuzz test that sees it has found a bug.
 """
 
 from __future__ import annotations
@@ -46,12 +46,13 @@ CODES: Mapping[type[BaseException], grpc.StatusCode] = {
     sandbox_errors.SandboxError: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
-UNEXPECTED_CODE = grpc.StatusCode.UNAVAILABLE
+UNEXPECTED_CODE = grpc.StatusCode.INTERNAL
 
-# Client side: the exception each code becomes. Codes the server never sends on purpose
-# (INTERNAL, UNKNOWN, DEADLINE_EXCEEDED, CANCELLED ...) stay grpc.RpcError.
+# Client side: the exception each code becomes; INTERNAL is a server fault (E.Internal). Codes
+# the server never sends (UNKNOWN, DEADLINE_EXCEEDED, CANCELLED ...) stay grpc.RpcError.
 _EXCEPTIONS: Mapping[grpc.StatusCode, type[E.ControlError]] = {
-    code: exc for exc, code in CODES.items() if issubclass(exc, E.ControlError)
+    **{code: exc for exc, code in CODES.items() if issubclass(exc, E.ControlError)},
+    UNEXPECTED_CODE: E.Internal,
 }
 
 

@@ -18,7 +18,7 @@ from api_support import TOKENS, StubOrchestrator, make_config
 from control.api.background import BackgroundServer
 from control.api.client import RingfenceClient
 from control.api.gen.ringfence.v1 import runs_pb2, types_pb2
-from control.errors import FieldViolation, InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from control.errors import FieldViolation, Internal, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from control.model import Role
 
 AGENT = TOKENS[("acme", Role.AGENT)]
@@ -57,14 +57,17 @@ def field_violations(error: grpc.RpcError):
     return found
 
 
-def test_an_unexpected_core_exception_is_unavailable_never_internal(stub, tmp_path):
+def test_an_unexpected_core_exception_is_internal_with_an_incident_never_retryable(stub, tmp_path):
+    """A bug looks like a bug: INTERNAL (a client must not retry a deterministic failure, which
+    UNAVAILABLE would invite), with an incident id in the message, counted."""
     stub.raise_in["get_run"] = RuntimeError("a bug with a secret in it: hunter2")
     stub.raise_in["watch_run"] = ZeroDivisionError()
     with serve(stub, tmp_path) as s, RingfenceClient(s.address, AGENT) as c:
-        with pytest.raises(Unavailable) as e:
+        with pytest.raises(Internal) as e:
             c.get_run("r1")
         assert "hunter2" not in str(e.value) and "incident" in str(e.value)
-        with pytest.raises(Unavailable):
+        assert not isinstance(e.value, Unavailable)
+        with pytest.raises(Internal):
             list(c.watch_run("r1"))
         assert s.server.edge.unexpected_errors == 2
 

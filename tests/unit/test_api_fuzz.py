@@ -5,7 +5,7 @@ that is valid, invalid, duplicated or not an object, out-of-range enums and limi
 throws raw bytes at every method. The server is the real one over the real Orchestrator with
 a FakeBackend. A status code outside the expected set fails the test, and so does any
 exception that fell through to the server's catch-all (`edge.unexpected_errors`), which
-answers UNAVAILABLE rather than INTERNAL and would otherwise hide a bug from this test.
+answers INTERNAL with an incident id; the fuzz asserts it is never reached.
 """
 
 from __future__ import annotations
