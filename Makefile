@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 export TESTCONTAINERS_RYUK_DISABLED := true
 
-.PHONY: help venv docker packages gvisor images protos test test-unit demo bench lint clean gc
+.PHONY: help venv docker packages gvisor postgres images protos test test-unit demo bench lint clean gc
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -29,6 +29,9 @@ packages: ## host packages the build needs (debootstrap, Docker's default seccom
 gvisor: docker ## register gVisor (runsc) as a second runtime
 	@bash scripts/ensure-runsc.sh
 
+postgres: ## PostgreSQL's server binaries for the store tests (installs Debian's postgresql as root; no cluster)
+	@bash scripts/ensure-postgres.sh
+
 images: venv docker packages ## build the pinned images (only what is missing or stale) and verify them
 	$(VENV)/bin/ringfence images fetch
 	$(VENV)/bin/ringfence images build
@@ -37,7 +40,7 @@ images: venv docker packages ## build the pinned images (only what is missing or
 protos: venv ## regenerate the protobuf/gRPC modules from protos/
 	$(PY) -m control.api.protos_gen
 
-test: venv images gvisor ## run every test: unit, integration, escape battery, end to end
+test: venv images gvisor postgres ## run every test: unit, integration, escape battery, end to end
 	$(VENV)/bin/pytest tests
 
 test-unit: venv ## the fast tests that need no Docker

@@ -1,4 +1,5 @@
-"""The `ringfence` command: serve the control plane, run sandboxes, build and verify images."""
+"""The `ringfence` command: serve the control plane, run sandboxes, build and verify images, inspect
+and verify the runs in the event store."""
 
 from __future__ import annotations
 
@@ -17,11 +18,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # Each area registers its own subcommands; imports stay inside so that `--help` works even
     # before optional parts (e.g. the generated gRPC code) are present.
+    from control.store import cli as store_cli
     from sandbox import cli as sandbox_cli
     from sandbox.images import cli as images_cli
 
     sandbox_cli.register(sub)
     images_cli.register(sub)
+    store_cli.register(sub)
     try:
         from control.api import serve
     except ImportError:

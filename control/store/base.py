@@ -1,32 +1,64 @@
-"""The event store interface.
+"""The event store interface, its values and its errors.
 
 A run is a sequence of events with per-run monotonic `seq` (1, 2, 3, ...). Events are only
-ever appended, never changed or removed; a run's state is the fold of its events
-(control.state). `append` returns only after the event is durable.
+ever appended, never changed; a run's state is the fold of its events (control.state). `append`
+returns only after the event is committed. The only removal is `prune`, of whole finished runs,
+through a path the database itself sanctions.
 
-    append(run_id, type, data, expected_seq=None, tenant=None) -> Event
+    append(run_id, type, data, expected_seq=None, tenant=None, lease=None) -> Event
         `expected_seq`: the seq the new event must get (optimistic concurrency); another value
         means somebody else appended first -> SeqConflict. The first event of a run must carry
-        the run's tenant (argument, or `data["tenant"]`).
+        the run's tenant (argument, or `data["tenant"]`). `lease`: see below. The returned event
+        carries `prev_hash` and `hash` (control.store.audit).
     read(run_id, from_seq=0) -> list[Event]     events with seq >= from_seq, in order
     runs(tenant) -> list[str]                   run ids of a tenant, oldest first
     all_runs() -> list[tuple[tenant, run_id]]   every run (for recovery at startup)
     tenant_of(run_id) -> str | None
     version() -> int / wait(version, timeout) -> int
-        live watchers: `version()` changes on every append in this process; `wait` blocks
-        until it differs from `version` (or the timeout) and returns the current one.
-    subscribe(callback) -> unsubscribe            callback(event) after each durable append
+        live watchers: `version()` changes on every append in this process (and, on PostgreSQL,
+        on every append another instance announces); `wait` blocks until it differs from
+        `version` (or the timeout) and returns the current one.
+    wait_for(run_id, after_seq, timeout) -> bool
+        True as soon as the run has an event with seq > after_seq, whoever appended it; False
+        after the timeout.
+    acquire_lease(run_id, owner, ttl_s) -> Lease | None / renew_lease(lease) / release_lease(lease)
+        a single writer per run across instances: None while another owner holds an unexpired
+        lease. An append given a lease is refused (LeaseLost) unless it is still the run's
+        current lease, checked inside the append's transaction; an append without a lease is
+        refused while someone holds an unexpired lease on the run. Expiry is judged by the
+        database's clock.
+    prune(older_than_s) -> list[str]            remove finished runs older than that, return them
+    subscribe(callback) -> unsubscribe            callback(event) after each durable append here
     close()
+
+Run ids are the store's keys: usually the caller's run id, `tenant/run_id` when another tenant
+had already taken that id (see control.executor.Orchestrator.start_run).
+
+Errors:
+
+    StoreError < control.errors.FailedPrecondition
+    ├── SeqConflict            the run's log moved on since the caller read it
+    ├── LeaseLost              the append's lease is not (or no longer) the run's current one
+    ├── SchemaVersionError     the database's schema is newer than this code, or unknown
+    └── StoreUnavailable       the database cannot be reached (also a control.errors.Unavailable)
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
-from control.errors import FailedPrecondition
+from control.errors import FailedPrecondition, Unavailable
 from control.model import Event
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""The store schema this code writes. 1: events only (SQLite, no meta table). 2: schema_meta,
+the audit hash chain (prev_hash, hash), leases, sanctioned pruning. Each event records the
+schema version it was written under."""
+
+FINISHED = "run_finished"
+"""The event type that ends a run: only runs whose last event has it can be pruned."""
 
 
 class StoreError(FailedPrecondition):
@@ -37,10 +69,88 @@ class SeqConflict(StoreError):
     """The run's log moved on since the caller read it."""
 
 
+class LeaseLost(StoreError):
+    """The append's lease expired and was taken over, was released, or another writer holds one."""
+
+
+class SchemaVersionError(StoreError):
+    """The database was written by a newer ringfence (or is not a ringfence store): not touched."""
+
+
+class StoreUnavailable(Unavailable, StoreError):
+    """The database cannot be reached. Unavailable first: the edge maps it to UNAVAILABLE."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    """The right to be the only writer of one run until `expires_at` (by the database's clock)."""
+
+    run_id: str
+    """The run (store key) this lease covers."""
+    owner: str
+    """Who holds it: e.g. one control-plane instance's id."""
+    token: int
+    """Fencing token: every acquisition in a database gets a larger one than any before it
+    (renewals keep it), so a newer holder always outranks an older one."""
+    ttl_s: float
+    """How long an acquisition or a renewal lasts."""
+    expires_at: float
+    """Epoch seconds, by the database's clock, when it lapses unless renewed. Informational:
+    the client's clock may differ; the store alone decides expiry."""
+
+    def __post_init__(self) -> None:
+        check_lease_args(self.owner, self.ttl_s)
+
+
+def check_lease_args(owner: str, ttl_s: float) -> None:
+    if not isinstance(owner, str) or not owner:
+        raise ValueError("a lease owner is a non-empty string")
+    if isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float)) or not math.isfinite(ttl_s) or ttl_s <= 0:
+        raise ValueError(f"a lease ttl is a positive number of seconds, not {ttl_s!r}")
+
+
+def next_event(run_id: str, head: tuple[int, str] | None, data: Mapping[str, Any], expected_seq: int | None,
+               tenant: str | None) -> tuple[int, str]:
+    """The seq and tenant of a run's next event, by the rules every store shares.
+
+    `head`: (last seq, tenant) of the run, or None for a new run.
+    """
+    if head is None:
+        seq = 1
+        tenant = tenant or (data.get("tenant") if isinstance(data, Mapping) else None)
+        if not tenant:
+            raise StoreError(f"the first event of run {run_id} must name its tenant")
+    else:
+        seq = head[0] + 1
+        if tenant and tenant != head[1]:
+            raise StoreError(f"run {run_id} belongs to another tenant")
+        tenant = head[1]
+    if expected_seq is not None and expected_seq != seq:
+        raise SeqConflict(f"run {run_id}: expected seq {expected_seq}, next is {seq}")
+    return seq, tenant
+
+
+def check_lease(run_id: str, lease: Lease | None, current: tuple[str, int, bool] | None) -> None:
+    """Refuse an append unless `lease` is the run's current lease (or, without one, nobody holds one).
+
+    `current`: (owner, token, unexpired) of the run's lease row, or None.
+    """
+    if lease is None:
+        if current is not None and current[2]:
+            raise LeaseLost(f"run {run_id} is leased to {current[0]!r}: append with that lease")
+        return
+    if lease.run_id != run_id:
+        raise LeaseLost(f"the lease is for run {lease.run_id}, not {run_id}")
+    if current is None or (current[0], current[1]) != (lease.owner, lease.token):
+        raise LeaseLost(f"run {run_id}: lease {lease.token} of {lease.owner!r} was released or taken over")
+    if not current[2]:
+        raise LeaseLost(f"run {run_id}: lease {lease.token} of {lease.owner!r} has expired")
+
+
 @runtime_checkable
 class EventStore(Protocol):
     def append(self, run_id: str, type: str, data: Mapping[str, Any], expected_seq: int | None = None,
-               tenant: str | None = None) -> Event: ...
+               tenant: str | None = None, lease: Lease | None = None) -> Event: ...
 
     def read(self, run_id: str, from_seq: int = 0) -> list[Event]: ...
 
@@ -53,6 +163,16 @@ class EventStore(Protocol):
     def version(self) -> int: ...
 
     def wait(self, version: int, timeout: float) -> int: ...
+
+    def wait_for(self, run_id: str, after_seq: int, timeout: float) -> bool: ...
+
+    def acquire_lease(self, run_id: str, owner: str, ttl_s: float) -> Lease | None: ...
+
+    def renew_lease(self, lease: Lease) -> Lease | None: ...
+
+    def release_lease(self, lease: Lease) -> None: ...
+
+    def prune(self, older_than_s: float) -> list[str]: ...
 
     def subscribe(self, callback: Callable[[Event], None]) -> Callable[[], None]: ...
 

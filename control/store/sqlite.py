@@ -1,14 +1,20 @@
-"""SQLite event store: WAL, synchronous=FULL, append-only, per-run monotonic seq.
+"""SQLite event store: WAL, synchronous=FULL, append-only, per-run monotonic seq, hash-chained.
 
-Append-only is enforced by the database itself: triggers abort any UPDATE or DELETE on the
-events table, so no code path (ours or a future one) can rewrite history. `synchronous=FULL`
-makes a committed append survive power loss in WAL mode; an event acknowledged is on disk.
-One connection guarded by a lock: SQLite serializes writers anyway, and reads are cheap.
+Append-only is enforced by the database itself: triggers abort any UPDATE on the events table
+and any DELETE outside `prune` (see sqlite_schema), so no code path (ours or a future one) can
+rewrite history. `synchronous=FULL` makes a committed append survive power loss in WAL mode; an
+event acknowledged is on disk. One connection guarded by a lock: SQLite serializes writers
+anyway (BEGIN IMMEDIATE, also across processes sharing the file), and reads are cheap.
+
+Several processes may open the same file: seqs, tenants and leases stay consistent because each
+check and its write are one IMMEDIATE transaction. What SQLite cannot do is tell one process
+that another appended: see `wait_for`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import threading
 import time
@@ -16,28 +22,27 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from control.model import Event
-from control.store.base import SCHEMA_VERSION, SeqConflict, StoreError
+from control.store.audit import canonical_json, event_hash
+from control.store.base import (
+    FINISHED,
+    SCHEMA_VERSION,
+    Lease,
+    SeqConflict,
+    StoreError,
+    check_lease,
+    check_lease_args,
+    next_event,
+)
+from control.store.sqlite_schema import DB_NOW, open_schema
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS events (
-    run_id TEXT NOT NULL,
-    seq INTEGER NOT NULL CHECK (seq >= 1),
-    tenant TEXT NOT NULL,
-    type TEXT NOT NULL,
-    data TEXT NOT NULL,
-    schema_version INTEGER NOT NULL,
-    at REAL NOT NULL,
-    UNIQUE (run_id, seq)
-);
-CREATE INDEX IF NOT EXISTS events_tenant_first ON events (tenant, seq, run_id);
-CREATE TRIGGER IF NOT EXISTS events_append_only_u BEFORE UPDATE ON events
-BEGIN SELECT RAISE(ABORT, 'events are append-only'); END;
-CREATE TRIGGER IF NOT EXISTS events_append_only_d BEFORE DELETE ON events
-BEGIN SELECT RAISE(ABORT, 'events are append-only'); END;
-"""
+_EVENT_COLUMNS = "run_id, seq, type, data, schema_version, at, prev_hash, hash"
 
 
 class SqliteEventStore:
+    FALLBACK_RECHECK_S = 0.25
+    """How often `wait_for` looks at the file again when no local append woke it: the bound on
+    how late it notices another process's append."""
+
     def __init__(self, path: str | Path, *, clock: Callable[[], float] = time.time) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -45,60 +50,106 @@ class SqliteEventStore:
         self._lock = threading.RLock()
         self._changed = threading.Condition(threading.Lock())
         self._version = 0
+        self._closed = False
         self._subscribers: list[Callable[[Event], None]] = []
-        # isolation_level=None: we issue BEGIN IMMEDIATE ourselves so the seq check and the
-        # insert are one write transaction.
+        # isolation_level=None: we issue BEGIN IMMEDIATE ourselves so every check and its write
+        # are one write transaction.
         self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA busy_timeout=5000")
-        self._db.executescript(_SCHEMA)
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA busy_timeout=5000")
+            open_schema(self._db)
+        except BaseException:
+            self._db.close()
+            raise
+
+    # ------------------------------------------------------------------ writing
 
     def append(self, run_id: str, type: str, data: Mapping[str, Any], expected_seq: int | None = None,
-               tenant: str | None = None) -> Event:
-        payload = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False,
-                             default=_json_default)
-        at = self._clock()
+               tenant: str | None = None, lease: Lease | None = None) -> Event:
+        payload = canonical_json(data)
+        content = json.loads(payload)
+        at = float(self._clock())  # as stored (REAL / DOUBLE PRECISION): what is hashed must read back equal
         with self._lock:
-            cur = self._db.cursor()
-            cur.execute("BEGIN IMMEDIATE")
-            try:
-                row = cur.execute(
-                    "SELECT seq, tenant FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT 1", (run_id,)
-                ).fetchone()
-                seq = (row[0] if row else 0) + 1
-                if row is None:
-                    tenant = tenant or (data.get("tenant") if isinstance(data, Mapping) else None)
-                    if not tenant:
-                        raise StoreError(f"the first event of run {run_id} must name its tenant")
-                else:
-                    if tenant and tenant != row[1]:
-                        raise StoreError(f"run {run_id} belongs to another tenant")
-                    tenant = row[1]
-                if expected_seq is not None and expected_seq != seq:
-                    raise SeqConflict(f"run {run_id}: expected seq {expected_seq}, next is {seq}")
-                cur.execute(
-                    "INSERT INTO events (run_id, seq, tenant, type, data, schema_version, at) VALUES (?,?,?,?,?,?,?)",
-                    (run_id, seq, tenant, type, payload, SCHEMA_VERSION, at),
-                )
-                cur.execute("COMMIT")
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
-        event = Event(run_id, seq, type, json.loads(payload), SCHEMA_VERSION, at)
-        with self._changed:
-            self._version += 1
-            self._changed.notify_all()
+            with self._write() as cur:
+                check_lease(run_id, lease, self._lease_row(cur, run_id))
+                row = cur.execute("SELECT seq, tenant, hash FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT 1",
+                                  (run_id,)).fetchone()
+                seq, tenant = next_event(run_id, row[:2] if row else None, data, expected_seq, tenant)
+                prev_hash = row[2] if row else ""
+                digest = event_hash(prev_hash, run_id, seq, type, content, SCHEMA_VERSION, at)
+                try:
+                    cur.execute(
+                        "INSERT INTO events (run_id, seq, tenant, type, data, schema_version, at, prev_hash, hash) "
+                        "VALUES (?,?,?,?,?,?,?,?,?)",
+                        (run_id, seq, tenant, type, payload, SCHEMA_VERSION, at, prev_hash, digest))
+                except sqlite3.IntegrityError as e:  # UNIQUE(run_id, seq): cannot happen under IMMEDIATE
+                    raise SeqConflict(f"run {run_id}: seq {seq} was taken") from e
+        event = Event(run_id, seq, type, content, SCHEMA_VERSION, at, prev_hash, digest)
+        self._bump()
         for callback in list(self._subscribers):
             callback(event)
         return event
 
+    def acquire_lease(self, run_id: str, owner: str, ttl_s: float) -> Lease | None:
+        check_lease_args(owner, ttl_s)
+        with self._lock, self._write() as cur:
+            now = cur.execute(f"SELECT {DB_NOW}").fetchone()[0]
+            row = cur.execute("SELECT owner, expires_at FROM leases WHERE run_id = ?", (run_id,)).fetchone()
+            if row is not None and row[0] != owner and row[1] > now:
+                return None
+            # The same owner acquiring again gets a new token: its older handle is fenced off.
+            cur.execute("UPDATE schema_meta SET value = value + 1 WHERE key = 'lease_token'")
+            token = cur.execute("SELECT value FROM schema_meta WHERE key = 'lease_token'").fetchone()[0]
+            expires_at = now + ttl_s
+            cur.execute("INSERT INTO leases (run_id, owner, token, expires_at) VALUES (?,?,?,?) "
+                        "ON CONFLICT (run_id) DO UPDATE SET owner = excluded.owner, token = excluded.token, "
+                        "expires_at = excluded.expires_at", (run_id, owner, token, expires_at))
+        return Lease(run_id, owner, token, ttl_s, expires_at)
+
+    def renew_lease(self, lease: Lease) -> Lease | None:
+        with self._lock, self._write() as cur:
+            now = cur.execute(f"SELECT {DB_NOW}").fetchone()[0]
+            changed = cur.execute(
+                "UPDATE leases SET expires_at = ? WHERE run_id = ? AND owner = ? AND token = ? AND expires_at > ?",
+                (now + lease.ttl_s, lease.run_id, lease.owner, lease.token, now)).rowcount
+        if not changed:
+            return None
+        return Lease(lease.run_id, lease.owner, lease.token, lease.ttl_s, now + lease.ttl_s)
+
+    def release_lease(self, lease: Lease) -> None:
+        with self._lock, self._write() as cur:
+            cur.execute("DELETE FROM leases WHERE run_id = ? AND owner = ? AND token = ?",
+                        (lease.run_id, lease.owner, lease.token))
+
+    def prune(self, older_than_s: float) -> list[str]:
+        """Remove whole runs whose last event is run_finished, appended more than `older_than_s`
+        ago by this store's clock (the clock that stamped `at`), with their leases."""
+        if not math.isfinite(older_than_s) or older_than_s < 0:
+            raise ValueError(f"older_than_s must be a non-negative number, not {older_than_s!r}")
+        cutoff = self._clock() - older_than_s
+        with self._lock, self._write() as cur:
+            doomed = [r[0] for r in cur.execute(
+                "SELECT e.run_id FROM events e WHERE e.type = ? AND e.at < ? "
+                "AND e.seq = (SELECT MAX(seq) FROM events WHERE run_id = e.run_id) ORDER BY e.rowid",
+                (FINISHED, cutoff))]
+            # The sanctioned path: the DELETE trigger lets through only runs listed here, and the
+            # list refuses a run that is not finished.
+            cur.executemany("INSERT INTO prune_allowed (run_id) VALUES (?)", [(r,) for r in doomed])
+            cur.execute("DELETE FROM events WHERE run_id IN (SELECT run_id FROM prune_allowed)")
+            cur.execute("DELETE FROM leases WHERE run_id IN (SELECT run_id FROM prune_allowed)")
+            cur.execute("DELETE FROM prune_allowed")
+        return doomed
+
+    # ------------------------------------------------------------------ reading
+
     def read(self, run_id: str, from_seq: int = 0) -> list[Event]:
         with self._lock:
             rows = self._db.execute(
-                "SELECT run_id, seq, type, data, schema_version, at FROM events WHERE run_id = ? AND seq >= ? "
-                "ORDER BY seq", (run_id, from_seq)).fetchall()
-        return [Event(r[0], r[1], r[2], json.loads(r[3]), r[4], r[5]) for r in rows]
+                f"SELECT {_EVENT_COLUMNS} FROM events WHERE run_id = ? AND seq >= ? ORDER BY seq",
+                (run_id, from_seq)).fetchall()
+        return [Event(r[0], r[1], r[2], json.loads(r[3]), r[4], r[5], r[6], r[7]) for r in rows]
 
     def runs(self, tenant: str) -> list[str]:
         with self._lock:
@@ -116,6 +167,12 @@ class SqliteEventStore:
             row = self._db.execute("SELECT tenant FROM events WHERE run_id = ? AND seq = 1", (run_id,)).fetchone()
         return row[0] if row else None
 
+    def schema_version(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT value FROM schema_meta WHERE key = 'version'").fetchone()[0])
+
+    # ------------------------------------------------------------------ watching
+
     def version(self) -> int:
         with self._changed:
             return self._version
@@ -124,6 +181,31 @@ class SqliteEventStore:
         with self._changed:
             self._changed.wait_for(lambda: self._version != version, timeout=timeout)
             return self._version
+
+    def wait_for(self, run_id: str, after_seq: int, timeout: float) -> bool:
+        """True as soon as `run_id` has an event with seq > after_seq; False after `timeout`.
+
+        An append through this object wakes the waiter at once. SQLite has no way to notify
+        another process (or another connection) of a commit, so an append made elsewhere is
+        seen by re-reading the file every FALLBACK_RECHECK_S: at most that late, never missed.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._changed:
+                if self._closed:
+                    return False
+                seen = self._version  # read before the check: an append in between still wakes us
+            try:
+                if self._head_seq(run_id) > after_seq:
+                    return True
+            except sqlite3.ProgrammingError:  # closed meanwhile
+                return False
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            with self._changed:
+                self._changed.wait_for(lambda: self._version != seen or self._closed,
+                                       timeout=min(remaining, self.FALLBACK_RECHECK_S))
 
     def subscribe(self, callback: Callable[[Event], None]) -> Callable[[], None]:
         self._subscribers.append(callback)
@@ -140,12 +222,59 @@ class SqliteEventStore:
         with self._lock:
             self._db.close()
         with self._changed:
+            self._closed = True
             self._version += 1
             self._changed.notify_all()
 
+    # ------------------------------------------------------------------ plumbing
 
-def _json_default(value: Any) -> Any:
-    # Mappings from frozen values (MappingProxyType) and tuples are stored as plain JSON.
-    if isinstance(value, Mapping):
-        return dict(value)
-    raise TypeError(f"{type(value).__name__} is not JSON-serializable")
+    def _write(self) -> "_WriteTransaction":
+        return _WriteTransaction(self._db)
+
+    def _bump(self) -> None:
+        with self._changed:
+            self._version += 1
+            self._changed.notify_all()
+
+    def _head_seq(self, run_id: str) -> int:
+        with self._lock:
+            row = self._db.execute("SELECT MAX(seq) FROM events WHERE run_id = ?", (run_id,)).fetchone()
+        return row[0] or 0
+
+    @staticmethod
+    def _lease_row(cur: sqlite3.Cursor, run_id: str) -> tuple[str, int, bool] | None:
+        row = cur.execute(f"SELECT owner, token, expires_at > {DB_NOW} FROM leases WHERE run_id = ?",
+                          (run_id,)).fetchone()
+        return (row[0], row[1], bool(row[2])) if row else None
+
+
+class _WriteTransaction:
+    """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on any exception (the caller holds the lock)."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+        self._cur: sqlite3.Cursor | None = None
+
+    def __enter__(self) -> sqlite3.Cursor:
+        self._cur = self._db.cursor()
+        try:
+            self._cur.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as e:  # busy past busy_timeout, read-only file, ...
+            raise StoreError(f"cannot write the event log: {e}") from e
+        return self._cur
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        assert self._cur is not None
+        if exc_type is None:
+            try:
+                self._cur.execute("COMMIT")
+                return
+            except sqlite3.Error as e:  # disk full, I/O error: nothing was committed
+                self._rollback()
+                raise StoreError(f"cannot commit to the event log: {e}") from e
+        self._rollback()
+
+    def _rollback(self) -> None:
+        assert self._cur is not None
+        if self._db.in_transaction:
+            self._cur.execute("ROLLBACK")

@@ -70,7 +70,7 @@ def test_the_database_refuses_updates_and_deletes(store):
         with pytest.raises(sqlite3.DatabaseError, match="append-only"):
             raw.execute("DELETE FROM events")
         with pytest.raises(sqlite3.IntegrityError):  # UNIQUE(run_id, seq)
-            raw.execute("INSERT INTO events VALUES ('r1', 1, 'a', 'x', '{}', 1, 0)")
+            raw.execute("INSERT INTO events VALUES ('r1', 1, 'a', 'x', '{}', 1, 0, '', '')")
     finally:
         raw.close()
     assert [e.type for e in store.read("r1")] == ["run_started"]
@@ -83,8 +83,10 @@ def test_no_code_updates_or_deletes_events():
             if re.search(r"\b(UPDATE|DELETE)\s+(FROM\s+)?events\b", line, re.IGNORECASE) or \
                     re.search(r"\bREPLACE\s+INTO\b", line, re.IGNORECASE):
                 offenders.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
-    # The only mentions are the triggers that forbid them.
-    assert all("BEFORE" in o for o in offenders), offenders
+    # The only mentions are the triggers that forbid them, and prune's DELETE of the runs it listed
+    # in prune_allowed (the one door the DELETE trigger opens, for finished runs only).
+    assert all("BEFORE" in o or "prune_allowed" in o for o in offenders), offenders
+    assert any("prune_allowed" in o for o in offenders)
 
 
 def test_concurrent_appends_get_contiguous_seqs(store):
@@ -167,3 +169,132 @@ def test_subscribers_see_every_durable_append(store):
     unsubscribe()
     store.append("r1", "x", {})
     assert seen == [e1]
+
+
+# -- schema version 1 (the first release: events only, no meta table) -------------------------
+
+# Verbatim the DDL of version 1, as files written by the first release have it.
+V1_SCHEMA = """
+CREATE TABLE IF NOT EXISTS events (
+    run_id TEXT NOT NULL,
+    seq INTEGER NOT NULL CHECK (seq >= 1),
+    tenant TEXT NOT NULL,
+    type TEXT NOT NULL,
+    data TEXT NOT NULL,
+    schema_version INTEGER NOT NULL,
+    at REAL NOT NULL,
+    UNIQUE (run_id, seq)
+);
+CREATE INDEX IF NOT EXISTS events_tenant_first ON events (tenant, seq, run_id);
+CREATE TRIGGER IF NOT EXISTS events_append_only_u BEFORE UPDATE ON events
+BEGIN SELECT RAISE(ABORT, 'events are append-only'); END;
+CREATE TRIGGER IF NOT EXISTS events_append_only_d BEFORE DELETE ON events
+BEGIN SELECT RAISE(ABORT, 'events are append-only'); END;
+"""
+
+
+def _v1_file(path: Path, rows) -> None:
+    import json
+
+    db = sqlite3.connect(path)
+    try:
+        db.executescript(V1_SCHEMA)
+        for run_id, seq, tenant, type_, data, at in rows:
+            # As version 1's append wrote it.
+            text = data if isinstance(data, str) else json.dumps(
+                data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+            db.execute("INSERT INTO events (run_id, seq, tenant, type, data, schema_version, at) "
+                       "VALUES (?,?,?,?,?,?,?)", (run_id, seq, tenant, type_, text, 1, at))
+        db.commit()
+    finally:
+        db.close()
+
+
+V1_ROWS = [
+    ("r2", 1, "globex", "run_started", {"tenant": "globex", "goal": "ü"}, 100.5),
+    ("r1", 1, "acme", "run_started", {"tenant": "acme", "goal": "g"}, 101.25),
+    ("r1", 2, "acme", "observation", {"call_id": "c1", "content": {"b": [1, 2.5, None], "a": True}}, 102.0),
+    ("r1", 3, "acme", "run_finished", {"outcome": "completed", "reason": ""}, 103.0),
+]
+
+
+def _tables(path: Path) -> dict[str, str]:
+    db = sqlite3.connect(path)
+    try:
+        return {name: kind for name, kind in db.execute("SELECT name, type FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'")}
+    finally:
+        db.close()
+
+
+def test_a_version_1_file_is_migrated_and_its_chain_computed(tmp_path):
+    from control.store import verify
+
+    path = tmp_path / "events.sqlite3"
+    _v1_file(path, V1_ROWS)
+    assert "schema_meta" not in _tables(path)
+
+    s = SqliteEventStore(path)
+    try:
+        assert s.schema_version() == SCHEMA_VERSION == 2
+        old = s.read("r1")
+        assert [(e.seq, e.type, e.schema_version, e.at) for e in old] == [
+            (1, "run_started", 1, 101.25), (2, "observation", 1, 102.0), (3, "run_finished", 1, 103.0)]
+        assert old[1].data == {"call_id": "c1", "content": {"a": True, "b": [1, 2.5, None]}}
+        assert old[0].prev_hash == "" and old[1].prev_hash == old[0].hash and len(old[2].hash) == 64
+        assert verify(old).ok and verify(s.read("r2")).ok
+        # Order and tenants survive the rebuild.
+        assert s.all_runs() == [("globex", "r2"), ("acme", "r1")]
+        assert s.runs("acme") == ["r1"] and s.tenant_of("r2") == "globex"
+        # New appends continue the chain, under the new schema version.
+        e4 = s.append("r1", "note", {})
+        assert (e4.seq, e4.prev_hash, e4.schema_version) == (4, old[2].hash, SCHEMA_VERSION)
+        assert verify(s.read("r1")).ok
+    finally:
+        s.close()
+    tables = _tables(path)
+    assert {"events", "schema_meta", "leases", "prune_allowed", "events_append_only_u",
+            "events_append_only_d", "events_tenant_first"} <= set(tables)
+    assert "events_v1" not in tables
+    raw = sqlite3.connect(path)
+    try:
+        with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+            raw.execute("UPDATE events SET type = 'forged'")
+        with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+            raw.execute("DELETE FROM events WHERE run_id = 'r1'")
+    finally:
+        raw.close()
+    # Opening again migrates nothing.
+    s = SqliteEventStore(path)
+    try:
+        assert [e.hash for e in s.read("r1")][:3] == [e.hash for e in old]
+    finally:
+        s.close()
+
+
+def test_a_failed_migration_changes_nothing(tmp_path):
+    path = tmp_path / "events.sqlite3"
+    _v1_file(path, V1_ROWS + [("r3", 1, "acme", "run_started", "{not json", 104.0)])
+    with pytest.raises(StoreError, match="nothing was changed"):
+        SqliteEventStore(path)
+    assert "schema_meta" not in _tables(path) and "events_v1" not in _tables(path)
+    raw = sqlite3.connect(path)
+    try:
+        assert [r[1] for r in raw.execute("PRAGMA table_info(events)")] == [
+            "run_id", "seq", "tenant", "type", "data", "schema_version", "at"]
+        assert raw.execute("SELECT count(*) FROM events").fetchone()[0] == 5
+        with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+            raw.execute("DELETE FROM events")
+    finally:
+        raw.close()
+
+
+def test_an_unknown_meta_table_is_refused(tmp_path):
+    from control.store import SchemaVersionError
+
+    path = tmp_path / "events.sqlite3"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE schema_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)")
+    db.commit()
+    db.close()
+    with pytest.raises(SchemaVersionError):
+        SqliteEventStore(path)

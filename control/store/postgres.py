@@ -1,0 +1,370 @@
+"""PostgreSQL event store (psycopg 3): the same contract as the SQLite store, for several
+control-plane instances sharing one database.
+
+- Append-only is enforced by triggers (postgres_schema): UPDATE and TRUNCATE are always
+  refused, DELETE only for runs that `prune` listed in prune_allowed inside its transaction.
+- Every write to a run (append, lease changes, prune) first takes a transaction-scoped advisory
+  lock on the run id, so the seq check, the lease check and the insert see a run that nobody
+  else is changing; the (run_id, seq) primary key is the backstop.
+- An append returns after its COMMIT, and the pool's connections insist on
+  synchronous_commit=on (a server default of off would acknowledge events not yet on disk).
+- Watchers: each append NOTIFYs one channel with the run id, inside its transaction (so it is
+  delivered at commit, and only then). One listener connection per store object dispatches to
+  the threads in `wait_for` by run id and bumps `version()`.
+- Thread-safe: a psycopg_pool connection pool; the gRPC edge calls from many threads.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Mapping
+
+import psycopg
+from psycopg import sql
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from control.model import Event
+from control.store.audit import canonical_json, event_hash
+from control.store.base import (
+    FINISHED,
+    SCHEMA_VERSION,
+    Lease,
+    SeqConflict,
+    StoreError,
+    StoreUnavailable,
+    check_lease,
+    check_lease_args,
+    next_event,
+)
+from control.store.postgres_schema import open_schema
+
+log = logging.getLogger("ringfence.store.postgres")
+
+CHANNEL = "ringfence_events"
+"""The NOTIFY channel of appends; the payload is the run id."""
+
+_EVENT_COLUMNS = "run_id, seq, type, data, schema_version, at, prev_hash, hash"
+_RUN_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
+
+
+class PostgresEventStore:
+    FALLBACK_RECHECK_S = 5.0
+    """`wait_for` re-reads at least this often even without a notification: a bound on how late
+    it notices an append if the listener connection was lost and is reconnecting."""
+
+    def __init__(self, url: str, *, clock: Callable[[], float] = time.time, pool_size: int = 10,
+                 connect_timeout_s: float = 10.0) -> None:
+        self.url = url
+        self._clock = clock
+        self._cond = threading.Condition(threading.Lock())
+        self._version = 0
+        self._closed = False
+        self._waiters: dict[str, list[int]] = {}  # run id -> [generation, waiting threads]
+        self._subscribers: list[Callable[[Event], None]] = []
+        # The schema first, on a connection of its own: an unreachable database or a schema we
+        # must not touch fails here at once, with the server's own words, before any pool retries.
+        try:
+            with psycopg.connect(url, autocommit=True, application_name="ringfence-open",
+                                 connect_timeout=max(1, round(connect_timeout_s))) as conn:
+                open_schema(conn)
+        except psycopg.OperationalError as e:
+            raise StoreUnavailable(f"cannot open the event store database: {e}") from e
+        self._pool = ConnectionPool(url, min_size=1, max_size=pool_size, open=False, name="ringfence-store",
+                                    kwargs={"autocommit": True, "application_name": "ringfence"},
+                                    configure=_configure, check=ConnectionPool.check_connection)
+        try:
+            self._pool.open(wait=True, timeout=connect_timeout_s)
+            self._listener = _Listener(url, self._on_notify, self._wake_all)
+        except PoolTimeout as e:
+            self._pool.close()
+            raise StoreUnavailable(f"cannot connect to the event store database: {e}") from e
+        except BaseException:
+            self._pool.close()
+            raise
+
+    # ------------------------------------------------------------------ writing
+
+    def append(self, run_id: str, type: str, data: Mapping[str, Any], expected_seq: int | None = None,
+               tenant: str | None = None, lease: Lease | None = None) -> Event:
+        payload = canonical_json(data)
+        content = json.loads(payload)
+        at = float(self._clock())  # as stored (REAL / DOUBLE PRECISION): what is hashed must read back equal
+        try:
+            with self._conn() as conn, conn.transaction():
+                conn.execute(_RUN_LOCK, (run_id,))
+                check_lease(run_id, lease, _lease_row(conn, run_id))
+                row = conn.execute("SELECT seq, tenant, hash FROM events WHERE run_id = %s ORDER BY seq DESC LIMIT 1",
+                                   (run_id,)).fetchone()
+                seq, tenant = next_event(run_id, (row[0], row[1]) if row else None, data, expected_seq, tenant)
+                prev_hash = row[2] if row else ""
+                digest = event_hash(prev_hash, run_id, seq, type, content, SCHEMA_VERSION, at)
+                conn.execute(
+                    "INSERT INTO events (run_id, seq, tenant, type, data, schema_version, at, prev_hash, hash) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                    (run_id, seq, tenant, type, payload, SCHEMA_VERSION, at, prev_hash, digest))
+                conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, run_id))
+        except psycopg.errors.UniqueViolation as e:  # a writer that skipped the run lock
+            raise SeqConflict(f"run {run_id}: seq {seq} was taken") from e
+        event = Event(run_id, seq, type, content, SCHEMA_VERSION, at, prev_hash, digest)
+        self._on_notify(run_id)  # our own waiters need not wait for the round trip
+        for callback in list(self._subscribers):
+            callback(event)
+        return event
+
+    def acquire_lease(self, run_id: str, owner: str, ttl_s: float) -> Lease | None:
+        check_lease_args(owner, ttl_s)
+        with self._conn() as conn, conn.transaction():
+            conn.execute(_RUN_LOCK, (run_id,))
+            # The same owner acquiring again gets a new token: its older handle is fenced off.
+            row = conn.execute(
+                "INSERT INTO leases (run_id, owner, token, expires_at) "
+                "VALUES (%s, %s, nextval('lease_tokens'), now() + make_interval(secs => %s)) "
+                "ON CONFLICT (run_id) DO UPDATE SET owner = EXCLUDED.owner, token = EXCLUDED.token, "
+                "expires_at = EXCLUDED.expires_at "
+                "WHERE leases.owner = EXCLUDED.owner OR leases.expires_at <= now() "
+                "RETURNING token, extract(epoch FROM expires_at)::float8",
+                (run_id, owner, float(ttl_s))).fetchone()
+        return Lease(run_id, owner, row[0], ttl_s, row[1]) if row else None
+
+    def renew_lease(self, lease: Lease) -> Lease | None:
+        with self._conn() as conn, conn.transaction():
+            conn.execute(_RUN_LOCK, (lease.run_id,))
+            row = conn.execute(
+                "UPDATE leases SET expires_at = now() + make_interval(secs => %s) "
+                "WHERE run_id = %s AND owner = %s AND token = %s AND expires_at > now() "
+                "RETURNING extract(epoch FROM expires_at)::float8",
+                (float(lease.ttl_s), lease.run_id, lease.owner, lease.token)).fetchone()
+        return Lease(lease.run_id, lease.owner, lease.token, lease.ttl_s, row[0]) if row else None
+
+    def release_lease(self, lease: Lease) -> None:
+        with self._conn() as conn, conn.transaction():
+            conn.execute(_RUN_LOCK, (lease.run_id,))
+            conn.execute("DELETE FROM leases WHERE run_id = %s AND owner = %s AND token = %s",
+                         (lease.run_id, lease.owner, lease.token))
+
+    def prune(self, older_than_s: float) -> list[str]:
+        """Remove whole runs whose last event is run_finished, appended more than `older_than_s`
+        ago by this store's clock (the clock that stamped `at`), with their leases."""
+        if not math.isfinite(older_than_s) or older_than_s < 0:
+            raise ValueError(f"older_than_s must be a non-negative number, not {older_than_s!r}")
+        cutoff = self._clock() - older_than_s
+        finished = ("SELECT e.run_id FROM events e WHERE e.type = %s AND e.at < %s "
+                    "AND NOT EXISTS (SELECT 1 FROM events n WHERE n.run_id = e.run_id AND n.seq > e.seq)")
+        with self._conn() as conn, conn.transaction():
+            candidates = [r[0] for r in conn.execute(finished, (FINISHED, cutoff))]
+            for run_id in sorted(candidates):  # one order for every pruner: no lock cycles
+                conn.execute(_RUN_LOCK, (run_id,))
+            # Again under the locks: an append may have landed, or another instance pruned first.
+            doomed = [r[0] for r in conn.execute(finished + " AND e.run_id = ANY(%s) ORDER BY e.id",
+                                                 (FINISHED, cutoff, candidates))]
+            # The sanctioned path: the DELETE trigger lets through only runs listed here, and the
+            # list refuses a run that is not finished.
+            conn.execute("INSERT INTO prune_allowed (run_id) SELECT unnest(%s::text[])", (doomed,))
+            conn.execute("DELETE FROM events WHERE run_id IN (SELECT run_id FROM prune_allowed)")
+            conn.execute("DELETE FROM leases WHERE run_id IN (SELECT run_id FROM prune_allowed)")
+            conn.execute("DELETE FROM prune_allowed")
+        return doomed
+
+    # ------------------------------------------------------------------ reading
+
+    def read(self, run_id: str, from_seq: int = 0) -> list[Event]:
+        with self._conn() as conn:
+            rows = conn.execute(f"SELECT {_EVENT_COLUMNS} FROM events WHERE run_id = %s AND seq >= %s ORDER BY seq",
+                                (run_id, from_seq)).fetchall()
+        return [Event(r[0], r[1], r[2], json.loads(r[3]), r[4], r[5], r[6], r[7]) for r in rows]
+
+    def runs(self, tenant: str) -> list[str]:
+        with self._conn() as conn:
+            rows = conn.execute("SELECT run_id FROM events WHERE tenant = %s AND seq = 1 ORDER BY at, id",
+                                (tenant,)).fetchall()
+        return [r[0] for r in rows]
+
+    def all_runs(self) -> list[tuple[str, str]]:
+        with self._conn() as conn:
+            rows = conn.execute("SELECT tenant, run_id FROM events WHERE seq = 1 ORDER BY id").fetchall()
+        return [(r[0], r[1]) for r in rows]
+
+    def tenant_of(self, run_id: str) -> str | None:
+        with self._conn() as conn:
+            row = conn.execute("SELECT tenant FROM events WHERE run_id = %s AND seq = 1", (run_id,)).fetchone()
+        return row[0] if row else None
+
+    def schema_version(self) -> int:
+        with self._conn() as conn:
+            return int(conn.execute("SELECT value FROM schema_meta WHERE key = 'version'").fetchone()[0])
+
+    # ------------------------------------------------------------------ watching
+
+    def version(self) -> int:
+        with self._cond:
+            return self._version
+
+    def wait(self, version: int, timeout: float) -> int:
+        with self._cond:
+            self._cond.wait_for(lambda: self._version != version, timeout=timeout)
+            return self._version
+
+    def wait_for(self, run_id: str, after_seq: int, timeout: float) -> bool:
+        """True as soon as `run_id` has an event with seq > after_seq, appended by this object or
+        by any other process on the database (its NOTIFY wakes us); False after `timeout`."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            entry = self._waiters.setdefault(run_id, [0, 0])
+            entry[1] += 1
+        try:
+            while True:
+                with self._cond:
+                    if self._closed:
+                        return False
+                    seen = entry[0]  # read before the check: a notification in between still wakes us
+                if self._head_seq(run_id) > after_seq:
+                    return True
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                with self._cond:
+                    self._cond.wait_for(lambda: entry[0] != seen or self._closed,
+                                        timeout=min(remaining, self.FALLBACK_RECHECK_S))
+        finally:
+            with self._cond:
+                entry[1] -= 1
+                if entry[1] == 0 and self._waiters.get(run_id) is entry:
+                    del self._waiters[run_id]
+
+    def subscribe(self, callback: Callable[[Event], None]) -> Callable[[], None]:
+        self._subscribers.append(callback)
+
+        def unsubscribe() -> None:
+            try:
+                self._subscribers.remove(callback)
+            except ValueError:
+                pass
+
+        return unsubscribe
+
+    def close(self) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._version += 1
+            self._cond.notify_all()
+        self._listener.stop(self._pool)
+        self._pool.close()
+
+    # ------------------------------------------------------------------ plumbing
+
+    @contextmanager
+    def _conn(self) -> Iterator[psycopg.Connection]:
+        # Connection trouble becomes StoreUnavailable (UNAVAILABLE at the edge: retry later);
+        # our own StoreErrors and the database's refusals pass through.
+        try:
+            with self._pool.connection() as conn:
+                yield conn
+        except PoolTimeout as e:
+            raise StoreUnavailable(f"no database connection available: {e}") from e
+        except psycopg.OperationalError as e:
+            raise StoreUnavailable(f"the event store database failed: {e}") from e
+
+    def _head_seq(self, run_id: str) -> int:
+        with self._conn() as conn:
+            row = conn.execute("SELECT max(seq) FROM events WHERE run_id = %s", (run_id,)).fetchone()
+        return row[0] or 0
+
+    def _on_notify(self, run_id: str) -> None:
+        with self._cond:
+            self._version += 1
+            entry = self._waiters.get(run_id)
+            if entry is not None:
+                entry[0] += 1
+            self._cond.notify_all()
+
+    def _wake_all(self) -> None:
+        with self._cond:
+            self._version += 1
+            for entry in self._waiters.values():
+                entry[0] += 1
+            self._cond.notify_all()
+
+
+def _configure(conn: psycopg.Connection) -> None:
+    conn.execute("SET synchronous_commit TO on")
+
+
+def _lease_row(conn: psycopg.Connection, run_id: str) -> tuple[str, int, bool] | None:
+    row = conn.execute("SELECT owner, token, expires_at > now() FROM leases WHERE run_id = %s", (run_id,)).fetchone()
+    return (row[0], row[1], bool(row[2])) if row else None
+
+
+class _Listener:
+    """One LISTEN connection and the thread that reads it, reconnecting when it is lost.
+
+    The first LISTEN happens before the constructor returns, so no append committed after the
+    store opened can be missed. After a reconnect every waiter re-checks (`on_reset`): appends
+    made while nobody listened announced themselves to no one.
+    """
+
+    POLL_S = 5.0
+
+    def __init__(self, url: str, on_notify: Callable[[str], None], on_reset: Callable[[], None]) -> None:
+        self._url = url
+        self._on_notify = on_notify
+        self._on_reset = on_reset
+        # A channel of our own, so stop() can wake exactly this listener and no other instance's.
+        self._wake_channel = f"ringfence_wake_{uuid.uuid4().hex}"
+        self._stopping = threading.Event()
+        conn = self._connect()
+        self._thread = threading.Thread(target=self._run, args=(conn,), name="ringfence-store-listen", daemon=True)
+        self._thread.start()
+
+    def _connect(self) -> psycopg.Connection:
+        try:
+            conn = psycopg.connect(self._url, autocommit=True, application_name="ringfence-listen")
+        except psycopg.OperationalError as e:
+            raise StoreUnavailable(f"cannot connect to the event store database: {e}") from e
+        try:
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._wake_channel)))
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _run(self, conn: psycopg.Connection | None) -> None:
+        backoff = 0.2
+        while not self._stopping.is_set():
+            try:
+                if conn is None:
+                    conn = self._connect()
+                    backoff = 0.2
+                    self._on_reset()
+                for note in conn.notifies(timeout=self.POLL_S):
+                    if self._stopping.is_set():
+                        break
+                    if note.channel == CHANNEL and note.payload:
+                        self._on_notify(note.payload)
+            except (psycopg.Error, StoreError) as e:
+                log.warning("event store listener lost its connection (%s); reconnecting", e)
+                if conn is not None:
+                    conn.close()
+                conn = None
+                self._on_reset()
+                self._stopping.wait(backoff)
+                backoff = min(backoff * 2, self.POLL_S)
+        if conn is not None:
+            conn.close()
+
+    def stop(self, pool: ConnectionPool) -> None:
+        self._stopping.set()
+        try:
+            with pool.connection(timeout=2.0) as conn:
+                conn.execute("SELECT pg_notify(%s, '')", (self._wake_channel,))
+        except (psycopg.Error, PoolTimeout):
+            pass  # the thread still sees _stopping within POLL_S
+        self._thread.join(timeout=self.POLL_S * 2)
