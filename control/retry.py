@@ -4,8 +4,9 @@
     retry_call(attempt, policy, *, sleep, rng) -> Attempt  tenacity; transient/rate_limited only
     CircuitBreaker(threshold, cooldown_s, clock)          per tool: closed -> open -> half-open
 
-Only `transient` (start_failed included: the engine, not the tool, had trouble) and
-`rate_limited` are retried. invalid/fatal would fail the same way again; oom/timeout/
+Only `transient` (start_failed included: the engine had trouble before the tool could have
+started) and `rate_limited` are retried; `uncertain` (the engine failed after it could have
+started) never is. invalid/fatal would fail the same way again; oom/timeout/
 output_limit/killed would burn the same resources again (and a timed-out write may have
 happened). The clock, sleep and random source are injectable so tests take no wall time.
 """
@@ -35,6 +36,10 @@ class FailureClass(enum.StrEnum):
     KILLED = "killed"
     CIRCUIT_OPEN = "circuit_open"
     """Not dispatched: the tool's breaker is open."""
+    UNCERTAIN = "uncertain"
+    """The engine failed after the tool could have started: it may have had its effect. Never
+    retried (a second run could be a second effect); a read, which has none, is reported as
+    transient by the dispatcher instead."""
 
 
 RETRYABLE = frozenset({FailureClass.TRANSIENT, FailureClass.RATE_LIMITED})
@@ -47,6 +52,7 @@ _BY_OUTCOME = {
     Outcome.TIMEOUT: FailureClass.TIMEOUT,
     Outcome.OUTPUT_LIMIT: FailureClass.OUTPUT_LIMIT,
     Outcome.KILLED: FailureClass.KILLED,
+    Outcome.UNCERTAIN: FailureClass.UNCERTAIN,
 }
 
 

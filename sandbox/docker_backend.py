@@ -26,6 +26,8 @@ from typing import Any
 
 import docker
 import docker.errors
+import requests
+import urllib3.exceptions
 from docker.models.containers import _create_container_args  # containers.create's own mapping
 from docker.types import LogConfig, Mount, Ulimit
 
@@ -230,6 +232,19 @@ def _redact_proxy_credentials(env: list[str] | None) -> list[str] | None:
     return out
 
 
+# What docker-py raises, and what it lets through unwrapped when the engine's connection
+# breaks (requests' and urllib3's errors, socket errors): all of it is the engine's failure.
+ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException,
+                 urllib3.exceptions.HTTPError, OSError)
+
+
+@dataclass
+class _Progress:
+    """How far one call got: once its start request is issued, the tool may have run."""
+
+    start_issued: bool = False
+
+
 @dataclass
 class _Streams:
     """Output read so far, capped. PID 1's own lines are taken out of stdout first (tini writes
@@ -362,7 +377,12 @@ class DockerBackend:
 
     def run(self, request: SandboxRequest) -> SandboxResult:
         reports: list[Any] = []
-        result = self._run(request, reports)
+        try:
+            result = self._run(request, reports)
+        except ENGINE_ERRORS as e:
+            # Before any container existed (the image look-up, the runtime list): the engine's
+            # failure, raised as the sandbox layer's own error so callers can classify it.
+            raise EngineError(f"the Docker engine failed: {type(e).__name__}: {e}") from e
         if reports and reports[0].events:
             # The proxy's decisions arrive when the call's credentials are revoked, after the
             # container is gone: they become part of the call's result.
@@ -380,6 +400,7 @@ class DockerBackend:
         kwargs = self._container_settings(profile)
         started = time.monotonic()
         container = None
+        progress = _Progress()
         egress_call = None  # the call's socket and credentials at the proxy, while it runs
         try:
             if profile.egress is not None:
@@ -414,16 +435,21 @@ class DockerBackend:
             except docker.errors.APIError as e:
                 return self._start_failed(profile, image_id, started, f"create failed: {e}")
             applied = applied_settings(container.attrs)
-            return self._attach_and_run(container, request, image_id, applied, started)
-        except docker.errors.DockerException as e:
-            return self._start_failed(profile, image_id, started, f"engine error: {e}")
+            return self._attach_and_run(container, request, image_id, applied, started, progress)
+        except ENGINE_ERRORS as e:
+            if progress.start_issued:
+                # The start request went out: the tool may be running or may have run, and its
+                # effect may have happened. Never `start_failed` (which is retried).
+                return self._failed(Outcome.UNCERTAIN, profile, image_id, started,
+                                    f"engine error after the tool could have started: {type(e).__name__}: {e}")
+            return self._start_failed(profile, image_id, started, f"engine error: {type(e).__name__}: {e}")
         finally:
             if container is not None:
                 try:
                     container.remove(force=True)
                 except docker.errors.NotFound:
                     pass
-                except docker.errors.DockerException:
+                except ENGINE_ERRORS:
                     # The reaper removes it later by label; the result stands.
                     pass
             if egress_call is not None:
@@ -458,8 +484,13 @@ class DockerBackend:
         return host_config_kwargs(profile, seccomp.profile_json(profile.runtime))
 
     def _start_failed(self, profile: SandboxProfile, image_id: str, started: float, message: str) -> SandboxResult:
+        return self._failed(Outcome.START_FAILED, profile, image_id, started, message)
+
+    @staticmethod
+    def _failed(outcome: Outcome, profile: SandboxProfile, image_id: str, started: float,
+                message: str) -> SandboxResult:
         return SandboxResult(
-            outcome=Outcome.START_FAILED,
+            outcome=outcome,
             exit_code=None,
             stdout=b"",
             stderr=b"",
@@ -472,7 +503,8 @@ class DockerBackend:
         )
 
     def _attach_and_run(
-        self, container, request: SandboxRequest, image_id: str, applied: dict, started: float
+        self, container, request: SandboxRequest, image_id: str, applied: dict, started: float,
+        progress: _Progress,
     ) -> SandboxResult:
         profile = request.profile
         api = self._client.api
@@ -483,9 +515,11 @@ class DockerBackend:
         streams = _Streams(profile.stdout_limit, profile.stderr_limit, bytearray(), bytearray())
         killed_for: Outcome | None = None
         try:
+            progress.start_issued = True
             try:
                 container.start()
             except docker.errors.APIError as e:
+                # The engine answered that it could not start the container: nothing ran.
                 return self._start_failed(profile, image_id, started, f"start failed: {e}")
             run_started = time.monotonic()
             deadline = run_started + profile.timeout_s

@@ -17,7 +17,8 @@ class Outcome(enum.StrEnum):
     OOM = "oom"  # the memory cgroup killed it
     TIMEOUT = "timeout"  # the wall-time limit was reached; the container was killed
     OUTPUT_LIMIT = "output_limit"  # stdout or stderr went past its cap; the container was killed
-    START_FAILED = "start_failed"  # engine trouble before the tool ran: transient
+    START_FAILED = "start_failed"  # engine trouble before the tool could have started: transient
+    UNCERTAIN = "uncertain"  # engine trouble after the tool could have started: it may have run
     KILLED = "killed"  # ended by a signal that was not ours and not the OOM killer, or by its runtime
 
 

@@ -191,6 +191,9 @@ class Dispatcher:
             self.repo.append(state, EventType.EGRESS, {"call_id": a.call_id, "attempt": n,
                                                        "decisions": [dict(e) for e in result.egress_events]})
         failure = classify(result)
+        if failure is FailureClass.UNCERTAIN and not a.manifest.mutates:
+            # A read that may or may not have run had no effect either way: try it again.
+            failure = FailureClass.TRANSIENT
         if failure is None:
             try:
                 line = result.stdout.decode("utf-8").strip().splitlines()[-1]

@@ -7,9 +7,11 @@ import json
 import time
 
 import pytest
+import requests
 
 from sandbox import labels as L
 from sandbox.backend import SandboxRequest
+from sandbox.docker_backend import DockerBackend
 from sandbox.errors import ImageError
 from sandbox.profile import MiB, SandboxProfile
 from sandbox.result import Outcome, ToolErrorClass
@@ -188,3 +190,37 @@ def test_oom_of_a_child_is_oom_even_when_the_parent_exits_otherwise(backend):
     result, _ = run(backend, ["sh", "-c", script], memory_bytes=64 * MiB)
     assert result.stdout == b"child=137\n" and result.exit_code == 1
     assert result.outcome is Outcome.OOM
+
+
+# -- engine failures: before the tool could have started, or after ----------------------------
+
+
+class _EngineDropsAfterStart(DockerBackend):
+    """The engine's connection breaks while the tool runs (requests' own error, which docker-py
+    does not wrap): the real container was started and ran its command."""
+
+    @staticmethod
+    def _pump(sock, stdin, streams, deadline):
+        DockerBackend._pump(sock, stdin, streams, deadline)
+        raise requests.exceptions.ConnectionError("connection to the engine reset")
+
+
+class _EngineDropsBeforeCreate(DockerBackend):
+    def _create(self, image_id, **kwargs):
+        raise requests.exceptions.ConnectionError("connection to the engine refused")
+
+
+def test_an_engine_failure_after_start_is_uncertain_never_start_failed(docker_client, pinned_images):
+    """start_failed is retried; a tool that may have run must never be: `uncertain`."""
+    backend = _EngineDropsAfterStart(docker_client, lock=pinned_images)
+    result, request = run(backend, ["sh", "-c", "echo effect"])
+    assert result.outcome is Outcome.UNCERTAIN, result
+    assert "after the tool could have started" in result.message
+    assert containers_of(docker_client, request) == []
+
+
+def test_an_engine_failure_before_create_is_start_failed(docker_client, pinned_images):
+    backend = _EngineDropsBeforeCreate(docker_client, lock=pinned_images)
+    result, request = run(backend, ["true"])
+    assert result.outcome is Outcome.START_FAILED and "ConnectionError" in result.message
+    assert containers_of(docker_client, request) == []

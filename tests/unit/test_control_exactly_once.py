@@ -10,7 +10,8 @@ import pytest
 from control.errors import InvalidArgument, PermissionDenied
 from control.model import ObservationStatus as S
 from control.model import Principal, ProposedCall, Role
-from control_support import ADMIN, AGENT, APPROVER, Harness
+from control_support import ADMIN, AGENT, APPROVER, Harness, content_result, outcome_result
+from sandbox.result import Outcome
 
 GLOBEX = Principal("globex", Role.AGENT, "globex-agent")
 
@@ -112,3 +113,23 @@ def test_a_finished_run_leaves_memory_and_is_served_from_the_store(tmp_path):
     h.restart()
     assert h.orch.runs.live() == []  # start-up does not fold finished runs
     assert h.orch.get_run(AGENT, run).outcome.value == "completed"
+
+
+def test_an_engine_failure_after_start_runs_a_mutation_once_and_says_uncertain(tmp_path):
+    """`uncertain` is never retried for a mutating tool (a second run could be a second effect)."""
+    h = Harness(tmp_path)
+    h.emulator.overrides["write_note"] = lambda call: outcome_result(Outcome.UNCERTAIN)
+    run = h.run()
+    [obs] = h.submit(run, ("write_note", {"name": "n", "text": "t"}))
+    assert h.emulator.tools() == ["write_note"]
+    assert obs.status is S.EXECUTED and obs.executed and obs.error_class == "uncertain"
+
+
+def test_an_engine_failure_after_start_of_a_read_is_retried(tmp_path):
+    h = Harness(tmp_path)
+    answers = iter([outcome_result(Outcome.UNCERTAIN), content_result({"text": "hi"})])
+    h.emulator.overrides["echo"] = lambda call: next(answers)
+    run = h.run()
+    [obs] = h.submit(run, ("echo", {"text": "hi"}))
+    assert h.emulator.tools() == ["echo", "echo"]
+    assert obs.status is S.EXECUTED and obs.content == {"text": "hi"} and obs.attempts == 2
