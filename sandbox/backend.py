@@ -15,7 +15,7 @@ from sandbox.errors import ProfileError
 from sandbox.profile import SandboxProfile
 from sandbox.result import SandboxResult
 
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$")
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class SandboxRequest:
             raise ProfileError("stdin", f"{len(self.stdin)} bytes is over the {self.stdin_limit} cap")
         for name in ("run_id", "call_id"):
             if not _ID.match(getattr(self, name)):
-                raise ProfileError(name, "must be 1-128 characters of [A-Za-z0-9_.:-]")
+                raise ProfileError(name, "must be 1-200 characters of [A-Za-z0-9_.:-]")
 
 
 @runtime_checkable
@@ -53,6 +53,11 @@ class SandboxBackend(Protocol):
         Raises ImageError when the image is not pinned and EngineError when the engine cannot
         be reached; a tool that fails is a result, not an exception.
         """
+        ...
+
+    def kill_run(self, run_id: str, reason: str) -> int:
+        """Kill every sandbox of `run_id` now (cancel, a run deadline); each call then ends
+        `killed` with `reason`. Returns how many were killed."""
         ...
 
     def close(self) -> None: ...

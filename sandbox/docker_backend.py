@@ -240,9 +240,11 @@ ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestExcep
 
 @dataclass
 class _Progress:
-    """How far one call got: once its start request is issued, the tool may have run."""
+    """How far one call got: once its start request is issued, the tool may have run; a
+    `killed_reason` says we killed it on purpose (cancel, run deadline), not the kernel."""
 
     start_issued: bool = False
+    killed_reason: str | None = None
 
 
 @dataclass
@@ -319,6 +321,9 @@ class DockerBackend:
             raise EngineError(f"cannot reach the Docker engine: {e}") from e
         self._lock = lock
         self._runtimes: set[str] | None = None
+        # run id -> {container id: progress} of the calls running now (for kill_run).
+        self._inflight: dict[str, dict[str, _Progress]] = {}
+        self._inflight_mutex = threading.Lock()
         self._image_cmds: dict[str, list[str]] = {}
         # The egress proxy (sandbox.egress.proxy.EgressProxy) for
         # calls whose profile has an egress grant; created on first use unless one is given.
@@ -435,6 +440,8 @@ class DockerBackend:
             except docker.errors.APIError as e:
                 return self._start_failed(profile, image_id, started, f"create failed: {e}")
             applied = applied_settings(container.attrs)
+            with self._inflight_mutex:
+                self._inflight.setdefault(request.run_id, {})[container.id] = progress
             return self._attach_and_run(container, request, image_id, applied, started, progress)
         except ENGINE_ERRORS as e:
             if progress.start_issued:
@@ -445,6 +452,11 @@ class DockerBackend:
             return self._start_failed(profile, image_id, started, f"engine error: {type(e).__name__}: {e}")
         finally:
             if container is not None:
+                with self._inflight_mutex:
+                    calls = self._inflight.get(request.run_id, {})
+                    calls.pop(container.id, None)
+                    if not calls:
+                        self._inflight.pop(request.run_id, None)
                 try:
                     container.remove(force=True)
                 except docker.errors.NotFound:
@@ -459,6 +471,25 @@ class DockerBackend:
                 reports.append(report)
                 if self._on_egress_report is not None:
                     self._on_egress_report(request, report)
+
+    def kill_run(self, run_id: str, reason: str) -> int:
+        """Kill the run's containers now, ours and any other instance's (by label). Ours end
+        `killed` with `reason`; the kill is the engine's, so setsid children die too."""
+        with self._inflight_mutex:
+            for progress in self._inflight.get(run_id, {}).values():
+                progress.killed_reason = reason
+        killed = 0
+        try:
+            found = self._client.containers.list(filters={"label": f"{L.RUN_LABEL}={run_id}"})
+        except ENGINE_ERRORS as e:
+            raise EngineError(f"cannot list the run's containers: {e}") from e
+        for container in found:
+            try:
+                container.kill()
+                killed += 1
+            except ENGINE_ERRORS:
+                pass  # it exited meanwhile
+        return killed
 
     def _default_command(self, image_id: str) -> list[str]:
         """The image's own Cmd: our entrypoint (tini with its flags) replaces the image's, and
@@ -537,6 +568,8 @@ class DockerBackend:
                 sock.close()
             except OSError:
                 pass
+        if killed_for is None and progress.killed_reason is not None:
+            killed_for = Outcome.KILLED  # we killed it (its 137 is not the OOM killer's)
         if killed_for is not None:
             self._kill(container)
         remaining = max(deadline - time.monotonic(), 0) + 10
@@ -559,7 +592,9 @@ class DockerBackend:
             tool_ended=tool_ended,
         )
         error_class, message, retry_after = None, "", None
-        if outcome is Outcome.KILLED and not tool_ended:
+        if outcome is Outcome.KILLED and progress.killed_reason is not None:
+            message = f"container killed: {progress.killed_reason}"
+        elif outcome is Outcome.KILLED and not tool_ended:
             message = (f"the sandbox ended with status {exit_code} before its init reported the tool's "
                        f"end: the {profile.runtime} runtime (or an outside kill) stopped it, not the tool")
         elif outcome is Outcome.TOOL_ERROR:

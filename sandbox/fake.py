@@ -39,6 +39,7 @@ class FakeBackend:
         self._handler = handler or (lambda request: ok_result())
         self._lock = threading.Lock()
         self.requests: list[SandboxRequest] = []
+        self.kills: list[tuple[str, str]] = []
         self.closed = False
 
     @property
@@ -50,6 +51,12 @@ class FakeBackend:
         with self._lock:
             self.requests.append(request)
         return self._handler(request)
+
+    def kill_run(self, run_id: str, reason: str) -> int:
+        """Records the kill; a handler that models a running call may look at `kills`."""
+        with self._lock:
+            self.kills.append((run_id, reason))
+        return 0
 
     def close(self) -> None:
         self.closed = True

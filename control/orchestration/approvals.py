@@ -31,7 +31,7 @@ class ApprovalDesk:
                  limits: Limits, clock: Callable[[], float], image_digest: Callable[[str], str],
                  run_context: Callable[[RunState], otel_context.Context],
                  deadline_passed: Callable[[RunState], tuple[RunOutcome, str] | None],
-                 on_dispatch_error: Callable[[RunState, list[Admitted], Exception], dict[str, Observation]]) -> None:
+                 execute: Callable[[RunState, list[Admitted], otel_context.Context], dict[str, Observation]]) -> None:
         self.repo = repo
         self.dispatcher = dispatcher
         self.registry = registry
@@ -41,7 +41,7 @@ class ApprovalDesk:
         self._image_digest = image_digest
         self._run_context = run_context
         self._deadline_passed = deadline_passed
-        self._on_dispatch_error = on_dispatch_error
+        self._execute = execute
 
     def digest(self, state: RunState, manifest: ToolManifest, arguments) -> str:
         return approval_digest(tenant=state.tenant, run_id=state.run_id, tool=manifest.name, arguments=arguments,
@@ -139,7 +139,4 @@ class ApprovalDesk:
         with _tracer.start_as_current_span("batch", context=self._run_context(state),
                                            attributes={"ringfence.run_id": state.run_id, "ringfence.resumed": True}):
             ctx = otel_context.get_current()
-            try:
-                return self.dispatcher.execute(state, [item], ctx)[pending.call_id]
-            except Exception as e:  # noqa: BLE001 - recorded, then the run ends `error`
-                return self._on_dispatch_error(state, [item], e)[pending.call_id]
+            return self._execute(state, [item], ctx)[pending.call_id]

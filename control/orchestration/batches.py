@@ -25,6 +25,7 @@ from control.orchestration.admission import AdmissionContext, AdmissionVerdict, 
 from control.orchestration.approvals import ApprovalDesk
 from control.orchestration.dispatch import Admitted, Dispatcher
 from control.orchestration.runs import RUN_ID, RunRepository
+from control.orchestration.stops import RunStops
 from control.orchestration.values import plain
 from control.state import EventType, RunState
 from control.validation import sha256_hex
@@ -45,7 +46,7 @@ def batch_fingerprint(calls: Sequence[ProposedCall]) -> str:
 class BatchRunner:
     def __init__(self, *, repo: RunRepository, desk: ApprovalDesk, dispatcher: Dispatcher, limits: Limits,
                  admission: Callable[[RunState], AdmissionContext], clock: Callable[[], float],
-                 run_context: Callable[[RunState], otel_context.Context]) -> None:
+                 run_context: Callable[[RunState], otel_context.Context], stops: RunStops) -> None:
         self.repo = repo
         self.desk = desk
         self.dispatcher = dispatcher
@@ -53,6 +54,7 @@ class BatchRunner:
         self._admission = admission
         self._clock = clock
         self._run_context = run_context
+        self.stops = stops
 
     # -- checks ------------------------------------------------------------------------
 
@@ -167,14 +169,24 @@ class BatchRunner:
                     assert d.manifest is not None and d.arguments is not None
                     admitted.append(Admitted(d.call.call_id, d.manifest, d.arguments, d.path))
             # Step 7: total admission is done; the admitted subset runs.
-            results.update(self.execute(state, admitted, batch_ctx))
+            if admitted:
+                results.update(self.execute(state, admitted, batch_ctx))
             return [results.get(c.call_id) or state.trajectory[c.call_id] for c in calls]
 
     def execute(self, state: RunState, admitted: list[Admitted], ctx: otel_context.Context) -> dict[str, Observation]:
         try:
-            return self.dispatcher.execute(state, admitted, ctx)
+            results = self.dispatcher.execute(state, admitted, ctx)
         except Exception as e:  # noqa: BLE001 - an unexpected failure ends the run as `error`
             return self.dispatch_failed(state, admitted, e)
+        self.finish_if_stopped(state)
+        return results
+
+    def finish_if_stopped(self, state: RunState) -> None:
+        """The deadline watchdog stopped the run while it dispatched: it ends here, with why.
+        (A cancel ends the run itself, once it holds the run's lock.)"""
+        stop = self.stops.get(state)
+        if stop is not None and stop.outcome is RunOutcome.DEADLINE_EXCEEDED and not state.finished:
+            self.repo.finish(state, stop.outcome, stop.reason)
 
     def dispatch_failed(self, state: RunState, admitted: list[Admitted], error: Exception) -> dict[str, Observation]:
         """An unexpected failure in dispatch: every call of it not yet observed is halted (it

@@ -27,6 +27,7 @@ from control.resource_policy import call_allowlist
 from control.retry import Attempt, CircuitBreaker, FailureClass, RetryPolicy, classify, retry_call
 from control.state import EventType, RunState
 from control.orchestration.runs import RunRepository
+from control.orchestration.stops import RunStops, sandbox_run_id
 from sandbox.backend import SandboxBackend, SandboxRequest
 from sandbox.errors import EngineError, ImageError, SandboxError
 from sandbox.profile import InputMount, SandboxProfile
@@ -48,7 +49,7 @@ class Admitted:
 class Dispatcher:
     def __init__(self, *, repo: RunRepository, backend: SandboxBackend, config: Config,
                  sleep: Callable[[float], None], rng: random.Random, clock: Callable[[], float],
-                 cancelled: Callable[[RunState], threading.Event]) -> None:
+                 stops: RunStops) -> None:
         self.repo = repo
         self.backend = backend
         self.config = config
@@ -57,7 +58,7 @@ class Dispatcher:
         self._sleep = sleep
         self._rng = rng
         self._clock = clock
-        self._cancelled = cancelled
+        self.stops = stops
         self._breakers: dict[str, CircuitBreaker] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=limits.max_parallel_reads, thread_name_prefix="rf-read")
@@ -80,22 +81,24 @@ class Dispatcher:
         out: dict[str, Observation] = {}
         reads = [a for a in admitted if not a.manifest.mutates]
         writes = [a for a in admitted if a.manifest.mutates]
-        if reads:
-            futures = [self._pool.submit(self.dispatch, state, a, ctx) for a in reads]
-            completions = [f.result() for f in futures]
-            for a, completion in zip(reads, completions):
-                out[a.call_id] = self.repo.observe(state, completion)
-        for a in writes:
-            out[a.call_id] = self.repo.observe(state, self.dispatch(state, a, ctx))
+        with self.stops.deadline_watch(state):
+            if reads:
+                futures = [self._pool.submit(self.dispatch, state, a, ctx) for a in reads]
+                completions = [f.result() for f in futures]
+                for a, completion in zip(reads, completions):
+                    out[a.call_id] = self.repo.observe(state, completion)
+            for a in writes:
+                out[a.call_id] = self.repo.observe(state, self.dispatch(state, a, ctx))
         return out
 
     def dispatch(self, state: RunState, a: Admitted, ctx: otel_context.Context) -> Observation:
         """Run one admitted call; returns its observation (not yet appended)."""
         manifest = a.manifest
-        if self._cancelled(state).is_set():
+        stop = self.stops.get(state)
+        if stop is not None:
             return Observation(a.call_id, manifest.name, ObservationStatus.HALTED, False,
-                               error="the run was cancelled before this call ran", error_class="cancelled",
-                               verdict_path=a.path + ("run:cancelled",), approval_id=a.approval_id)
+                               error=f"{stop.reason}; this call never ran", error_class=stop.outcome.value,
+                               verdict_path=a.path + (f"run:{stop.outcome.value}",), approval_id=a.approval_id)
         key = self.key_for(state, manifest, a.arguments)
         if key is not None and key in state.completions:
             # 8 idempotency: recorded completion -> the stored result, no dispatch.
@@ -175,7 +178,7 @@ class Dispatcher:
                               stderr_limit=lim.stderr_limit, inputs=tuple(inputs), **extra)
 
     def _attempt(self, state: RunState, a: Admitted, profile: SandboxProfile, body: bytes, n: int) -> Attempt:
-        request = SandboxRequest(profile=profile, argv=(), stdin=body, run_id=state.run_id,
+        request = SandboxRequest(profile=profile, argv=(), stdin=body, run_id=sandbox_run_id(state),
                                  call_id=f"{a.call_id}.a{n}")
         try:
             result = self.backend.run(request)

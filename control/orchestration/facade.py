@@ -42,6 +42,7 @@ from control.orchestration.batches import BatchRunner
 from control.orchestration.dispatch import Dispatcher
 from control.orchestration.recovery import recover_run
 from control.orchestration.runs import RUN_ID, RunRepository
+from control.orchestration.stops import RunStops
 from control.policy import PolicyEngine
 from control.registry import Registry
 from control.state import EventType, RunState
@@ -95,20 +96,21 @@ class Orchestrator:
         self._clock = clock
         self._lock = threading.Lock()
         self._tenant_slots: dict[str, threading.BoundedSemaphore] = {}
-        # Set by cancel_run: a running batch dispatches nothing more once it is set.
-        self._cancelled: dict[str, threading.Event] = {}
         self._closed = False
         self.runs = RunRepository(store)
+        # Cancel and the run deadline: nothing more is dispatched, and what runs is killed.
+        self.stops = RunStops(backend, clock)
         self.dispatcher = Dispatcher(repo=self.runs, backend=backend, config=config, sleep=sleep,
-                                     rng=rng or random.Random(), clock=clock, cancelled=self._cancel_flag)
+                                     rng=rng or random.Random(), clock=clock, stops=self.stops)
         self.batches: BatchRunner
         self.desk = ApprovalDesk(repo=self.runs, dispatcher=self.dispatcher, registry=registry, policy=self.policy,
                                  limits=self.limits, clock=clock, image_digest=image_digest or _default_image_digest(),
                                  run_context=self._run_context,
                                  deadline_passed=lambda s: self.batches.deadline_passed(s),
-                                 on_dispatch_error=lambda s, items, e: self.batches.dispatch_failed(s, items, e))
+                                 execute=lambda s, items, ctx: self.batches.execute(s, items, ctx))
         self.batches = BatchRunner(repo=self.runs, desk=self.desk, dispatcher=self.dispatcher, limits=self.limits,
-                                   admission=self._admission_context, clock=clock, run_context=self._run_context)
+                                   admission=self._admission_context, clock=clock, run_context=self._run_context,
+                                   stops=self.stops)
         self.runs.load_unfinished()
         if recover:
             self.recover()
@@ -141,10 +143,6 @@ class Orchestrator:
         parent = trace.SpanContext(trace_id=int(t["trace_id"], 16), span_id=int(t["span_id"], 16),
                                    is_remote=False, trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED))
         return trace.set_span_in_context(trace.NonRecordingSpan(parent))
-
-    def _cancel_flag(self, state: RunState) -> threading.Event:
-        with self._lock:
-            return self._cancelled.setdefault(state.key, threading.Event())
 
     @staticmethod
     def _require(p: Principal, roles: Sequence[Role]) -> None:
@@ -218,12 +216,12 @@ class Orchestrator:
             return self.runs.view(state)
 
     def cancel_run(self, p: Principal, run_id: str) -> RunView:
-        """The kill switch: no call of the run is dispatched after this, even in a running batch
-        (calls already in a container finish; their completions are recorded)."""
+        """The kill switch: no call of the run is dispatched after this, and the sandboxes it
+        has running are killed at once (their calls end `killed`, with this reason)."""
         self._require(p, _READ_ROLES)
         state = self.runs.get(p.tenant, run_id)
         if not state.finished:
-            self._cancel_flag(state).set()
+            self.stops.stop(state, RunOutcome.CANCELLED, f"cancelled by {p.subject}")
         with self.runs.run_lock(state.key):
             if not state.finished:
                 self.runs.finish(state, RunOutcome.CANCELLED, f"cancelled by {p.subject}")

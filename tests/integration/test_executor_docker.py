@@ -8,6 +8,8 @@ from the runner's protocol, not from strings.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from control.config import load_config
@@ -66,7 +68,7 @@ def test_a_batch_through_the_real_sandbox(tmp_path, backend):
         assert by_id["fail"].error == "bad input"
         # The denied call never reached the engine; the others each ran in their own container.
         assert sorted(r.call_id for r in counting.requests) == ["echo.a1", "fail.a1", "read.a1"]
-        assert all(r.argv == () and r.run_id == run for r in counting.requests)
+        assert all(r.argv == () and r.run_id == f"acme:{run}" for r in counting.requests)
     finally:
         orch.close()
         store.close()
@@ -91,6 +93,57 @@ def test_a_mutation_gets_its_idempotency_key_and_is_not_repeated(tmp_path, backe
         [second] = orch.submit_batch(AGENT, run, [ProposedCall("w2", "write_note", args)])
         assert second.status is S.DEDUPLICATED and second.content == first.content
         assert len(counting.requests) == 1
+    finally:
+        orch.close()
+        store.close()
+
+
+def _orchestrator(tmp_path, backend, **limits):
+    config = load_config(overrides={
+        "state_dir": str(tmp_path),
+        "policy": {"autonomy": "autonomous", "rules": [{"tool": "*", "verdict": "allow"}]},
+        "limits": {"max_attempts": 1, **limits}})
+    store = SqliteEventStore(tmp_path / "events.sqlite3")
+    return Orchestrator.from_config(config, backend, store), store
+
+
+def _wait_for_container(docker_client, run_label: str) -> None:
+    for _ in range(400):
+        if docker_client.containers.list(filters={"label": f"ringfence.run={run_label}", "status": "running"}):
+            return
+        threading.Event().wait(0.05)
+    raise AssertionError("the call's container never started")
+
+
+def test_cancel_kills_the_running_container_at_once(tmp_path, backend, docker_client):
+    orch, store = _orchestrator(tmp_path, backend)
+    try:
+        run = orch.start_run(AGENT, "cancel me").run_id
+        result = {}
+        t = threading.Thread(target=lambda: result.setdefault(
+            "obs", orch.submit_batch(AGENT, run, [ProposedCall("nap", "sleep", {"seconds": 8})])))
+        t.start()
+        _wait_for_container(docker_client, f"acme:{run}")
+        view = orch.cancel_run(AGENT, run)
+        t.join(30)
+        [obs] = result["obs"]
+        assert view.outcome.value == "cancelled"
+        assert obs.executed and obs.error_class == "killed", obs
+        assert "cancelled by agent" in obs.error
+        assert docker_client.containers.list(all=True, filters={"label": f"ringfence.run=acme:{run}"}) == []
+    finally:
+        orch.close()
+        store.close()
+
+
+def test_the_run_deadline_kills_the_running_container(tmp_path, backend, docker_client):
+    orch, store = _orchestrator(tmp_path, backend, run_deadline_s=2)
+    try:
+        run = orch.start_run(AGENT, "too slow").run_id
+        [obs] = orch.submit_batch(AGENT, run, [ProposedCall("nap", "sleep", {"seconds": 8})])
+        assert obs.executed and obs.error_class == "killed" and "deadline" in obs.error, obs
+        assert orch.get_run(AGENT, run).outcome.value == "deadline_exceeded"
+        assert docker_client.containers.list(all=True, filters={"label": f"ringfence.run=acme:{run}"}) == []
     finally:
         orch.close()
         store.close()

@@ -5,6 +5,8 @@ counts at the witness of what reached the sandbox (the emulator's log / the back
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from control.errors import InvalidArgument, PermissionDenied
@@ -133,3 +135,24 @@ def test_an_engine_failure_after_start_of_a_read_is_retried(tmp_path):
     [obs] = h.submit(run, ("echo", {"text": "hi"}))
     assert h.emulator.tools() == ["echo", "echo"]
     assert obs.status is S.EXECUTED and obs.content == {"text": "hi"} and obs.attempts == 2
+
+
+def test_the_run_deadline_kills_what_runs_mid_batch(tmp_path):
+    """The deadline is not only checked between batches: a watchdog kills the run's sandboxes
+    when it passes, and the run ends deadline_exceeded with the call `killed`."""
+    h = Harness(tmp_path, limits={"run_deadline_s": 0.2})
+
+    def runs_until_killed(call):
+        for _ in range(1000):
+            if h.backend.kills:
+                return outcome_result(Outcome.KILLED)
+            threading.Event().wait(0.01)
+        return "never killed"
+
+    h.emulator.overrides["echo"] = runs_until_killed
+    run = h.run()
+    [obs] = h.submit(run, ("echo", {"text": "slow"}))
+    assert h.backend.kills == [(f"acme:{run}", "the run deadline passed")]
+    assert obs.executed and obs.error_class == "killed"
+    view = h.orch.get_run(AGENT, run)
+    assert view.outcome.value == "deadline_exceeded"

@@ -10,7 +10,8 @@ from control.errors import FailedPrecondition, InvalidArgument, NotFound, Permis
 from control.model import ObservationStatus as S
 from control.model import PlanStep, ProposedCall, RunOutcome, RunStatus
 from control.state import fold
-from control_support import AGENT, APPROVER, STRANGER, Harness, error_result
+from control_support import AGENT, APPROVER, STRANGER, Harness, error_result, outcome_result
+from sandbox.result import Outcome
 
 
 # -- one test per outcome ------------------------------------------------------------------
@@ -180,8 +181,9 @@ def test_two_tenants_can_use_the_same_run_id_without_learning_of_each_other(tmp_
         events = list(h.orch.watch_run(who, "shared-id", 0, threading.Event()))
         assert {e.run_id for e in events} == {"shared-id"}
         assert events[0].data["tenant"] == who.tenant
-    # Each tenant's call ran under its own run id as the caller knows it.
-    assert [r.run_id for r in h.backend.requests] == ["shared-id", "shared-id"]
+    # Each tenant's call ran labelled with its tenant and its run id as the caller knows it, so
+    # killing one tenant's run never touches the other's sandboxes.
+    assert [r.run_id for r in h.backend.requests] == ["acme:shared-id", "globex:shared-id"]
     assert mine.run_id == "shared-id"
 
 
@@ -412,16 +414,22 @@ def test_readers_do_not_wait_for_a_running_batch(tmp_path):
     assert len(h.orch.get_run(AGENT, run).trajectory) == 2
 
 
-def test_cancel_stops_a_running_batch_before_its_writes(tmp_path):
+def test_cancel_kills_what_runs_and_stops_the_batch_before_its_writes(tmp_path):
+    """Cancel does not wait for the batch: it kills the run's sandboxes at once (here the fake
+    backend's in-flight read ends as the real one would, `killed`), and nothing else of the
+    batch is dispatched."""
     h = Harness(tmp_path)
-    inside, release = threading.Event(), threading.Event()
+    inside = threading.Event()
 
-    def slow(call):
+    def runs_until_killed(call):
         inside.set()
-        release.wait(10)
-        return "read done"
+        for _ in range(1000):
+            if h.backend.kills:
+                return outcome_result(Outcome.KILLED)
+            threading.Event().wait(0.01)
+        return "never killed"
 
-    h.emulator.overrides["echo"] = slow
+    h.emulator.overrides["echo"] = runs_until_killed
     run = h.run()
     result = {}
     t = threading.Thread(target=lambda: result.setdefault("obs", h.submit(
@@ -429,19 +437,12 @@ def test_cancel_stops_a_running_batch_before_its_writes(tmp_path):
     t.start()
     try:
         assert inside.wait(10)
-        canceller = threading.Thread(target=lambda: result.setdefault("view", h.orch.cancel_run(AGENT, run)))
-        canceller.start()
-        # cancel_run raises the flag at once, then waits for the in-flight read to come back.
-        for _ in range(1000):
-            if h.orch._cancel_flag(h.orch.runs.get(AGENT.tenant, run)).is_set():
-                break
-            threading.Event().wait(0.01)
+        result["view"] = h.orch.cancel_run(AGENT, run)
     finally:
-        release.set()
         t.join(10)
-        canceller.join(10)
+    assert h.backend.kills == [(f"acme:{run}", "cancelled by agent-1")]
     read, write = result["obs"]
-    assert read.status is S.EXECUTED and read.content == "read done"  # already running: it finished
+    assert read.status is S.EXECUTED and read.executed and read.error_class == "killed"
     assert write.status is S.HALTED and write.error_class == "cancelled" and not write.executed
     assert h.emulator.tools() == ["echo"]
     assert result["view"].outcome is RunOutcome.CANCELLED
