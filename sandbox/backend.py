@@ -55,6 +55,10 @@ class SandboxBackend(Protocol):
         """
         ...
 
+    def ping(self) -> None:
+        """Raise EngineError unless the engine answers now (the server's health checks)."""
+        ...
+
     def kill_run(self, run_id: str, reason: str) -> int:
         """Kill every sandbox of `run_id` now (cancel, a run deadline); each call then ends
         `killed` with `reason`. Returns how many were killed."""

@@ -472,6 +472,16 @@ class DockerBackend:
                 if self._on_egress_report is not None:
                     self._on_egress_report(request, report)
 
+    def ping(self) -> None:
+        """Raise EngineError unless the engine answers /_ping within a few seconds (the client's
+        own timeout is 60 s, far too long for a health check)."""
+        api = self._client.api
+        try:
+            response = api.get(api._url("/_ping"), timeout=5)
+            response.raise_for_status()
+        except ENGINE_ERRORS as e:
+            raise EngineError(f"the Docker engine does not answer: {type(e).__name__}: {e}") from e
+
     def kill_run(self, run_id: str, reason: str) -> int:
         """Kill the run's containers now, ours and any other instance's (by label). Ours end
         `killed` with `reason`; the kill is the engine's, so setsid children die too."""

@@ -10,6 +10,7 @@ import threading
 from typing import Callable
 
 from sandbox.backend import SandboxRequest
+from sandbox.errors import EngineError
 from sandbox.result import Outcome, SandboxResult
 
 Handler = Callable[[SandboxRequest], SandboxResult]
@@ -41,6 +42,8 @@ class FakeBackend:
         self.requests: list[SandboxRequest] = []
         self.kills: list[tuple[str, str]] = []
         self.closed = False
+        # Health: while this holds an error message, ping() raises it as the engine's failure.
+        self.unhealthy: str | None = None
 
     @property
     def starts(self) -> int:
@@ -51,6 +54,10 @@ class FakeBackend:
         with self._lock:
             self.requests.append(request)
         return self._handler(request)
+
+    def ping(self) -> None:
+        if self.unhealthy is not None:
+            raise EngineError(self.unhealthy)
 
     def kill_run(self, run_id: str, reason: str) -> int:
         """Records the kill; a handler that models a running call may look at `kills`."""

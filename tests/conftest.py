@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from pg_support import pg_cluster, pg_url  # noqa: F401 - the PostgreSQL fixtures
+from pg_support import own_pg_cluster, pg_cluster, pg_url  # noqa: F401 - the PostgreSQL fixtures
 from sandbox import labels as L
 
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")

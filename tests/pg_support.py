@@ -18,8 +18,10 @@ import socket
 import subprocess
 import tempfile
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -86,15 +88,29 @@ class PgCluster:
         last = ""
         for _ in range(5):  # a free port can be taken between choosing and binding it
             self.port = _free_port()
-            options = (f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.root} "
-                       "-c max_connections=200 -c log_min_messages=warning")
-            proc = self._as_postgres("pg_ctl", "start", "-D", str(self.data), "-l", str(self.log), "-w",
-                                     "-t", str(START_TIMEOUT_S), "-o", options)
+            proc = self._pg_ctl_start()
             if proc.returncode == 0:
                 self.started = True
                 return
             last = proc.stdout[-1000:] + proc.stderr[-1000:] + self._log_tail()
         raise RuntimeError(f"pg_ctl start failed: {last}")
+
+    def _pg_ctl_start(self) -> subprocess.CompletedProcess:
+        options = (f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.root} "
+                   "-c max_connections=200 -c log_min_messages=warning")
+        return self._as_postgres("pg_ctl", "start", "-D", str(self.data), "-l", str(self.log), "-w",
+                                 "-t", str(START_TIMEOUT_S), "-o", options)
+
+    def pause(self) -> None:
+        """Stop the server, keeping its data and port (an outage a test recovers from)."""
+        proc = self._as_postgres("pg_ctl", "stop", "-D", str(self.data), "-m", "fast", "-w", "-t", "60")
+        if proc.returncode != 0:
+            raise RuntimeError(f"pg_ctl stop failed: {proc.stderr[-1000:]}")
+
+    def resume(self) -> None:
+        proc = self._pg_ctl_start()
+        if proc.returncode != 0:
+            raise RuntimeError(f"pg_ctl start failed: {proc.stderr[-1000:]}{self._log_tail()}")
 
     def _log_tail(self) -> str:
         try:
@@ -127,9 +143,8 @@ class PgCluster:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
-@pytest.fixture(scope="session")
-def pg_cluster():
-    """A PostgreSQL cluster of our own on 127.0.0.1, for the whole session."""
+@contextmanager
+def _cluster() -> Iterator[PgCluster]:
     bin_dir = pg_bin_dir()
     if bin_dir is None:
         _unavailable("PostgreSQL's initdb/pg_ctl are missing (run `make postgres`)")
@@ -149,6 +164,20 @@ def pg_cluster():
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_cluster():
+    """A PostgreSQL cluster of our own on 127.0.0.1, for the whole session."""
+    with _cluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture()
+def own_pg_cluster():
+    """A cluster for one test alone: it may stop and restart it (outages, failover)."""
+    with _cluster() as cluster:
+        yield cluster
 
 
 @pytest.fixture()

@@ -1,6 +1,7 @@
 """`create_server(address, orchestrator, config) -> (server, port)`: the gRPC server.
 
-Beside the ringfence.v1 services it serves grpc.health.v1 (SERVING for "" and each service)
+Beside the ringfence.v1 services it serves grpc.health.v1 (for "" and each service: SERVING
+while the sandbox engine and the event store answer, NOT_SERVING otherwise, control.api.health)
 and server reflection, both without a token, so generic clients (grpcurl, load balancers,
 grpc_health_probe) work. Requests above `limits.max_message_bytes` are refused by grpc itself
 with RESOURCE_EXHAUSTED before any of our code sees them. TLS, and mTLS with a client CA, are
@@ -15,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry import trace
 
 from control.api.auth import Authenticator
+from control.api.health import HealthMonitor, Probe
 from control.api.servicer import SERVICE_NAMES, Edge, EdgeOptions
 
 __all__ = ["TlsOptions", "ApiServer", "create_server"]
@@ -47,19 +49,23 @@ class TlsOptions:
 class ApiServer:
     """A grpc.aio server with the edge it serves; `edge.unexpected_errors` counts server faults."""
 
-    def __init__(self, server: grpc.aio.Server, edge: Edge, health_servicer: Any, port: int) -> None:
+    def __init__(self, server: grpc.aio.Server, edge: Edge, health_servicer: Any, port: int,
+                 monitor: HealthMonitor) -> None:
         self.grpc_server = server
         self.edge = edge
         self.health = health_servicer
+        self.monitor = monitor
         self.port = port
 
     async def start(self) -> None:
+        await self.monitor.start()
         await self.grpc_server.start()
 
     async def stop(self, grace: float | None = 5.0) -> None:
         """Report NOT_SERVING, let in-flight calls finish for `grace` seconds, then cancel
         them; then wait for core calls still running on worker threads (their clients are
         gone, but their effects must be recorded before the caller closes the core)."""
+        await self.monitor.stop()
         await self.health.enter_graceful_shutdown()
         try:
             await self.grpc_server.stop(grace)
@@ -79,6 +85,7 @@ async def create_server(
     tracer_provider: trace.TracerProvider | None = None,
     options: EdgeOptions | None = None,
     max_concurrent_rpcs: int = 512,
+    health_interval_s: float = 2.0,
 ) -> tuple[ApiServer, int]:
     """Build and bind (not start) the server; `address` "127.0.0.1:0" picks a free port.
 
@@ -112,6 +119,6 @@ async def create_server(
     if not port:
         edge.close()
         raise OSError(f"cannot listen on {address}")
-    for name in ("", *SERVICE_NAMES):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return ApiServer(server, edge, health_servicer, port), port
+    probes = [Probe(name, check) for name, check in getattr(orchestrator, "health_checks", lambda: [])()]
+    monitor = HealthMonitor(health_servicer, ("", *SERVICE_NAMES), probes, interval_s=health_interval_s)
+    return ApiServer(server, edge, health_servicer, port, monitor), port

@@ -369,6 +369,10 @@ class Orchestrator:
                     recover_run(state, repo=self.runs, desk=self.desk, batches=self.batches,
                                 registry=self.registry, run_context=self._run_context)
 
+    def health_checks(self) -> list[tuple[str, Callable[[], None]]]:
+        """What must answer for this server to take work (control.api.health)."""
+        return [("sandbox engine", lambda: self.backend.ping()), ("event store", lambda: self.store.ping())]
+
     def close(self) -> None:
         self._closed = True
         self.dispatcher.close()

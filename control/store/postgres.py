@@ -195,6 +195,16 @@ class PostgresEventStore:
             row = conn.execute("SELECT tenant FROM events WHERE run_id = %s AND seq = 1", (run_id,)).fetchone()
         return row[0] if row else None
 
+    def ping(self) -> None:
+        """Raise StoreUnavailable unless the database answers a query now (health checks)."""
+        try:
+            with self._pool.connection(timeout=5) as conn:
+                conn.execute("SELECT 1").fetchone()
+        except PoolTimeout as e:
+            raise StoreUnavailable(f"no database connection available: {e}") from e
+        except psycopg.OperationalError as e:
+            raise StoreUnavailable(f"the event store database failed: {e}") from e
+
     def schema_version(self) -> int:
         with self._conn() as conn:
             return int(conn.execute("SELECT value FROM schema_meta WHERE key = 'version'").fetchone()[0])

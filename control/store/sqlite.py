@@ -28,6 +28,7 @@ from control.store.base import (
     SCHEMA_VERSION,
     Lease,
     SeqConflict,
+    StoreUnavailable,
     StoreError,
     check_lease,
     check_lease_args,
@@ -166,6 +167,14 @@ class SqliteEventStore:
         with self._lock:
             row = self._db.execute("SELECT tenant FROM events WHERE run_id = ? AND seq = 1", (run_id,)).fetchone()
         return row[0] if row else None
+
+    def ping(self) -> None:
+        """Raise StoreUnavailable unless the database file answers a query now (health checks)."""
+        try:
+            with self._lock:
+                self._db.execute("SELECT 1 FROM schema_meta LIMIT 1").fetchone()
+        except sqlite3.Error as e:
+            raise StoreUnavailable(f"the event log at {self.path} does not answer: {e}") from e
 
     def schema_version(self) -> int:
         with self._lock:
