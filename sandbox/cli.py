@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
+import threading
 
 from sandbox.errors import SandboxError
 from sandbox.units import parse_duration, parse_size
@@ -118,7 +121,8 @@ def exec_command(args) -> int:
     try:
         backend = DockerBackend()
         try:
-            result = backend.run(request)
+            with _kill_on_signals(backend) as received:
+                result = backend.run(request)
         finally:
             backend.close()
     except SandboxError as e:
@@ -126,7 +130,31 @@ def exec_command(args) -> int:
         return 1
     json.dump(result.to_json(), sys.stdout, indent=2, sort_keys=True)
     sys.stdout.write("\n")
-    return 0
+    # Killed by a signal to us: say so in the exit status too, the way a shell would (128+N).
+    return 128 + received[0] if received else 0
+
+
+@contextlib.contextmanager
+def _kill_on_signals(backend):
+    """SIGTERM and SIGINT (timeout(1), kill, service managers, Ctrl-C) kill the call's container
+    before we go: otherwise it would run on with nobody enforcing its wall time. The kill runs
+    on its own thread (a signal handler must not re-enter the engine client the main thread may
+    be using); the call then ends `killed` and is reported like any other."""
+    received: list[int] = []
+
+    def on_signal(signum, frame):
+        if not received:
+            received.append(signum)
+            name = signal.Signals(signum).name
+            threading.Thread(target=backend.kill_all, args=(f"ringfence sandbox exec received {name}",),
+                             daemon=True).start()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def gc_command(args) -> int:

@@ -324,6 +324,8 @@ class DockerBackend:
         # run id -> {container id: progress} of the calls running now (for kill_run).
         self._inflight: dict[str, dict[str, _Progress]] = {}
         self._inflight_mutex = threading.Lock()
+        self._reaper: Any = None
+        self._stopping: str | None = None
         self._image_cmds: dict[str, list[str]] = {}
         # The egress proxy (sandbox.egress.proxy.EgressProxy) for
         # calls whose profile has an egress grant; created on first use unless one is given.
@@ -338,6 +340,9 @@ class DockerBackend:
         return self._client
 
     def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.stop()
+            self._reaper = None
         if self._owns_egress_proxy and self._egress_proxy is not None:
             self._egress_proxy.close()
             self._egress_proxy = None
@@ -442,6 +447,8 @@ class DockerBackend:
             applied = applied_settings(container.attrs)
             with self._inflight_mutex:
                 self._inflight.setdefault(request.run_id, {})[container.id] = progress
+                if self._stopping is not None:
+                    progress.killed_reason = self._stopping
             return self._attach_and_run(container, request, image_id, applied, started, progress)
         except ENGINE_ERRORS as e:
             if progress.start_issued:
@@ -481,6 +488,32 @@ class DockerBackend:
             response.raise_for_status()
         except ENGINE_ERRORS as e:
             raise EngineError(f"the Docker engine does not answer: {type(e).__name__}: {e}") from e
+
+    def kill_all(self, reason: str) -> int:
+        """Kill every container this backend has running (a SIGTERM to the CLI or the server):
+        nothing of ours may outlive us with nobody enforcing its wall time. Each call ends
+        `killed` with `reason`; the calls' own code then removes the containers."""
+        with self._inflight_mutex:
+            self._stopping = reason  # and nothing starts from now on
+            targets = [(cid, p) for calls in self._inflight.values() for cid, p in calls.items()]
+        killed = 0
+        for container_id, progress in targets:
+            progress.killed_reason = reason
+            try:
+                self._client.api.kill(container_id)
+                killed += 1
+            except ENGINE_ERRORS:
+                pass  # it exited meanwhile
+        return killed
+
+    def start_reaper(self, interval_s: float = 30.0) -> None:
+        """Reap orphans now (a killed predecessor's containers) and then every `interval_s`
+        (containers past their deadline label), until close()."""
+        from sandbox.reaper import PeriodicReaper
+
+        if self._reaper is None:
+            self._reaper = PeriodicReaper(self._client, interval_s)
+            self._reaper.start()
 
     def kill_run(self, run_id: str, reason: str) -> int:
         """Kill the run's containers now, ours and any other instance's (by label). Ours end
@@ -556,12 +589,17 @@ class DockerBackend:
         streams = _Streams(profile.stdout_limit, profile.stderr_limit, bytearray(), bytearray())
         killed_for: Outcome | None = None
         try:
+            if progress.killed_reason is not None:
+                return self._failed(Outcome.KILLED, profile, image_id, started,
+                                    f"not started: {progress.killed_reason}")
             progress.start_issued = True
             try:
                 container.start()
             except docker.errors.APIError as e:
                 # The engine answered that it could not start the container: nothing ran.
                 return self._start_failed(profile, image_id, started, f"start failed: {e}")
+            if progress.killed_reason is not None:
+                self._kill(container)  # a kill_all that came between the check and the start
             run_started = time.monotonic()
             deadline = run_started + profile.timeout_s
             killed_for = self._pump(sock, request.stdin, streams, deadline)

@@ -59,6 +59,11 @@ class FakeBackend:
         if self.unhealthy is not None:
             raise EngineError(self.unhealthy)
 
+    def kill_all(self, reason: str) -> int:
+        with self._lock:
+            self.kills.append(("*", reason))
+        return 0
+
     def kill_run(self, run_id: str, reason: str) -> int:
         """Records the kill; a handler that models a running call may look at `kills`."""
         with self._lock:

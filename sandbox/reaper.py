@@ -13,9 +13,11 @@ those of earlier versions that gave each egress call a network of its own).
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
+import threading
 import time
 from dataclasses import dataclass
 
@@ -23,6 +25,8 @@ import docker
 import docker.errors
 
 from sandbox import labels as L
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -100,3 +104,40 @@ def reap(client: docker.DockerClient, *, now: float | None = None) -> list[Reape
             except docker.errors.NotFound:
                 pass
     return reaped
+
+
+class PeriodicReaper:
+    """reap() at start and then every `interval_s` on a daemon thread, until stop(): a server
+    removes its killed predecessor's containers at start-up and anything past its deadline
+    label while it runs, not only when someone runs `sandbox gc`."""
+
+    def __init__(self, client: docker.DockerClient, interval_s: float) -> None:
+        self._client = client
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="rf-reaper", daemon=True)
+        self.reaped: list[Reaped] = []
+
+    def start(self) -> None:
+        self.reap_once()
+        self._thread.start()
+
+    def reap_once(self) -> list[Reaped]:
+        try:
+            found = reap(self._client)
+        except Exception as e:  # noqa: BLE001 - the engine may be down now; the next round retries
+            log.warning("reaper: %s", e)
+            return []
+        for item in found:
+            log.info("reaper: removed %s %s (%s)", item.kind, item.name, item.reason)
+        self.reaped.extend(found)
+        return found
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self.reap_once()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)

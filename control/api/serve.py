@@ -24,6 +24,7 @@ from pathlib import Path
 log = logging.getLogger("ringfence.serve")
 
 SHUTDOWN_GRACE_S = 5.0
+REAP_INTERVAL_S = 30.0  # how often a running server removes orphans (past their deadline label)
 # The plaintext dev tokens documented in control/default_config.toml: public knowledge.
 PUBLIC_DEMO_TOKENS = ("demo-agent-token", "demo-approver-token", "demo-admin-token")
 
@@ -114,6 +115,8 @@ def serve_command(args) -> int:
 
     try:
         backend = DockerBackend()
+        # A killed predecessor's containers go now; anything past its deadline label, while we run.
+        backend.start_reaper(REAP_INTERVAL_S)
     except SandboxError as e:
         print(f"error: the sandbox engine is not usable: {e}", file=sys.stderr)
         return 1
@@ -159,7 +162,11 @@ async def _serve(listen: str, orchestrator, config, tls) -> int:
         loop.add_signal_handler(sig, stopping.set)
     try:
         await stopping.wait()
-        log.info("shutting down: NOT_SERVING, %gs for in-flight calls", SHUTDOWN_GRACE_S)
+        # Nothing of ours outlives us unwatched: the running calls' containers are killed first
+        # (each call is recorded `killed`, with why), then in-flight RPCs get the grace period.
+        killed = await asyncio.to_thread(orchestrator.backend.kill_all, "the control plane is shutting down")
+        log.info("shutting down: NOT_SERVING, %d running call(s) killed, %gs for in-flight RPCs",
+                 killed, SHUTDOWN_GRACE_S)
         await server.stop(SHUTDOWN_GRACE_S)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -142,3 +142,78 @@ def test_serve_refuses_a_bad_metrics_address_with_exit_2(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "control.cli", "serve", "--metrics-listen", "nowhere"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--metrics-listen must be HOST:PORT" in proc.stderr
+
+
+def _containers_of(docker_client, pid: int, **filters):
+    return docker_client.containers.list(all=True, filters={"label": f"ringfence.pid={pid}", **filters})
+
+
+def _start_a_nap(served: Served) -> tuple[threading.Thread, dict]:
+    """A 5 s call running in a container of `served`, submitted from a client thread."""
+    outcome: dict = {}
+
+    def submit() -> None:
+        try:
+            with RingfenceClient(served.address, TOKEN) as agent:
+                agent.start_run("nap", "nap-run")
+                outcome["obs"] = agent.submit_batch("nap-run", [{"call_id": "nap", "tool": "sleep",
+                                                                  "arguments": {"seconds": 5}}])
+        except Exception as e:  # noqa: BLE001 - the server may go away mid-call: recorded, asserted
+            outcome["error"] = e
+
+    t = threading.Thread(target=submit, daemon=True)
+    t.start()
+    return t, outcome
+
+
+def _wait_until_running(docker_client, pid: int) -> None:
+    for _ in range(600):
+        if _containers_of(docker_client, pid, status="running"):
+            return
+        threading.Event().wait(0.05)
+    raise AssertionError("the call's container never ran")
+
+
+@pytest.mark.docker
+def test_sigterm_kills_the_servers_running_calls_and_records_them(pinned_images, docker_client, config_file, tmp_path):
+    state = tmp_path / "state"
+    served = Served(config_file, state)
+    try:
+        t, _ = _start_a_nap(served)
+        _wait_until_running(docker_client, served.proc.pid)
+    finally:
+        code = served.stop()
+    t.join(30)
+    assert code == 0
+    assert _containers_of(docker_client, served.proc.pid) == []
+    again = Served(config_file, state)
+    try:
+        with RingfenceClient(again.address, TOKEN) as agent:
+            [nap] = agent.get_run("nap-run").trajectory
+        assert nap.executed and nap.error_class == "killed" and "shutting down" in nap.error
+    finally:
+        assert again.stop() == 0
+
+
+@pytest.mark.docker
+def test_a_restarted_server_removes_a_killed_instances_containers(pinned_images, docker_client, config_file, tmp_path):
+    """SIGKILL leaves the call's container behind (nobody could remove it); the next server's
+    start-up reaper removes it, and recovery reports the interrupted call."""
+    state = tmp_path / "state"
+    served = Served(config_file, state)
+    t, _ = _start_a_nap(served)
+    try:
+        _wait_until_running(docker_client, served.proc.pid)
+    finally:
+        served.proc.kill()
+        served.stop()
+    t.join(30)
+    assert _containers_of(docker_client, served.proc.pid), "SIGKILL should have left the container"
+    again = Served(config_file, state)
+    try:
+        assert _containers_of(docker_client, served.proc.pid) == []  # reaped before serving
+        with RingfenceClient(again.address, TOKEN) as agent:
+            [nap] = agent.get_run("nap-run").trajectory
+        assert nap.error_class == "interrupted"
+    finally:
+        assert again.stop() == 0

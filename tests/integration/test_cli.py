@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
+
+from sandbox import labels as L
 
 pytestmark = pytest.mark.docker
 RINGFENCE = [str(Path(sys.executable).with_name("ringfence"))]
@@ -97,3 +101,28 @@ def test_usage_errors_exit_nonzero_with_a_clear_message(args, message):
 def test_help_explains():
     proc = ringfence("sandbox", "exec", "--help")
     assert proc.returncode == 0 and "one JSON object" in proc.stdout
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_cli_kills_its_container_first(pinned_images, docker_client, signum):
+    """What timeout(1), kill and service managers send: the CLI must not exit and leave its
+    container running with nobody enforcing the wall time."""
+    proc = subprocess.Popen(RINGFENCE + ["sandbox", "exec", "--timeout", "120s", "--", "sleep", "120"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ)
+    try:
+        selector = {"label": f"{L.PID_LABEL}={proc.pid}", "status": "running"}
+        for _ in range(600):
+            if docker_client.containers.list(filters=selector) or proc.poll() is not None:
+                break
+            threading.Event().wait(0.05)
+        assert docker_client.containers.list(filters=selector), "the call's container never ran"
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signum, err
+    result = json.loads(out)
+    assert result["outcome"] == "killed" and signal.Signals(signum).name in result["message"]
+    assert docker_client.containers.list(all=True, filters={"label": f"{L.PID_LABEL}={proc.pid}"}) == []
