@@ -76,6 +76,8 @@ class PendingCall:
     verdict_path: tuple[str, ...]
     proposed_by: str | None = None
     """The subject that proposed the call: never the one who may decide its approval."""
+    client_key: str | None = None
+    """The client's idempotency key, as sent (the derived one is `idempotency_key`)."""
 
 
 @dataclass
@@ -263,7 +265,8 @@ def apply(state: RunState, event: Event) -> RunState:
         state.pending[d["call_id"]] = PendingCall(
             call_id=d["call_id"], tool=d["tool"], arguments=dict(d["arguments"]), approval_id=d["approval_id"],
             mutates=bool(d.get("mutates")), idempotency_key=d.get("idempotency_key"),
-            verdict_path=tuple(d.get("verdict_path") or ()), proposed_by=d.get("proposed_by"))
+            verdict_path=tuple(d.get("verdict_path") or ()), proposed_by=d.get("proposed_by"),
+            client_key=d.get("client_key"))
     elif t is EventType.APPROVAL_DECIDED:
         _set_approval(state, d["approval_id"],
                       status=ApprovalStatus.APPROVED if d["approved"] else ApprovalStatus.DECLINED,

@@ -26,6 +26,11 @@ from control.state import EventType, PendingCall, RunState
 _tracer = trace.get_tracer("ringfence.control")
 
 
+def approval_key(approval_id: str) -> str:
+    """The store key (control.store) an approval id is claimed under: any instance finds its run."""
+    return f"approval:{approval_id}"
+
+
 class ApprovalDesk:
     def __init__(self, *, repo: RunRepository, dispatcher: Dispatcher, registry: Registry, policy: PolicyEngine,
                  limits: Limits, clock: Callable[[], float], image_digest: Callable[[str], str],
@@ -53,11 +58,12 @@ class ApprovalDesk:
         now = self._clock()
         approval_id = new_approval_id()
         path = d.path + ("approval:requested",)
-        self.repo.append(state, EventType.APPROVAL_REQUESTED, {
+        self.repo.append(state, EventType.APPROVAL_REQUESTED, keys=[approval_key(approval_id)], data={
             "approval_id": approval_id, "call_id": d.call.call_id, "tool": d.manifest.name,
             "arguments": dict(d.arguments), "digest": self.digest(state, d.manifest, d.arguments),
             "created_at": now, "expires_at": now + self.limits.approval_ttl_s, "mutates": d.manifest.mutates,
-            "idempotency_key": self.dispatcher.key_for(state, d.manifest, d.arguments),
+            "idempotency_key": self.dispatcher.key_for(state, d.manifest, d.arguments, d.call.idempotency_key),
+            "client_key": d.call.idempotency_key if d.manifest.mutates else None,
             "image_digest": self._image_digest(d.manifest.image), "policy_version": self.policy.version,
             "verdict_path": list(path), "proposed_by": proposed_by})
         return self.repo.observe(state, Observation(d.call.call_id, d.manifest.name, ObservationStatus.PENDING_APPROVAL,
@@ -90,6 +96,10 @@ class ApprovalDesk:
     def decide(self, p: Principal, approval_id: str, approve: bool, reason: str) -> Approval:
         state = self.repo.approval_run(p.tenant, approval_id)
         if state is None:
+            # Requested through another instance, or before a restart: the store knows its run.
+            holder = self.repo.store.lookup_key(approval_key(approval_id))
+            state = self.repo.by_key(p.tenant, holder[0]) if holder else None
+        if state is None or approval_id not in state.approvals:
             raise NotFound(f"approval {approval_id!r} not found")
         with self.repo.run_lock(state.key):
             if state.finished:
@@ -135,7 +145,7 @@ class ApprovalDesk:
         if approval.status is ApprovalStatus.APPROVED:
             self.repo.append(state, EventType.APPROVAL_USED, {"approval_id": approval.approval_id})
         item = Admitted(pending.call_id, manifest, dict(pending.arguments), path + ("approval:approved", "admitted"),
-                        approval_id=approval.approval_id)
+                        approval_id=approval.approval_id, client_key=pending.client_key)
         with _tracer.start_as_current_span("batch", context=self._run_context(state),
                                            attributes={"ringfence.run_id": state.run_id, "ringfence.resumed": True}):
             ctx = otel_context.get_current()

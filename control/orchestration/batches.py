@@ -167,7 +167,8 @@ class BatchRunner:
                     results[d.call.call_id] = self.desk.request(state, d, proposed_by)
                 else:
                     assert d.manifest is not None and d.arguments is not None
-                    admitted.append(Admitted(d.call.call_id, d.manifest, d.arguments, d.path))
+                    admitted.append(Admitted(d.call.call_id, d.manifest, d.arguments, d.path,
+                                             client_key=d.call.idempotency_key if d.manifest.mutates else None))
             # Step 7: total admission is done; the admitted subset runs.
             if admitted:
                 results.update(self.execute(state, admitted, batch_ctx))

@@ -12,7 +12,7 @@ import json
 import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
 from opentelemetry import context as otel_context
@@ -20,12 +20,14 @@ from opentelemetry import trace
 
 from control import guardrails
 from control.config import Config
-from control.idempotency import idempotency_key
+from control.idempotency import client_idempotency_key, idempotency_key
 from control.model import Observation, ObservationStatus
 from control.registry import ToolManifest
 from control.resource_policy import call_allowlist
 from control.retry import Attempt, CircuitBreaker, FailureClass, RetryPolicy, classify, retry_call
 from control.state import EventType, RunState
+from control.store.base import KeyTaken
+from control.validation import signature
 from control.orchestration.runs import RunRepository
 from control.orchestration.stops import RunStops, sandbox_run_id
 from sandbox.backend import SandboxBackend, SandboxRequest
@@ -33,6 +35,11 @@ from sandbox.errors import EngineError, ImageError, SandboxError
 from sandbox.profile import InputMount, SandboxProfile
 
 _tracer = trace.get_tracer("ringfence.control")
+
+
+def client_key_name(key: str) -> str:
+    """The store key (control.store) under which a client idempotency key is claimed."""
+    return f"idem:{key}"
 
 
 @dataclass(frozen=True)
@@ -44,6 +51,8 @@ class Admitted:
     arguments: Mapping[str, Any]
     path: tuple[str, ...]
     approval_id: str | None = None
+    client_key: str | None = None
+    """The client's idempotency key for this call, as it sent it (None: derived from the run)."""
 
 
 class Dispatcher:
@@ -72,8 +81,15 @@ class Dispatcher:
             return self._breakers.setdefault(
                 tool, CircuitBreaker(limits.breaker_threshold, limits.breaker_cooldown_s, self._clock))
 
-    def key_for(self, state: RunState, manifest: ToolManifest, arguments: Mapping[str, Any]) -> str | None:
-        return idempotency_key(state.tenant, state.run_id, manifest.name, arguments) if manifest.mutates else None
+    def key_for(self, state: RunState, manifest: ToolManifest, arguments: Mapping[str, Any],
+                client_key: str | None = None) -> str | None:
+        """A mutating call's idempotency key: the client's (scoped to the tenant), else one
+        derived from the tenant, the run and the call's signature. Reads have none."""
+        if not manifest.mutates:
+            return None
+        if client_key is not None:
+            return client_idempotency_key(state.tenant, client_key)
+        return idempotency_key(state.tenant, state.run_id, manifest.name, arguments)
 
     def execute(self, state: RunState, admitted: list[Admitted], ctx: otel_context.Context) -> dict[str, Observation]:
         """Reads in parallel, then writes one at a time, in batch order; every observation is
@@ -99,21 +115,38 @@ class Dispatcher:
             return Observation(a.call_id, manifest.name, ObservationStatus.HALTED, False,
                                error=f"{stop.reason}; this call never ran", error_class=stop.outcome.value,
                                verdict_path=a.path + (f"run:{stop.outcome.value}",), approval_id=a.approval_id)
-        key = self.key_for(state, manifest, a.arguments)
+        key = self.key_for(state, manifest, a.arguments, a.client_key)
         if key is not None and key in state.completions:
             # 8 idempotency: recorded completion -> the stored result, no dispatch.
-            stored = state.completions[key]
-            return Observation(a.call_id, manifest.name, ObservationStatus.DEDUPLICATED, False,
-                               content=stored["content"], verdict_path=a.path + ("idempotency:deduplicated",),
+            return self._deduplicated(a, state.completions[key]["content"])
+        claim: list[str] = []
+        if a.client_key is not None and key is not None:
+            # A client key spans the tenant's runs: the store holds it, with the call that used it.
+            earlier = self.client_key_holder(state, key, signature(manifest.name, a.arguments))
+            if isinstance(earlier, Observation):
+                return replace(earlier, call_id=a.call_id, verdict_path=a.path + earlier.verdict_path,
                                approval_id=a.approval_id)
+            if earlier is not None:
+                return self._deduplicated(a, earlier)
+            claim = [client_key_name(key)]
         breaker = self._breaker(manifest.name)
         if not breaker.allow():
             return Observation(a.call_id, manifest.name, ObservationStatus.DENIED, False,
                                error=f"circuit open for {manifest.name}: too many recent failures",
                                error_class=FailureClass.CIRCUIT_OPEN.value,
                                verdict_path=a.path + ("breaker:open",), approval_id=a.approval_id)
-        self.repo.append(state, EventType.DISPATCH_STARTED, {"call_id": a.call_id, "tool": manifest.name,
-                                                             "mutates": manifest.mutates, "idempotency_key": key})
+        try:
+            self.repo.append(state, EventType.DISPATCH_STARTED, {
+                "call_id": a.call_id, "tool": manifest.name, "mutates": manifest.mutates, "idempotency_key": key,
+                "signature": signature(manifest.name, a.arguments), "client_key": a.client_key is not None},
+                keys=claim)
+        except KeyTaken:
+            # Another run claimed the same client key a moment ago: answer as if we had seen it.
+            earlier = self.client_key_holder(state, key, signature(manifest.name, a.arguments))
+            if isinstance(earlier, Observation):
+                return replace(earlier, call_id=a.call_id, verdict_path=a.path + earlier.verdict_path,
+                               approval_id=a.approval_id)
+            return self._deduplicated(a, earlier)
         with _tracer.start_as_current_span(
                 "execute_tool", context=ctx, kind=trace.SpanKind.INTERNAL,
                 attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": manifest.name,
@@ -154,6 +187,37 @@ class Dispatcher:
         self.repo.append(state, EventType.CALL_COMPLETED, completion)
         # 11 result guardrail, then the observation
         return completion_observation(a.call_id, manifest.name, completion, a.path, a.approval_id)
+
+    @staticmethod
+    def _deduplicated(a: Admitted, content: Any) -> Observation:
+        return Observation(a.call_id, a.manifest.name, ObservationStatus.DEDUPLICATED, False, content=content,
+                           verdict_path=a.path + ("idempotency:deduplicated",), approval_id=a.approval_id)
+
+    def client_key_holder(self, state: RunState, key: str, call_signature: str) -> Any:
+        """What an earlier use of a client key says about this call: None (never used), the
+        recorded result's content (used for the same call, completed: deduplicate), or an
+        Observation refusing it (used for other arguments, or its outcome is not known yet)."""
+        holder = self.repo.store.lookup_key(client_key_name(key))
+        if holder is None:
+            return None
+        run_key, seq = holder
+        events = self.repo.store.read(run_key, seq)
+        started = events[0].data if events and events[0].seq == seq else {}
+        tool = started.get("tool", "?")
+        if started.get("signature") != call_signature:
+            return Observation("", tool, ObservationStatus.DENIED, False,
+                               error="this idempotency key was already used for a call with other arguments; "
+                                     "nothing was run", error_class="idempotency_key_reused",
+                               verdict_path=("idempotency:conflict",))
+        for event in events:
+            if event.type == EventType.CALL_COMPLETED and event.data.get("call_id") == started.get("call_id"):
+                if event.data.get("ok"):
+                    return event.data.get("content")
+                break
+        return Observation("", tool, ObservationStatus.DENIED, False,
+                           error="this idempotency key belongs to a call that did not complete successfully (or "
+                                 "has not completed yet); it is not run again: use a new key to try again",
+                           error_class="idempotency_key_in_doubt", verdict_path=("idempotency:in_doubt",))
 
     def profile(self, manifest: ToolManifest) -> SandboxProfile:
         inputs = []

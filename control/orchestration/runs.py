@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import threading
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from control.errors import NotFound
 from control.model import Approval, ApprovalStatus, Event, Observation, ObservationStatus, RunOutcome, RunView
@@ -79,6 +79,17 @@ class RunRepository:
                 state = self._live.setdefault((tenant, run_id), state)
         return state
 
+    def by_key(self, tenant: str, key: str) -> RunState | None:
+        """A run by its store key, if it is the tenant's (live from memory, else from the store)."""
+        if self.store.tenant_of(key) != tenant:
+            return None
+        with self._lock:
+            live = next((s for s in self._live.values() if s.key == key), None)
+        if live is not None:
+            return live
+        state = fold(self.store.read(key))
+        return self.get(tenant, state.run_id) if not state.finished else state
+
     def live(self, tenant: str | None = None) -> list[RunState]:
         with self._lock:
             return [s for s in self._live.values() if tenant is None or s.tenant == tenant]
@@ -126,13 +137,13 @@ class RunRepository:
         self._remember(state)
         return state
 
-    def append(self, state: RunState, type_: EventType, data: Mapping[str, Any]) -> Event:
+    def append(self, state: RunState, type_: EventType, data: Mapping[str, Any], keys: Sequence[str] = ()) -> Event:
         """Durably append one event and apply it. An event the fold would reject is refused
         before it reaches the store: nothing durable can make a run unreadable."""
         check_event(type_, data)
         with self._append_lock(state.key):
             event = self.store.append(state.key, type_.value, data, expected_seq=state.last_seq + 1,
-                                      tenant=state.tenant)
+                                      tenant=state.tenant, keys=keys)
             apply(state, event)
             if type_ is EventType.APPROVAL_REQUESTED:
                 with self._lock:

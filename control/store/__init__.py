@@ -10,6 +10,7 @@ from control.store.audit import AuditReport, verify
 from control.store.base import (
     SCHEMA_VERSION,
     EventStore,
+    KeyTaken,
     Lease,
     LeaseLost,
     SchemaVersionError,
@@ -23,6 +24,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "AuditReport",
     "EventStore",
+    "KeyTaken",
     "Lease",
     "LeaseLost",
     "SchemaVersionError",

@@ -5,11 +5,14 @@ ever appended, never changed; a run's state is the fold of its events (control.s
 returns only after the event is committed. The only removal is `prune`, of whole finished runs,
 through a path the database itself sanctions.
 
-    append(run_id, type, data, expected_seq=None, tenant=None, lease=None) -> Event
+    append(run_id, type, data, expected_seq=None, tenant=None, lease=None, keys=()) -> Event
         `expected_seq`: the seq the new event must get (optimistic concurrency); another value
         means somebody else appended first -> SeqConflict. The first event of a run must carry
         the run's tenant (argument, or `data["tenant"]`). `lease`: see below. The returned event
-        carries `prev_hash` and `hash` (control.store.audit).
+        carries `prev_hash` and `hash` (control.store.audit). `keys`: names this event claims,
+        unique across all runs (an approval id, a tenant's client idempotency key); one already
+        held -> KeyTaken, and nothing is appended.
+    lookup_key(name) -> (run_id, seq) | None    the event that holds a key
     read(run_id, from_seq=0) -> list[Event]     events with seq >= from_seq, in order
     runs(tenant) -> list[str]                   run ids of a tenant, oldest first
     all_runs() -> list[tuple[tenant, run_id]]   every run (for recovery at startup)
@@ -32,13 +35,14 @@ through a path the database itself sanctions.
     close()
 
 Run ids are the store's keys: usually the caller's run id, `tenant/run_id` when another tenant
-had already taken that id (see control.executor.Orchestrator.start_run).
+had already taken that id (see control.orchestration.runs.RunRepository.new_key).
 
 Errors:
 
     StoreError < control.errors.FailedPrecondition
     ├── SeqConflict            the run's log moved on since the caller read it
     ├── LeaseLost              the append's lease is not (or no longer) the run's current one
+    ├── KeyTaken               a key the append claims is held by another event
     ├── SchemaVersionError     the database's schema is newer than this code, or unknown
     └── StoreUnavailable       the database cannot be reached (also a control.errors.Unavailable)
 """
@@ -47,12 +51,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol, runtime_checkable
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 from control.errors import FailedPrecondition, Unavailable
 from control.model import Event
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The store schema this code writes. 1: events only (SQLite, no meta table). 2: schema_meta,
 the audit hash chain (prev_hash, hash), leases, sanctioned pruning. Each event records the
 schema version it was written under."""
@@ -71,6 +75,16 @@ class SeqConflict(StoreError):
 
 class LeaseLost(StoreError):
     """The append's lease expired and was taken over, was released, or another writer holds one."""
+
+
+class KeyTaken(StoreError):
+    """`append(keys=...)`: one of the names is already held by an event (of this run or another)."""
+
+    def __init__(self, name: str, holder: tuple[str, int] | None) -> None:
+        where = f"run {holder[0]} event {holder[1]}" if holder else "another event"
+        super().__init__(f"key {name!r} is already held by {where}")
+        self.name = name
+        self.holder = holder
 
 
 class SchemaVersionError(StoreError):
@@ -150,7 +164,9 @@ def check_lease(run_id: str, lease: Lease | None, current: tuple[str, int, bool]
 @runtime_checkable
 class EventStore(Protocol):
     def append(self, run_id: str, type: str, data: Mapping[str, Any], expected_seq: int | None = None,
-               tenant: str | None = None, lease: Lease | None = None) -> Event: ...
+               tenant: str | None = None, lease: Lease | None = None, keys: Sequence[str] = ()) -> Event: ...
+
+    def lookup_key(self, name: str) -> tuple[str, int] | None: ...
 
     def read(self, run_id: str, from_seq: int = 0) -> list[Event]: ...
 

@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import psycopg
 from psycopg import sql
@@ -34,6 +34,7 @@ from control.store.audit import canonical_json, event_hash
 from control.store.base import (
     FINISHED,
     SCHEMA_VERSION,
+    KeyTaken,
     Lease,
     SeqConflict,
     StoreError,
@@ -91,7 +92,7 @@ class PostgresEventStore:
     # ------------------------------------------------------------------ writing
 
     def append(self, run_id: str, type: str, data: Mapping[str, Any], expected_seq: int | None = None,
-               tenant: str | None = None, lease: Lease | None = None) -> Event:
+               tenant: str | None = None, lease: Lease | None = None, keys: Sequence[str] = ()) -> Event:
         payload = canonical_json(data)
         content = json.loads(payload)
         at = float(self._clock())  # as stored (REAL / DOUBLE PRECISION): what is hashed must read back equal
@@ -108,6 +109,16 @@ class PostgresEventStore:
                     "INSERT INTO events (run_id, seq, tenant, type, data, schema_version, at, prev_hash, hash) "
                     "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
                     (run_id, seq, tenant, type, payload, SCHEMA_VERSION, at, prev_hash, digest))
+                for name in keys:
+                    holder = conn.execute("SELECT run_id, seq FROM keys WHERE name = %s", (name,)).fetchone()
+                    if holder is not None:
+                        raise KeyTaken(name, (holder[0], int(holder[1])))  # rolls back, event and all
+                    try:
+                        with conn.transaction():  # a savepoint: only this insert fails on a race
+                            conn.execute("INSERT INTO keys (name, run_id, seq) VALUES (%s, %s, %s)",
+                                         (name, run_id, seq))
+                    except psycopg.errors.UniqueViolation:
+                        raise KeyTaken(name, None) from None  # another run claimed it just now
                 conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, run_id))
         except psycopg.errors.UniqueViolation as e:  # a writer that skipped the run lock
             raise SeqConflict(f"run {run_id}: seq {seq} was taken") from e
@@ -167,6 +178,7 @@ class PostgresEventStore:
             # list refuses a run that is not finished.
             conn.execute("INSERT INTO prune_allowed (run_id) SELECT unnest(%s::text[])", (doomed,))
             conn.execute("DELETE FROM events WHERE run_id IN (SELECT run_id FROM prune_allowed)")
+            conn.execute("DELETE FROM keys WHERE run_id IN (SELECT run_id FROM prune_allowed)")
             conn.execute("DELETE FROM leases WHERE run_id IN (SELECT run_id FROM prune_allowed)")
             conn.execute("DELETE FROM prune_allowed")
         return doomed
@@ -194,6 +206,12 @@ class PostgresEventStore:
         with self._conn() as conn:
             row = conn.execute("SELECT tenant FROM events WHERE run_id = %s AND seq = 1", (run_id,)).fetchone()
         return row[0] if row else None
+
+    def lookup_key(self, name: str) -> tuple[str, int] | None:
+        """(run id, seq) of the event that holds `name`, or None."""
+        with self._conn() as conn:
+            row = conn.execute("SELECT run_id, seq FROM keys WHERE name = %s", (name,)).fetchone()
+        return (row[0], int(row[1])) if row else None
 
     def ping(self) -> None:
         """Raise StoreUnavailable unless the database answers a query now (health checks)."""

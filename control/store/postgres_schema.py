@@ -2,7 +2,7 @@
 
 Version numbers are shared with the SQLite store (control.store.base.SCHEMA_VERSION); the
 PostgreSQL store first appeared at version 2, so there is no earlier PostgreSQL layout to
-migrate from and MIGRATIONS starts empty. Creation and migration run in one transaction under
+migrate from; version 3 adds the `keys` table. Creation and migration run in one transaction under
 an advisory lock, so instances starting together on an empty database create it once.
 
 `data` is TEXT, not JSONB: the audit chain hashes the exact canonical JSON that was written, and
@@ -73,8 +73,26 @@ _V2 = [
     FOR EACH STATEMENT EXECUTE FUNCTION ringfence_events_append_only()""",
 ]
 
-MIGRATIONS: dict[int, Callable[[Any], None]] = {}
-"""version -> the step that takes a database from it to version + 1 (none yet: see above)."""
+# Version 3: names that must be unique across every run (an approval id, a tenant's client
+# idempotency key), each held by the event that claimed it, in the same transaction. Like the
+# events, never updated, and deleted only with a pruned run.
+_V3 = [
+    "CREATE TABLE keys (name TEXT PRIMARY KEY, run_id TEXT NOT NULL, seq BIGINT NOT NULL)",
+    "CREATE INDEX keys_run ON keys (run_id)",
+    """CREATE TRIGGER keys_append_only BEFORE UPDATE OR DELETE ON keys
+    FOR EACH ROW EXECUTE FUNCTION ringfence_events_append_only()""",
+    """CREATE TRIGGER keys_no_truncate BEFORE TRUNCATE ON keys
+    FOR EACH STATEMENT EXECUTE FUNCTION ringfence_events_append_only()""",
+]
+
+
+def _v2_to_v3(conn: Any) -> None:
+    for statement in _V3:
+        conn.execute(statement)
+
+
+MIGRATIONS: dict[int, Callable[[Any], None]] = {2: _v2_to_v3}
+"""version -> the step that takes a database from it to version + 1."""
 
 
 def current_version(conn: Any) -> int:
@@ -113,6 +131,7 @@ def open_schema(conn: Any) -> int:
         if found == 0:
             for statement in _V2:
                 conn.execute(statement)
+            _v2_to_v3(conn)
         else:
             for version in range(found, SCHEMA_VERSION):
                 if version not in MIGRATIONS:

@@ -19,7 +19,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from control.model import Event
 from control.store.audit import canonical_json, event_hash
@@ -27,6 +27,7 @@ from control.store.base import (
     FINISHED,
     SCHEMA_VERSION,
     Lease,
+    KeyTaken,
     SeqConflict,
     StoreUnavailable,
     StoreError,
@@ -68,7 +69,7 @@ class SqliteEventStore:
     # ------------------------------------------------------------------ writing
 
     def append(self, run_id: str, type: str, data: Mapping[str, Any], expected_seq: int | None = None,
-               tenant: str | None = None, lease: Lease | None = None) -> Event:
+               tenant: str | None = None, lease: Lease | None = None, keys: Sequence[str] = ()) -> Event:
         payload = canonical_json(data)
         content = json.loads(payload)
         at = float(self._clock())  # as stored (REAL / DOUBLE PRECISION): what is hashed must read back equal
@@ -87,6 +88,11 @@ class SqliteEventStore:
                         (run_id, seq, tenant, type, payload, SCHEMA_VERSION, at, prev_hash, digest))
                 except sqlite3.IntegrityError as e:  # UNIQUE(run_id, seq): cannot happen under IMMEDIATE
                     raise SeqConflict(f"run {run_id}: seq {seq} was taken") from e
+                for name in keys:
+                    holder = cur.execute("SELECT run_id, seq FROM keys WHERE name = ?", (name,)).fetchone()
+                    if holder is not None:
+                        raise KeyTaken(name, (holder[0], holder[1]))  # the write rolls back, event and all
+                    cur.execute("INSERT INTO keys (name, run_id, seq) VALUES (?, ?, ?)", (name, run_id, seq))
         event = Event(run_id, seq, type, content, SCHEMA_VERSION, at, prev_hash, digest)
         self._bump()
         for callback in list(self._subscribers):
@@ -139,6 +145,7 @@ class SqliteEventStore:
             # list refuses a run that is not finished.
             cur.executemany("INSERT INTO prune_allowed (run_id) VALUES (?)", [(r,) for r in doomed])
             cur.execute("DELETE FROM events WHERE run_id IN (SELECT run_id FROM prune_allowed)")
+            cur.execute("DELETE FROM keys WHERE run_id IN (SELECT run_id FROM prune_allowed)")
             cur.execute("DELETE FROM leases WHERE run_id IN (SELECT run_id FROM prune_allowed)")
             cur.execute("DELETE FROM prune_allowed")
         return doomed
@@ -167,6 +174,12 @@ class SqliteEventStore:
         with self._lock:
             row = self._db.execute("SELECT tenant FROM events WHERE run_id = ? AND seq = 1", (run_id,)).fetchone()
         return row[0] if row else None
+
+    def lookup_key(self, name: str) -> tuple[str, int] | None:
+        """(run id, seq) of the event that holds `name`, or None."""
+        with self._lock:
+            row = self._db.execute("SELECT run_id, seq FROM keys WHERE name = ?", (name,)).fetchone()
+        return (row[0], int(row[1])) if row else None
 
     def ping(self) -> None:
         """Raise StoreUnavailable unless the database file answers a query now (health checks)."""

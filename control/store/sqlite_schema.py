@@ -2,7 +2,7 @@
 
 Version 1 (the first release) had only the `events` table and no meta table: a database with
 `events` and no `schema_meta` is version 1. Version 2 adds `schema_meta`, the audit chain
-columns, leases and sanctioned pruning. A migration runs in one write transaction (SQLite DDL
+columns, leases and sanctioned pruning; version 3 the `keys` table (unique names held by events). A migration runs in one write transaction (SQLite DDL
 is transactional), so a failure leaves the file exactly as it was.
 
 The statements are run one by one, never with `executescript`: that COMMITs a pending
@@ -103,7 +103,26 @@ def _v1_to_v2(db: sqlite3.Connection) -> None:
     db.execute("DROP TABLE events_v1")
 
 
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2}
+# Version 3: names that must be unique across every run (an approval id, a tenant's client
+# idempotency key), each held by the event that claimed it, in the same transaction. Like the
+# events, never updated, and deleted only with a pruned run.
+_V3 = [
+    "CREATE TABLE keys (name TEXT PRIMARY KEY, run_id TEXT NOT NULL, seq INTEGER NOT NULL)",
+    "CREATE INDEX keys_run ON keys (run_id)",
+    """CREATE TRIGGER keys_append_only_u BEFORE UPDATE ON keys
+    BEGIN SELECT RAISE(ABORT, 'keys are append-only'); END""",
+    """CREATE TRIGGER keys_append_only_d BEFORE DELETE ON keys
+    WHEN NOT EXISTS (SELECT 1 FROM prune_allowed WHERE run_id = OLD.run_id)
+    BEGIN SELECT RAISE(ABORT, 'keys are append-only'); END""",
+]
+
+
+def _v2_to_v3(db: sqlite3.Connection) -> None:
+    for statement in _V3:
+        db.execute(statement)
+
+
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3}
 """version -> the step that takes a database from it to version + 1."""
 
 
@@ -121,6 +140,7 @@ def open_schema(db: sqlite3.Connection) -> int:
                 f"({SCHEMA_VERSION}); upgrade ringfence to open it")
         if found == 0:
             _create(db)
+            _v2_to_v3(db)
         else:
             for version in range(found, SCHEMA_VERSION):
                 MIGRATIONS[version](db)

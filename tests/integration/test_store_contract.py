@@ -19,6 +19,7 @@ import pytest
 from control.store import (
     SCHEMA_VERSION,
     EventStore,
+    KeyTaken,
     LeaseLost,
     SchemaVersionError,
     SeqConflict,
@@ -418,3 +419,39 @@ def test_postgres_survives_losing_its_connections(pg_url):
         assert [e.seq for e in watcher.read("r1")] == [1, 2]
     finally:
         t.close()
+
+
+# -- keys: names unique across every run, claimed by an event -----------------------------------
+
+
+def test_a_key_is_claimed_once_across_runs_and_a_refused_claim_appends_nothing(target):
+    s = target.open()
+    started(s, "r1")
+    started(s, "r2", tenant="globex")
+    claimed = s.append("r1", "dispatch_started", {"call_id": "c"}, keys=["idem:acme:k1"])
+    assert s.lookup_key("idem:acme:k1") == ("r1", claimed.seq)
+    with pytest.raises(KeyTaken) as info:
+        s.append("r2", "dispatch_started", {"call_id": "c"}, keys=["idem:globex:k2", "idem:acme:k1"])
+    assert info.value.holder == ("r1", claimed.seq)
+    # Nothing of the refused append is durable: no event, and not its other key either.
+    assert [e.type for e in s.read("r2")] == ["run_started"]
+    assert s.lookup_key("idem:globex:k2") is None
+    assert s.lookup_key("nobody") is None
+
+
+def test_keys_are_append_only_and_go_with_a_pruned_run(target):
+    now = [1_000_000.0]
+    s = target.open(clock=lambda: now[0])
+    started(s, "done")
+    s.append("done", "approval_requested", {"approval_id": "apr-1"}, keys=["approval:apr-1"])
+    started(s, "live")
+    s.append("live", "approval_requested", {"approval_id": "apr-2"}, keys=["approval:apr-2"])
+    s.append("done", "run_finished", {"outcome": "completed"})
+    with pytest.raises(target.refused, match="append-only"):
+        target.raw().execute("DELETE FROM keys WHERE name = 'approval:apr-2'")
+    with pytest.raises(target.refused, match="append-only"):
+        target.raw().execute("UPDATE keys SET run_id = 'live' WHERE name = 'approval:apr-1'")
+    now[0] += 10 * 86400
+    assert s.prune(older_than_s=86400) == ["done"]
+    assert s.lookup_key("approval:apr-1") is None
+    assert s.lookup_key("approval:apr-2") == ("live", 2)

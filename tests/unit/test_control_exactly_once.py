@@ -156,3 +156,59 @@ def test_the_run_deadline_kills_what_runs_mid_batch(tmp_path):
     assert obs.executed and obs.error_class == "killed"
     view = h.orch.get_run(AGENT, run)
     assert view.outcome.value == "deadline_exceeded"
+
+
+def _credit_note(key, text="t", call_id="w"):
+    return ProposedCall(call_id, "write_note", {"name": "n", "text": text}, idempotency_key=key)
+
+
+def test_a_client_key_deduplicates_across_the_tenants_runs(tmp_path):
+    """"The same credit in a later run of the same job" must not run again."""
+    h = Harness(tmp_path)
+    first_run, later_run = h.run(), h.run()
+    [first] = h.orch.submit_batch(AGENT, first_run, [_credit_note("invoice-7")])
+    [again] = h.orch.submit_batch(AGENT, later_run, [_credit_note("invoice-7")])
+    assert first.status is S.EXECUTED and again.status is S.DEDUPLICATED
+    assert again.content == first.content
+    assert h.emulator.tools() == ["write_note"]
+    # The key the tool saw is the tenant-scoped one, not the client's raw key.
+    assert h.emulator.log[0].idempotency_key != "invoice-7"
+
+
+def test_a_client_key_with_other_arguments_is_refused_never_run(tmp_path):
+    h = Harness(tmp_path)
+    run = h.run()
+    h.orch.submit_batch(AGENT, run, [_credit_note("invoice-7", "50")])
+    [refused] = h.orch.submit_batch(AGENT, h.run(), [_credit_note("invoice-7", "500")])
+    assert refused.status is S.DENIED and not refused.executed
+    assert refused.error_class == "idempotency_key_reused" and "other arguments" in refused.error
+    assert h.emulator.tools() == ["write_note"]
+
+
+def test_client_keys_are_scoped_to_the_tenant(tmp_path):
+    h = Harness(tmp_path)
+    h.orch.start_run(AGENT, "a", "ra")
+    h.orch.start_run(GLOBEX, "g", "rg")
+    [a] = h.orch.submit_batch(AGENT, "ra", [_credit_note("shared-key")])
+    [g] = h.orch.submit_batch(GLOBEX, "rg", [_credit_note("shared-key")])
+    assert a.status is g.status is S.EXECUTED
+    keys = [c.idempotency_key for c in h.emulator.log]
+    assert len(set(keys)) == 2
+
+
+def test_a_client_key_whose_call_failed_is_not_run_again(tmp_path):
+    h = Harness(tmp_path, limits={"max_attempts": 1})
+    h.emulator.overrides["write_note"] = lambda call: outcome_result(Outcome.UNCERTAIN)
+    h.orch.submit_batch(AGENT, h.run(), [_credit_note("k")])
+    [again] = h.orch.submit_batch(AGENT, h.run(), [_credit_note("k")])
+    assert again.status is S.DENIED and again.error_class == "idempotency_key_in_doubt"
+    assert h.emulator.tools() == ["write_note"]
+
+
+def test_an_approval_is_found_through_the_store_after_a_restart(tmp_path):
+    h = Harness(tmp_path)
+    run = h.run()
+    [pending] = h.submit(run, ("credit", {"account": "acme-9", "amount": 50}))
+    h.restart()
+    approval = h.orch.decide_approval(APPROVER, pending.approval_id, True, "ok")
+    assert approval.status.value == "used" and h.backend.starts == 1
