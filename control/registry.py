@@ -28,8 +28,9 @@ _HOST = re.compile(r"(\*\.)?[a-z0-9]([a-z0-9-]{0,62})(\.[a-z0-9]([a-z0-9-]{0,62}
 NARROW_ABOVE = 12
 _MANIFEST_KEYS = {
     "name", "description", "schema", "mutates", "reversible", "cost", "paths",
-    "egress_hosts", "url_arguments", "limits", "runtime", "image",
+    "egress_hosts", "url_arguments", "limits", "runtime", "image", "reconcile",
 }
+_RECONCILE_KEYS = {"tool", "key_argument"}
 _LIMIT_KEYS = {"memory_bytes", "cpus", "pids", "timeout_s", "stdout_limit", "stderr_limit"}
 
 
@@ -41,6 +42,17 @@ class ToolLimits:
     timeout_s: float = 10.0
     stdout_limit: int = 1024 * 1024
     stderr_limit: int = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Reconcile:
+    """How an effect of a mutating tool is looked up by its idempotency key, so recovery can ask
+    the receiver whether a call that crashed between its effect and its record took effect."""
+
+    tool: str
+    """A registered tool that does not mutate: the look-up."""
+    key_argument: str = "idempotency_key"
+    """The look-up's (required) argument that takes the idempotency key."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +75,8 @@ class ToolManifest:
     limits: ToolLimits = field(default_factory=ToolLimits)
     runtime: str = "runc"
     image: str = "tool"
+    reconcile: Reconcile | None = None
+    """Only for a mutating tool: how its effects are looked up by key (None: they cannot be)."""
 
     @property
     def irreversible(self) -> bool:
@@ -145,6 +159,7 @@ def parse_manifest(doc: Mapping[str, Any], source: str = "<manifest>") -> ToolMa
     image = doc.get("image", "tool")
     if not isinstance(image, str) or not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", image):
         raise _err(source, "image", "must be an image name from images/images.lock")
+    reconcile = _parse_reconcile(doc.get("reconcile"), source, name, doc["mutates"])
     # The sandbox profile validates the limits for real; build one now so a bad manifest fails
     # at load time rather than on its first call.
     from sandbox.errors import ProfileError
@@ -169,7 +184,45 @@ def parse_manifest(doc: Mapping[str, Any], source: str = "<manifest>") -> ToolMa
         limits=limits,
         runtime=runtime,
         image=image,
+        reconcile=reconcile,
     )
+
+
+def _parse_reconcile(raw: Any, source: str, name: str, mutates: bool) -> Reconcile | None:
+    """`"reconcile": {"tool": "<look-up tool>", "key_argument": "idempotency_key"}`. Which tool it
+    names is checked when the registry is built (it must exist and must not mutate)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise _err(source, "reconcile", 'must be an object: {"tool": ..., "key_argument": ...}')
+    for key in raw:
+        if key not in _RECONCILE_KEYS:
+            raise _err(source, f"reconcile.{key}", "unknown key")
+    if not mutates:
+        raise _err(source, "reconcile", "only a mutating tool has effects to look up")
+    tool = raw.get("tool")
+    if not isinstance(tool, str) or not _TOOL_NAME.fullmatch(tool):
+        raise _err(source, "reconcile.tool", "must name a tool")
+    if tool == name:
+        raise _err(source, "reconcile.tool", "a tool cannot look up its own effects (it mutates)")
+    key_argument = raw.get("key_argument", "idempotency_key")
+    if not isinstance(key_argument, str) or not key_argument:
+        raise _err(source, "reconcile.key_argument", "must be an argument name")
+    return Reconcile(tool, key_argument)
+
+
+def _check_reconcile(manifest: ToolManifest, tools: Mapping[str, ToolManifest]) -> None:
+    assert manifest.reconcile is not None
+    where = f"tools.{manifest.name}.reconcile"
+    lookup = tools.get(manifest.reconcile.tool)
+    if lookup is None:
+        raise ConfigError(where, f"names {manifest.reconcile.tool!r}, which is not a registered tool")
+    if lookup.mutates:
+        # Recovery runs the look-up to decide whether an effect happened: it must not be one.
+        raise ConfigError(where, f"{lookup.name} mutates: a look-up must be read-only")
+    arg = manifest.reconcile.key_argument
+    if arg not in (lookup.schema.get("properties") or {}) or arg not in (lookup.schema.get("required") or ()):
+        raise ConfigError(where, f"{lookup.name} does not take {arg!r} as a required argument")
 
 
 def load_manifest_file(path: Path) -> ToolManifest:
@@ -196,6 +249,9 @@ class Registry:
             if m.name in self._tools:
                 raise ConfigError(f"tools.{m.name}", "registered twice")
             self._tools[m.name] = m
+        for m in self._tools.values():
+            if m.reconcile is not None:
+                _check_reconcile(m, self._tools)
 
     @classmethod
     def from_dir(cls, directory: str | Path) -> "Registry":

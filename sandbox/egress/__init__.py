@@ -8,6 +8,10 @@
                                                    each call's own socket and credentials
     relay (run inside the sandbox)                 sandbox.egress.relay: 127.0.0.1:3128 ->
                                                    the call's socket (stdlib only)
+    ProxySettings(services={name: (address,)},     operator-declared internal services (the
+                  service_networks=(network,))     ledger): a name pinned to its container's
+                                                   address, never resolved, that address
+                                                   permitted for that name only
 
 Errors: EgressError (an EngineError: transient) when the proxy cannot be started or reached;
 ProfileError for a malformed grant. The proxy itself (sandbox.egress.server, with addresses,

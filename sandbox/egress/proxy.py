@@ -34,6 +34,10 @@ Control channel: a unix socket at the top of the state directory, which only the
 container mounts (see sandbox.egress.channel for why not a port or `docker exec`). The
 directory also holds the proxy's config file. A sandbox mounts only its own `calls/<token>`.
 
+Services. An operator's internal receivers (the ledger) are declared with their pinned
+addresses (`ProxySettings.services`) and the networks they sit on (`service_networks`, which
+the proxy joins besides its way out); see sandbox.egress.server, admission step 6.
+
 Cleanup. Everything of a call lives under the state directory, which close() removes; when the
 owning process died instead, the reaper (`ringfence sandbox gc`, a running server's periodic
 sweep) removes the proxy container and, with it, its state directory (sandbox.reaper).
@@ -42,6 +46,7 @@ sweep) removes the proxy container and, with it, its state directory (sandbox.re
 from __future__ import annotations
 
 import inspect
+import ipaddress
 import json
 import os
 import secrets
@@ -62,7 +67,7 @@ from sandbox import seccomp
 from sandbox.egress import relay
 from sandbox.egress.channel import ControlChannel, EgressError
 from sandbox.egress.grant import MiB, EgressGrant
-from sandbox.egress.server import CHECKS, PROTOCOL_VERSION, SOCKET_NAME, ProxyConfig
+from sandbox.egress.server import CHECKS, PROTOCOL_VERSION, SOCKET_NAME, ProxyConfig, parse_services
 
 PROXY_UID = 10001
 CONTROL_DIR = "/run/rfproxy"
@@ -97,6 +102,18 @@ class ProxySettings:
     disabled_checks: frozenset[str] = frozenset()
     """TESTS ONLY, to prove each check matters. Only with resolver=test."""
 
+    services: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Internal services the operator runs beside ringfence (e.g. the ledger): exact host name
+    -> the pinned private addresses of its container. The proxy never resolves these names and
+    permits each address for its own name only; a call still reaches a service only when its
+    allowlist names it (policy must grant it, as for any host). Production configuration:
+    valid with either resolver (sandbox.egress.server.parse_services has the rules)."""
+
+    service_networks: tuple[str, ...] = ()
+    """Existing networks the proxy joins, besides its way out, to reach those services (the
+    networks their containers sit on; nothing else of those networks is reachable through it:
+    their addresses are private)."""
+
     memory_bytes: int = 256 * MiB
     cpus: float = 1.0
     pids: int = 256
@@ -107,6 +124,8 @@ class ProxySettings:
             raise ValueError("resolver must be 'system' or 'test'")
         object.__setattr__(self, "disabled_checks", frozenset(self.disabled_checks))
         object.__setattr__(self, "outside_networks", tuple(self.outside_networks))
+        object.__setattr__(self, "service_networks", tuple(self.service_networks))
+        object.__setattr__(self, "services", parse_services(dict(self.services)))
         object.__setattr__(self, "test_networks", tuple(str(n) for n in self.test_networks))
         object.__setattr__(self, "test_hosts", {k: tuple([v] if isinstance(v, str) else v)
                                                 for k, v in dict(self.test_hosts).items()})
@@ -115,6 +134,7 @@ class ProxySettings:
             raise ValueError("test_hosts, test_networks and disabled_checks need resolver='test'")
         if set(self.disabled_checks) - CHECKS:
             raise ValueError(f"unknown checks: {sorted(set(self.disabled_checks) - CHECKS)}")
+        self.proxy_config()  # what the proxy would refuse (a service also in test_hosts, ...) fails here
 
     def proxy_config(self) -> dict[str, Any]:
         doc = {
@@ -124,6 +144,7 @@ class ProxySettings:
             "test_hosts": {k: list(v) for k, v in self.test_hosts.items()},
             "test_networks": list(self.test_networks),
             "disabled_checks": sorted(self.disabled_checks),
+            "services": {k: list(v) for k, v in self.services.items()},
         }
         ProxyConfig.from_json(doc)  # the proxy would refuse it: refuse it here, with the cause
         return doc
@@ -223,14 +244,17 @@ class EgressProxy:
                 self._own_network = self.client.networks.create(
                     f"{self.name}-out", driver="bridge", labels=L.base_labels("network"))
                 networks = [self._own_network.name]
+            networks += [n for n in s.service_networks if n not in networks]
             self._container = self.client.containers.create(
                 image_id, name=self.name, labels=L.base_labels("proxy"), network=networks[0],
                 **self._container_settings())
             for extra in networks[1:]:
                 self.client.networks.get(extra).connect(self._container)
             self._container.start()
+            self._container.reload()
         except docker.errors.DockerException as e:
             raise EgressError(f"cannot start the egress proxy: {e}") from e
+        self._check_services_on_own_networks()
         self.channel = ControlChannel(os.path.join(self._dir, "control.sock"))
         deadline = time.monotonic() + s.start_timeout_s
         last: Exception | None = None
@@ -254,6 +278,26 @@ class EgressProxy:
         logs = self._logs()
         raise EgressError(f"the egress proxy did not come up ({last}); status "
                           f"{self._container.status}; recent logs:\n{logs}")
+
+    def _check_services_on_own_networks(self) -> None:
+        """Every pinned service address must lie on a network the proxy itself is attached to:
+        one that does not would be reached (if at all) through a gateway, i.e. some other host
+        that happens to hold that private address, not the operator's container."""
+        if not self.settings.services:
+            return
+        subnets = []
+        for net in (self._container.attrs.get("NetworkSettings") or {}).get("Networks", {}).values():
+            for addr, prefix in ((net.get("IPAddress"), net.get("IPPrefixLen")),
+                                 (net.get("GlobalIPv6Address"), net.get("GlobalIPv6PrefixLen"))):
+                if addr and prefix:
+                    subnets.append(ipaddress.ip_interface(f"{addr}/{prefix}").network)
+        for name, pinned in self.settings.services.items():
+            for a in pinned:
+                ip = ipaddress.ip_address(a)
+                if not any(ip.version == n.version and ip in n for n in subnets):
+                    raise EgressError(f"service {name}: {a} is on none of the proxy's networks "
+                                      f"({', '.join(map(str, subnets)) or 'none'}); add the service's "
+                                      f"network to service_networks")
 
     def _own_dir_for_proxy(self) -> None:
         # The proxy runs as PROXY_UID and must create its sockets here; nobody else needs in.

@@ -24,6 +24,14 @@ connection only after the last one:
                  loopback/private/link-local/CGNAT/metadata/... (sandbox.egress.addresses),
                  unless it lies in a network the *test* configuration names. It then connects
                  to that address, so a second lookup cannot rebind it.
+                 A *service* (`services`: a name the operator declared with the fixed
+                 addresses of a container ringfence itself runs, e.g. the ledger) is never
+                 resolved: its name stands for exactly its pinned addresses, which are
+                 private and permitted for that name alone. A pinned address reached under
+                 any other name (a test mapping, a public DNS name pointing inside) is
+                 refused ("address_refused"), test networks or not. The allowlist check
+                 (3) is the same for a service as for any host: a call reaches it only when
+                 its own allowlist names it.
 7. TLS           CONNECT: the client's first flight must be a TLS ClientHello whose SNI is the
                  CONNECT host, without Encrypted Client Hello ("sni_mismatch", "not_tls", ...);
                  a tunnel carrying anything else -- e.g. a CONNECT for a second proxy further
@@ -75,12 +83,12 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, TextIO
 from urllib.parse import urlsplit
 
-from .addresses import address_permitted, parse_address
+from .addresses import AddressClass, address_permitted, classify_address, embedded_ipv4, parse_address
 from .allowlist import HostPattern, PatternError, check_port, is_ip_literal, normalize_host, parse_patterns
 from .tlspeek import MAX_HELLO, HelloError, NeedMore, parse_client_hello
 
-# 2: grants carry the call's socket directory; no TCP listener.
-PROTOCOL_VERSION = 2
+# 2: grants carry the call's socket directory; no TCP listener. 3: the config declares services.
+PROTOCOL_VERSION = 3
 MAX_HEAD = 16 * 1024
 MAX_CONTROL = 1024 * 1024
 # Checks a TEST configuration may switch off to prove that each one matters (red checks).
@@ -105,6 +113,61 @@ class ConfigError(ValueError):
     pass
 
 
+# What a service's pinned address may be: the private ranges Docker gives its networks. Never
+# loopback (that is the proxy itself), link-local or metadata (the cloud's), nor a public
+# address (a service is a container ringfence runs on the proxy's own networks, not the internet).
+SERVICE_ADDRESS_CLASSES = frozenset({AddressClass.PRIVATE, AddressClass.CGNAT})
+
+
+def _address_key(ip: ipaddress.IPv4Address | ipaddress.IPv6Address):
+    """The address a connection to `ip` reaches: an IPv6 form of an IPv4 address is that IPv4."""
+    if isinstance(ip, ipaddress.IPv6Address):
+        return embedded_ipv4(ip) or ip
+    return ip
+
+
+def parse_services(raw: Any) -> dict[str, tuple[str, ...]]:
+    """Operator-declared services, `{host name: [address, ...]}`, checked and canonical.
+
+    Each name is an exact host name (no wildcard, no IP literal); each address a literal
+    private address (never resolved: the operator pins the addresses of containers it runs);
+    no address belongs to two names, so a name stands for its addresses and for nothing else.
+    """
+    if not isinstance(raw, dict):
+        raise ConfigError("services must map host names to lists of IP addresses")
+    out: dict[str, tuple[str, ...]] = {}
+    owner: dict[Any, str] = {}
+    for name, addrs in raw.items():
+        try:
+            canon = normalize_host(name)
+        except PatternError as e:
+            raise ConfigError(f"services[{name!r}]: {e}") from None
+        if canon in out:
+            raise ConfigError(f"services[{name!r}]: {canon} is declared twice")
+        if isinstance(addrs, str):
+            addrs = (addrs,)
+        if not isinstance(addrs, (list, tuple)) or not addrs:
+            raise ConfigError(f"services[{name!r}]: needs at least one IP address")
+        pinned: list[str] = []
+        for a in addrs:
+            ip = parse_address(a) if isinstance(a, str) and "%" not in a else None
+            if ip is None:
+                raise ConfigError(f"services[{name!r}]: {a!r} is not an IP address (services are never resolved)")
+            if _address_key(ip) != ip:
+                raise ConfigError(f"services[{name!r}]: {a} is an IPv6 form of {_address_key(ip)}: pin that address")
+            cls = classify_address(ip)
+            if cls not in SERVICE_ADDRESS_CLASSES:
+                raise ConfigError(f"services[{name!r}]: {a} is a {cls.value} address; a service is pinned to "
+                                  f"the private address of a container on the proxy's own networks")
+            other = owner.setdefault(_address_key(ip), canon)
+            if other != canon:
+                raise ConfigError(f"services[{name!r}]: {a} is already the address of service {other}")
+            if str(ip) not in pinned:
+                pinned.append(str(ip))
+        out[canon] = tuple(pinned)
+    return out
+
+
 @dataclass(frozen=True)
 class ProxyConfig:
     control_socket: str | None = "/run/rfproxy/control.sock"
@@ -118,6 +181,10 @@ class ProxyConfig:
     """Decoy networks whose (private) addresses a test allows. Metadata addresses never."""
     disabled_checks: frozenset[str] = frozenset()
     """Tests only: checks switched off to show that the attack they stop then gets through."""
+    services: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Operator-declared internal services: exact host name -> the pinned private addresses of
+    a container ringfence runs (see parse_services). Never resolved; each address is permitted
+    for its own name only. Valid with either resolver: this is production configuration."""
     head_timeout_s: float = 10.0
     hello_timeout_s: float = 10.0
     connect_timeout_s: float = 10.0
@@ -143,6 +210,22 @@ class ProxyConfig:
             n if isinstance(n, (ipaddress.IPv4Network, ipaddress.IPv6Network)) else ipaddress.ip_network(n)
             for n in self.test_networks))
         object.__setattr__(self, "disabled_checks", frozenset(self.disabled_checks))
+        services = parse_services(dict(self.services))
+        both = sorted(set(services) & set(hosts))
+        if both:
+            raise ConfigError(f"{both} are both services and test_hosts: a service's addresses are its pinned ones")
+        object.__setattr__(self, "services", services)
+
+    def service_of(self, address: str) -> str | None:
+        """The service whose pinned address `address` is (in any of its forms), or None."""
+        ip = parse_address(address)
+        if ip is None:
+            return None
+        key = _address_key(ip)
+        for name, pinned in self.services.items():
+            if any(_address_key(parse_address(p)) == key for p in pinned):
+                return name
+        return None
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> ProxyConfig:
@@ -527,8 +610,24 @@ class EgressProxyServer:
         if grant.connections >= grant.max_connections:
             raise _Deny(429, "connection_limit", "the call's connection budget is spent")
         addresses = await self._resolve(name, port)
+        pinned = self.cfg.services.get(name)
+        if pinned is not None:
+            ev["service"] = True
         if "address" not in off:
             for a in addresses:
+                if pinned is not None:
+                    # A declared service: exactly its pinned addresses, for exactly this name.
+                    if a not in pinned:
+                        ev["address"] = a
+                        raise _Deny(403, "address_refused", f"{a} is not a pinned address of service {name}")
+                    continue
+                owner = self.cfg.service_of(a)
+                if owner is not None:
+                    # Inside a test network or not: a service is reachable under its own name only,
+                    # so an allowlisted name cannot be pointed at it.
+                    ev["address"] = a
+                    raise _Deny(403, "address_refused",
+                                f"{name} resolves to {a}, the address of service {owner} (reachable as {owner} only)")
                 ok, cls = address_permitted(a, self.cfg.test_networks)
                 if not ok:
                     ev["address"] = a
@@ -541,6 +640,9 @@ class EgressProxyServer:
     async def _resolve(self, name: str, port: int) -> list[str]:
         if parse_address(name) is not None:  # only when the ip_literal check is off
             return [str(parse_address(name))]
+        if name in self.cfg.services:
+            # Pinned by the operator, never looked up: no resolver can redirect a service.
+            return list(self.cfg.services[name])
         if self.cfg.resolver == "test":
             found = self.cfg.test_hosts.get(name)
             if not found:
@@ -795,7 +897,7 @@ async def _serve(config: ProxyConfig) -> None:
     server = EgressProxyServer(config)
     await server.start()
     server._emit({"event": "ready", "control_socket": config.control_socket, "calls_dir": config.calls_dir,
-                  "resolver": config.resolver})
+                  "resolver": config.resolver, "services": sorted(config.services)})
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

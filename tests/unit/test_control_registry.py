@@ -7,7 +7,7 @@ import json
 import pytest
 
 from control.errors import ConfigError
-from control.registry import NARROW_ABOVE, Registry, ToolManifest, parse_manifest
+from control.registry import NARROW_ABOVE, Reconcile, Registry, ToolManifest, parse_manifest
 from control.tools import load_builtin
 
 RISK_WORDS = ("mutates", "reversible", "irreversible", "paths", "egress", "cost", "limits")
@@ -15,9 +15,15 @@ RISK_WORDS = ("mutates", "reversible", "irreversible", "paths", "egress", "cost"
 
 def test_the_builtin_tools():
     r = load_builtin()
-    assert r.names == ("credit", "echo", "fail", "read_file", "sleep", "write_note")
+    assert r.names == ("credit", "credit_lookup", "echo", "fail", "read_file", "sleep", "write_note")
     credit = r.get("credit")
     assert credit.mutates and credit.irreversible
+    # credit reaches the ledger (through the egress proxy, when policy grants it) and says how
+    # its effects are looked up by key: a read-only tool that takes the key as an argument.
+    assert credit.egress_hosts == ("ledger.ringfence.internal",)
+    assert credit.reconcile == Reconcile("credit_lookup", "idempotency_key")
+    lookup = r.get("credit_lookup")
+    assert not lookup.mutates and lookup.egress_hosts == credit.egress_hosts and lookup.reconcile is None
     assert r.get("write_note").mutates and r.get("write_note").reversible
     assert not r.get("echo").mutates
     assert r.get("read_file").paths == {"path": ("/input",)}
@@ -67,6 +73,12 @@ BASE = {"name": "t", "description": "d", "schema": {"type": "object"}, "mutates"
     ({"egress_hosts": ["Not a host"]}, "egress_hosts"),
     ({"runtime": "gvisor", "egress_hosts": ["api.example.com"]}, "runtime"),
     ({"surprise": 1}, "surprise"),
+    ({"mutates": True, "reconcile": "lookup"}, "reconcile"),
+    ({"mutates": True, "reconcile": {"tool": "lookup", "how": "x"}}, "reconcile.how"),
+    ({"mutates": True, "reconcile": {"tool": "Look Up"}}, "reconcile.tool"),
+    ({"mutates": True, "reconcile": {"tool": "t"}}, "reconcile.tool"),
+    ({"mutates": True, "reconcile": {"tool": "lookup", "key_argument": ""}}, "reconcile.key_argument"),
+    ({"reconcile": {"tool": "lookup"}}, "reconcile"),  # a read-only tool has no effects to look up
 ])
 def test_bad_manifests_name_the_key(change, key):
     doc = {**BASE, **change}
@@ -86,3 +98,35 @@ def test_toml_manifests_load(tmp_path):
     (tmp_path / "t.toml").write_text('name = "t"\ndescription = "d"\nmutates = false\nreversible = true\n'
                                      '[schema]\ntype = "object"\n')
     assert Registry.from_dir(tmp_path).names == ("t",)
+
+
+LOOKUP = {"name": "lookup", "description": "d", "mutates": False, "reversible": True,
+          "schema": {"type": "object", "properties": {"idempotency_key": {"type": "string"}},
+                     "required": ["idempotency_key"]}}
+PAY = {**BASE, "name": "pay", "mutates": True, "reversible": False, "reconcile": {"tool": "lookup"}}
+
+
+def test_reconcile_names_a_registered_read_only_lookup_taking_the_key():
+    r = Registry([parse_manifest(PAY), parse_manifest(LOOKUP)])
+    assert r.get("pay").reconcile == Reconcile("lookup", "idempotency_key")
+
+
+@pytest.mark.parametrize("lookup, why", [
+    (None, "not a registered tool"),
+    ({**LOOKUP, "mutates": True}, "a look-up must be read-only"),
+    ({**LOOKUP, "schema": {"type": "object", "properties": {"idempotency_key": {"type": "string"}}}},
+     "as a required argument"),
+    ({**LOOKUP, "schema": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}},
+     "as a required argument"),
+])
+def test_a_reconcile_the_registry_cannot_honour_is_refused(lookup, why):
+    manifests = [parse_manifest(PAY)] + ([parse_manifest(lookup)] if lookup else [])
+    with pytest.raises(ConfigError, match=why) as e:
+        Registry(manifests)
+    assert e.value.key == "tools.pay.reconcile"
+
+
+def test_reconcile_with_another_key_argument():
+    lookup = {**LOOKUP, "schema": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}}
+    pay = {**PAY, "reconcile": {"tool": "lookup", "key_argument": "key"}}
+    assert Registry([parse_manifest(pay), parse_manifest(lookup)]).get("pay").reconcile.key_argument == "key"

@@ -1,13 +1,29 @@
-"""credit: a mutating, irreversible demo tool (the kind that must never run twice or unasked).
+"""credit: credits an amount to an account at the ledger, once per idempotency key.
 
-arguments: {"account": "acme-<digits>", "amount": number > 0}. It only reports what it would
-credit and the idempotency key it was given: a real receiver deduplicates on that key.
+arguments: {"account": "acme-<digits>", "amount": number > 0}. It POSTs {account, amount,
+idempotency_key} to the ledger (LEDGER, reached through the call's egress proxy) and returns
+the ledger's record, `"replayed": true` when the ledger had already applied this key: the
+receiver, not this reply, is where the effect is counted, and the key is what makes retrying
+an effect whose reply was lost harmless.
+
+Errors, for the runner's retry layer:
+  no answer (refused, reset, cut mid-reply), 5xx (the ledger's, or the proxy's 502/504)  transient
+  409  the key was already used with another account or amount (nothing applied)        invalid
+  400  the ledger refused the request (no key, an amount it does not take)              invalid
+  429  the proxy's connection ceiling for the call                                       rate_limited
+  403/407 and anything else: the proxy refused it, or the ledger said something unknown  fatal
+
+Without a route to the ledger (policy granted this call no egress, so its sandbox names no
+proxy) nothing can be applied, and the reply says exactly that: `"applied": false` with the
+reason, never a record. A deployment that runs the ledger grants `ledger.ringfence.internal`
+to this tool and declares the ledger as a proxy service.
 """
 
 import re
 
-from ringfence_tool import ToolError
+from ringfence_tool import ToolError, has_egress, http_json
 
+LEDGER = "http://ledger.ringfence.internal"
 ACCOUNT = re.compile(r"[a-z]+-[0-9]{1,12}")
 
 
@@ -17,4 +33,27 @@ def run(arguments, context):
         raise ToolError("invalid", "account must look like acme-9")
     if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not 0 < amount <= 1_000_000:
         raise ToolError("invalid", "amount must be a number in (0, 1000000]")
-    return {"account": account, "credited": amount, "idempotency_key": context.get("idempotency_key")}
+    key = context.get("idempotency_key")
+    if not key:
+        raise ToolError("invalid", "a credit needs an idempotency key: without one a retry could apply it twice")
+    if not has_egress():
+        return {"applied": False, "account": account, "amount": amount, "idempotency_key": key,
+                "reason": "no route to the ledger: policy granted this call no egress"}
+    status, doc, proxy_reason = http_json("POST", LEDGER + "/credits",
+                                          {"account": account, "amount": amount, "idempotency_key": key})
+    if status in (200, 201):
+        if isinstance(doc, dict) and doc.get("idempotency_key") == key:
+            return {"applied": True, **doc}
+        raise ToolError("fatal", f"the ledger answered {status} without the record of key {key}")
+    message = (doc or {}).get("message") if isinstance(doc, dict) else None
+    if status == 409:
+        raise ToolError("invalid", message or f"idempotency key {key} was already used with other arguments")
+    if status == 400:
+        raise ToolError("invalid", f"the ledger refused the credit: {message or 'bad request'}")
+    if status >= 500:
+        raise ToolError("transient", f"the ledger (or the proxy before it) answered {status}"
+                                     + (f" ({proxy_reason})" if proxy_reason else ""))
+    if status == 429:
+        raise ToolError("rate_limited", f"the egress proxy refused another connection ({proxy_reason})")
+    raise ToolError("fatal", f"the credit was not applied: HTTP {status}"
+                             + (f", refused by the egress proxy ({proxy_reason})" if proxy_reason else ""))
