@@ -95,6 +95,16 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class EgressConfig:
+    services: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Internal services the egress proxy may reach: host name -> its pinned addresses (never
+    resolved). A call still needs the name in its allowlist (tool hosts AND policy grant)."""
+
+    networks: tuple[str, ...] = ()
+    """Docker networks the egress proxy joins to reach those services."""
+
+
+@dataclass(frozen=True)
 class Config:
     state_dir: Path
     listen: str
@@ -104,6 +114,12 @@ class Config:
     limits: Limits
     inputs: Mapping[str, str] = field(default_factory=dict)
     """container root -> host directory, mounted read-only for tools whose roots name it."""
+
+    egress: EgressConfig = field(default_factory=EgressConfig)
+
+    database_url: str = ""
+    """postgresql://... to keep the event log in PostgreSQL (several instances may share it);
+    empty: SQLite under state_dir."""
 
     @property
     def db_path(self) -> Path:
@@ -171,7 +187,8 @@ def _known(key: str, table: Mapping, allowed: set[str]) -> None:
 
 def parse_config(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> Config:
     base_dir = base_dir or Path.cwd()
-    _known("", raw, {"state_dir", "listen", "tools_dir", "tenants", "policy", "limits", "inputs"})
+    _known("", raw, {"state_dir", "listen", "tools_dir", "tenants", "policy", "limits", "inputs", "egress",
+                     "database_url"})
     state_dir = Path(_expect("state_dir", raw.get("state_dir", "./.state"), str, "a path"))
     if not state_dir.is_absolute():
         state_dir = base_dir / state_dir
@@ -201,6 +218,10 @@ def parse_config(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> Con
     tenants = _parse_tenants(_expect("tenants", raw.get("tenants", {}), Mapping, "a table"))
     policy = _parse_policy(_expect("policy", raw.get("policy", {}), Mapping, "a table"))
     limits = _parse_limits(_expect("limits", raw.get("limits", {}), Mapping, "a table"))
+    egress = _parse_egress(_expect("egress", raw.get("egress", {}), Mapping, "a table"))
+    database_url = _expect("database_url", raw.get("database_url", ""), str, "a postgresql:// URL")
+    if database_url and not database_url.startswith(("postgresql://", "postgres://")):
+        raise ConfigError("database_url", "must be a postgresql:// URL (or empty for SQLite)")
     return Config(
         state_dir=state_dir,
         listen=listen,
@@ -209,7 +230,34 @@ def parse_config(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> Con
         policy=policy,
         limits=limits,
         inputs=inputs,
+        egress=egress,
+        database_url=database_url,
     )
+
+
+def _parse_egress(raw: Mapping) -> EgressConfig:
+    _known("egress", raw, {"services", "networks"})
+    services: dict[str, tuple[str, ...]] = {}
+    for name, addresses in _expect("egress.services", raw.get("services", {}), Mapping, "a table").items():
+        key = f"egress.services.{name}"
+        if isinstance(addresses, str):
+            addresses = [addresses]
+        addresses = _expect(key, addresses, list, "an address or a list of addresses")
+        if not addresses or not all(isinstance(a, str) and a for a in addresses):
+            raise ConfigError(key, "must name at least one address")
+        services[name] = tuple(addresses)
+    networks = _expect("egress.networks", raw.get("networks", []), list, "a list of Docker network names")
+    if not all(isinstance(n, str) and n for n in networks):
+        raise ConfigError("egress.networks", "must be a list of Docker network names")
+    if services:
+        # The proxy's own rules (exact names, private addresses only, ...), reported here.
+        from sandbox.egress.server import ConfigError as ProxyConfigError, parse_services
+
+        try:
+            parse_services({k: list(v) for k, v in services.items()})
+        except (ProxyConfigError, ValueError) as e:
+            raise ConfigError("egress.services", str(e)) from e
+    return EgressConfig(services=services, networks=tuple(networks))
 
 
 def _parse_tenants(raw: Mapping) -> dict[str, TenantConfig]:

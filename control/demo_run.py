@@ -2,8 +2,10 @@
 
 An agent client proposes a turn with a path outside the tool's roots (denied before anything
 runs), two reads (dispatched in parallel, each in its own container) and a credit that policy
-says to ASK about; an approver client on a second channel approves it; the same credit proposed
-again is answered from the log (deduplicated), never run twice. Then the run's event log.
+says to ASK about; an approver client on a second channel approves it; the credit reaches the
+ledger (a real service with its own SQLite file) through the egress proxy; the same credit
+proposed again is answered from the log (deduplicated), never run twice. The effect is counted
+where it happens: in the ledger. Then the run's event log.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from control.config import load_config
 from control.orchestration import Orchestrator
 from control.model import ApprovalStatus
 from control.store import SqliteEventStore
+from sandbox.docker_backend import DockerBackend
+from sandbox.egress.proxy import EgressProxy, ProxySettings
+from sandbox.ledger.container import LEDGER_HOST, Ledger
 
 # The embedded config's public dev tokens (see control/default_config.toml).
 AGENT, APPROVER = "demo-agent-token", "demo-approver-token"
@@ -53,14 +58,22 @@ def _show(observations) -> None:
               f"path={'>'.join(o.verdict_path)}  {detail}")
 
 
-def run(backend) -> int:
-    with tempfile.TemporaryDirectory(prefix="ringfence-demo-") as tmp:
+def run(showcase_backend) -> int:
+    client = showcase_backend.client
+    with tempfile.TemporaryDirectory(prefix="ringfence-demo-") as tmp, \
+            Ledger(client) as ledger, \
+            EgressProxy(client, settings=ProxySettings(services=ledger.services(),
+                                                       service_networks=(ledger.network,))) as proxy:
+        print(f"ledger on its own network ({ledger.network}), reached only through the egress proxy as "
+              f"{LEDGER_HOST}")
+        backend = DockerBackend(client, egress_proxy=proxy)
         inputs = Path(tmp) / "input"
         inputs.mkdir()
         inputs.chmod(0o755)
         (inputs / "greeting.txt").write_text("hello from the host\n")
         (inputs / "greeting.txt").chmod(0o644)
-        config = load_config(overrides={"state_dir": str(Path(tmp) / "state"), "inputs": {"/input": str(inputs)}})
+        config = load_config(overrides={"state_dir": str(Path(tmp) / "state"), "inputs": {"/input": str(inputs)},
+                                        "policy": {"egress": {"credit": [LEDGER_HOST]}}})
         store = SqliteEventStore(config.db_path)
         orchestrator = Orchestrator.from_config(config, backend, store)
         try:
@@ -88,6 +101,9 @@ def run(backend) -> int:
                 _show([again])
                 finished = agent.finish_run(run_view.run_id)
                 print(f"\nrun {finished.run_id}: {finished.status.value}, outcome {finished.outcome.value}")
+                stats, balance = ledger.stats(), ledger.balance("acme-9")
+                print(f"ledger (the receiver): credits applied {stats['credits']}, replays {stats['replays']}, "
+                      f"acme-9 balance {balance['balance']:g}")
                 print("\nevent log (WatchRun from 0):")
                 for event in agent.watch_run(run_view.run_id, 0):
                     call = event.data.get("call_id", "")

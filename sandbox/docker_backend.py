@@ -313,7 +313,7 @@ class DockerBackend:
     """Runs each request in a fresh container on the local engine."""
 
     def __init__(self, client: docker.DockerClient | None = None, *, lock: Any = None,
-                 egress_proxy: Any = None, on_egress_report: Any = None) -> None:
+                 egress_proxy: Any = None, on_egress_report: Any = None, egress_settings: Any = None) -> None:
         try:
             self._client = client or docker.from_env(timeout=60)
             self._client.ping()
@@ -332,6 +332,8 @@ class DockerBackend:
         # `on_egress_report(request, EgressReport)` receives each call's proxy decisions.
         self._egress_proxy = egress_proxy
         self._owns_egress_proxy = egress_proxy is None
+        # ProxySettings for the proxy this backend starts itself (e.g. the operator's services).
+        self._egress_settings = egress_settings
         self._egress_mutex = threading.Lock()
         self._on_egress_report = on_egress_report
 
@@ -354,7 +356,7 @@ class DockerBackend:
             if self._egress_proxy is None:
                 from sandbox.egress.proxy import EgressProxy
 
-                self._egress_proxy = EgressProxy(self._client, lock=self._lock)
+                self._egress_proxy = EgressProxy(self._client, lock=self._lock, settings=self._egress_settings)
             return self._egress_proxy
 
     def _apply_egress(self, settings: dict[str, Any], call: Any) -> dict[str, Any]:

@@ -105,3 +105,17 @@ def testbed(docker_client, pinned_images, tmp_path_factory):
 def proxy(testbed):
     """An egress proxy whose test resolver maps the testbed's decoy names."""
     return testbed.proxy()
+
+
+@pytest.fixture
+def ledger_backend(docker_client, pinned_images):
+    """(ledger, backend): the ledger service on its own network, and a DockerBackend whose egress
+    proxy may reach it as ledger.ringfence.internal (policy must still grant it to the tool)."""
+    from sandbox.docker_backend import DockerBackend
+    from sandbox.egress.proxy import EgressProxy, ProxySettings
+    from sandbox.ledger.container import Ledger
+
+    with Ledger(docker_client, lock=pinned_images) as ledger:
+        settings = ProxySettings(services=ledger.services(), service_networks=(ledger.network,))
+        with EgressProxy(docker_client, lock=pinned_images, settings=settings) as proxy:
+            yield ledger, DockerBackend(docker_client, lock=pinned_images, egress_proxy=proxy)

@@ -41,6 +41,9 @@ def register(subparsers) -> None:
     p.add_argument("--listen", default=None, help="host:port (default: the config's listen, 127.0.0.1:50051); port 0 picks one")
     p.add_argument("--config", default=None, type=Path, help="ringfence.toml merged over the embedded defaults")
     p.add_argument("--state-dir", default=None, type=Path, help="directory of the event log (default: the config's state_dir)")
+    p.add_argument("--database-url", default=None, metavar="postgresql://...",
+                   help="keep the event log in PostgreSQL instead of SQLite (default: the config's database_url); "
+                        "several `ringfence serve` processes may share one database and serve any run")
     p.add_argument("--tls-cert", type=Path, help="PEM certificate chain: serve TLS")
     p.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
     p.add_argument("--tls-client-ca", type=Path, help="PEM CA: require client certificates it signed (mTLS)")
@@ -90,6 +93,10 @@ def serve_command(args) -> int:
         config = load_config(args.config)
         if args.state_dir is not None:
             config = dataclasses.replace(config, state_dir=args.state_dir.resolve())
+        if args.database_url is not None:
+            if not args.database_url.startswith(("postgresql://", "postgres://")):
+                raise ValueError("--database-url must be a postgresql:// URL")
+            config = dataclasses.replace(config, database_url=args.database_url)
         listen = args.listen or config.listen
         tls = _tls(args)
         metrics_at = _host_port(args.metrics_listen, "--metrics-listen") if args.metrics_listen else None
@@ -109,12 +116,12 @@ def serve_command(args) -> int:
             print(f"warning: bearer tokens travel in clear text on {listen}; use --tls-cert/--tls-key", file=sys.stderr)
 
     from control.orchestration import Orchestrator
-    from control.store import SqliteEventStore
+    from control.store import open_store
     from sandbox.docker_backend import DockerBackend
     from sandbox.errors import SandboxError
 
     try:
-        backend = DockerBackend()
+        backend = DockerBackend(egress_settings=_egress_settings(config))
         # A killed predecessor's containers go now; anything past its deadline label, while we run.
         backend.start_reaper(REAP_INTERVAL_S)
     except SandboxError as e:
@@ -122,10 +129,11 @@ def serve_command(args) -> int:
         return 1
     store = orchestrator = metrics = None
     try:
+        where = config.database_url or config.db_path
         try:
-            store = SqliteEventStore(config.db_path)
-        except Exception as e:  # noqa: BLE001 - sqlite3/OSError: report, do not trace back
-            print(f"error: cannot open the event log at {config.db_path}: {e}", file=sys.stderr)
+            store = open_store(where)
+        except Exception as e:  # noqa: BLE001 - sqlite3/psycopg/OSError: report, do not trace back
+            print(f"error: cannot open the event log at {_redact_url(str(where))}: {e}", file=sys.stderr)
             return 1
         orchestrator = Orchestrator.from_config(config, backend, store)
         if metrics_at is not None:
@@ -173,6 +181,24 @@ async def _serve(listen: str, orchestrator, config, tls) -> int:
             loop.remove_signal_handler(sig)
     print("ringfence: stopped", flush=True)
     return 0
+
+
+def _egress_settings(config):
+    """The egress proxy's settings from the config's [egress] table (None: the defaults)."""
+    if not config.egress.services and not config.egress.networks:
+        return None
+    from sandbox.egress.proxy import ProxySettings
+
+    return ProxySettings(services=dict(config.egress.services), service_networks=tuple(config.egress.networks))
+
+
+def _redact_url(text: str) -> str:
+    """A database URL without its password, for messages."""
+    scheme, sep, rest = text.partition("://")
+    if sep and "@" in rest:
+        userinfo, _, hostpart = rest.rpartition("@")
+        return f"{scheme}://{userinfo.split(':', 1)[0]}@{hostpart}"
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:

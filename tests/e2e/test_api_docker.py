@@ -20,6 +20,7 @@ from control.config import load_config, token_digest
 from control.orchestration import Orchestrator
 from control.model import ApprovalStatus, ObservationStatus, RunOutcome
 from control.store import SqliteEventStore
+from sandbox.ledger.container import LEDGER_HOST
 
 pytestmark = pytest.mark.docker
 
@@ -39,12 +40,16 @@ class RecordingBackend:
             self.call_ids.append(request.call_id)
         return self.inner.run(request)
 
-    def close(self) -> None:  # the session fixture owns the real backend
+    def close(self) -> None:  # the fixture owns the real backend
         pass
+
+    def __getattr__(self, name):  # ping, kill_run, kill_all: the real backend's
+        return getattr(self.inner, name)
 
 
 @pytest.fixture
-def stack(tmp_path, backend):
+def stack(tmp_path, ledger_backend):
+    ledger, backend = ledger_backend
     inputs = tmp_path / "input"
     inputs.mkdir(mode=0o755)
     inputs.chmod(0o755)  # the sandbox user (10001) reads it through a read-only bind mount
@@ -54,6 +59,7 @@ def stack(tmp_path, backend):
         overrides={
             "state_dir": str(tmp_path / "state"),
             "inputs": {"/input": str(inputs)},
+            "policy": {"egress": {"credit": [LEDGER_HOST]}},
             "tenants": {
                 "acme": {
                     "tokens": [
@@ -69,7 +75,7 @@ def stack(tmp_path, backend):
     orchestrator = Orchestrator.from_config(config, recording, store)
     try:
         with BackgroundServer(orchestrator, config) as server:
-            yield server, recording
+            yield server, recording, ledger
     finally:
         orchestrator.close()
         store.close()
@@ -90,7 +96,7 @@ def approve_as_they_come(address: str, expected: int, seen: list, stop: threadin
 
 
 def test_a_run_through_the_real_server_and_real_containers(stack):
-    server, recording = stack
+    server, recording, ledger = stack
     with RingfenceClient(server.address, AGENT) as agent:
         run = agent.start_run("read the greeting and credit acme-9 with 50", "e2e-run")
 
@@ -123,8 +129,11 @@ def test_a_run_through_the_real_server_and_real_containers(stack):
         # The decision resumes the call at once: by the time it returns, the approval is used.
         assert [(d.call_id, d.status, d.decided_by) for d in decisions] == [("pay", ApprovalStatus.USED, "alice")]
         paid = {o.call_id: o for o in agent.get_run(run.run_id).trajectory}["pay"]
-        assert paid.status is ObservationStatus.EXECUTED and paid.executed
-        assert paid.content["idempotency_key"]
+        assert paid.status is ObservationStatus.EXECUTED and paid.executed, paid
+        assert paid.content["applied"] is True and paid.content["idempotency_key"]
+        # Counted where the effect happens: the ledger applied exactly this credit.
+        assert ledger.stats()["credits"] == 1
+        assert ledger.credits(paid.content["idempotency_key"])["amount"] == 50
         assert recording.call_ids[-1] == "pay.a1"
 
         # Turn 2: the same credit again is another ASK; approved, it is answered from the log.
@@ -141,6 +150,7 @@ def test_a_run_through_the_real_server_and_real_containers(stack):
         assert repeated.status is ObservationStatus.DEDUPLICATED and repeated.executed is False
         assert repeated.content == paid.content
         assert sorted(recording.call_ids) == ["pay.a1", "ping.a1", "read.a1"]  # no second credit container
+        assert ledger.stats()["credits"] == 1 and ledger.balance("acme-9")["balance"] == 50
 
         finished = agent.finish_run(run.run_id)
         assert finished.outcome is RunOutcome.COMPLETED
@@ -151,7 +161,9 @@ def test_a_run_through_the_real_server_and_real_containers(stack):
     head = ["run_started", "batch_started"] + ["call_decided"] * 4 + ["observation", "approval_requested", "observation"]
     reads = Counter({"dispatch_started": 2, "attempt": 2, "call_completed": 2})
     after_reads = ["observation", "observation"]
-    approved = ["approval_decided", "approval_used", "dispatch_started", "attempt", "call_completed", "observation"]
+    # The credit's attempt carries the egress proxy's decision (its request to the ledger).
+    approved = ["approval_decided", "approval_used", "dispatch_started", "egress", "attempt", "call_completed",
+                "observation"]
     turn2 = ["batch_started", "call_decided", "approval_requested", "observation",
              "approval_decided", "approval_used", "observation"]
     tail = ["run_finished"]

@@ -18,4 +18,6 @@ def test_the_demo_runs_end_to_end(pinned_images):
     assert "shadow     read_file  denied" in out
     assert "pay-again  credit     deduplicated" in out
     assert "outcome completed" in out
+    # The effect, counted at the receiver: one credit applied, never a second.
+    assert "ledger (the receiver): credits applied 1, replays 0, acme-9 balance 50" in out
     assert out.rstrip().endswith("containers of the demo still present: 0")

@@ -236,11 +236,12 @@ def test_the_proxy_admits_the_service_by_its_pinned_address(make_stack):
     assert (event["host"], event["port"], event["address"]) == (LEDGER_HOST, 80, s.ledger.address)
 
 
-def test_without_a_route_the_credit_says_nothing_was_applied(make_stack):
+def test_without_a_route_the_credit_fails_and_nothing_is_applied(make_stack):
     s = make_stack()
     k = key()
-    reply = content(s.credit("acme-9", 50, k, grant=None))
-    assert reply["applied"] is False and reply["idempotency_key"] == k and "no route" in reply["reason"]
+    result = s.credit("acme-9", 50, k, grant=None)
+    assert result.outcome is Outcome.TOOL_ERROR and result.error_class.value == "fatal"
+    assert "no route" in result.message
     assert s.ledger.stats()["credits"] == 0 and s.ledger.credits(k) is None
 
 

@@ -149,11 +149,11 @@ def test_a_credit_without_a_key_is_invalid_and_sends_nothing(runner, proxy):
     assert doc["error"]["class"] == "invalid" and proxy.seen == []
 
 
-def test_without_a_route_credit_applies_nothing_and_says_so(runner, monkeypatch):
+def test_without_a_route_credit_fails_and_never_looks_applied(runner, monkeypatch):
     for name in ("HTTP_PROXY", "http_proxy"):
         monkeypatch.delenv(name, raising=False)
-    content = credit(runner)["content"]
-    assert content["applied"] is False and content["idempotency_key"] == KEY and "no route" in content["reason"]
+    doc = credit(runner)
+    assert doc["ok"] is False and doc["error"]["class"] == "fatal" and "no route" in doc["error"]["message"]
 
 
 def test_lookup_found_and_not_found(runner, proxy):

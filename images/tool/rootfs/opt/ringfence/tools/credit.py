@@ -14,8 +14,7 @@ Errors, for the runner's retry layer:
   403/407 and anything else: the proxy refused it, or the ledger said something unknown  fatal
 
 Without a route to the ledger (policy granted this call no egress, so its sandbox names no
-proxy) nothing can be applied, and the reply says exactly that: `"applied": false` with the
-reason, never a record. A deployment that runs the ledger grants `ledger.ringfence.internal`
+proxy) nothing can be applied: a fatal error that says why, never a reply that looks applied. A deployment that runs the ledger grants `ledger.ringfence.internal`
 to this tool and declares the ledger as a proxy service.
 """
 
@@ -37,8 +36,9 @@ def run(arguments, context):
     if not key:
         raise ToolError("invalid", "a credit needs an idempotency key: without one a retry could apply it twice")
     if not has_egress():
-        return {"applied": False, "account": account, "amount": amount, "idempotency_key": key,
-                "reason": "no route to the ledger: policy granted this call no egress"}
+        # Never a reply that looks like success: nothing was applied, and nothing can be.
+        raise ToolError("fatal", "no route to the ledger: policy granted this call no egress "
+                                 "(grant ledger.ringfence.internal to credit in [policy.egress])")
     status, doc, proxy_reason = http_json("POST", LEDGER + "/credits",
                                           {"account": account, "amount": amount, "idempotency_key": key})
     if status in (200, 201):
