@@ -23,6 +23,7 @@ __all__ = [
     "RunOutcome",
     "Usage",
     "ApprovalStatus",
+    "ApprovalKind",
     "Approval",
     "RunView",
     "Event",
@@ -134,6 +135,11 @@ class ApprovalStatus(enum.StrEnum):
     USED = "used"
 
 
+class ApprovalKind(enum.StrEnum):
+    CALL = "call"  # may this call run?
+    RECONCILE = "reconcile"  # did this call (interrupted mid-effect) happen? approve = run it once now
+
+
 @dataclass(frozen=True)
 class Approval:
     approval_id: str
@@ -148,10 +154,12 @@ class Approval:
     expires_at: float
     decided_by: str | None = None
     reason: str | None = None
+    kind: ApprovalKind = ApprovalKind.CALL
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "arguments", _frozen_mapping(self.arguments))
         object.__setattr__(self, "status", ApprovalStatus(self.status))
+        object.__setattr__(self, "kind", ApprovalKind(self.kind))
 
 
 @dataclass(frozen=True)

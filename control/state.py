@@ -11,12 +11,13 @@ Event types and their data:
     batch_started     batch_id, turn, calls[{call_id, tool, arguments}], fingerprint (of the client's batch)
     call_decided      call_id, tool, arguments (canonical or raw), signature|null, verdict, verdict_path, reason
     approval_requested approval_id, call_id, tool, arguments, digest, created_at, expires_at,
-                      mutates, idempotency_key, image_digest, policy_version, proposed_by
+                      mutates, idempotency_key, image_digest, policy_version, proposed_by,
+                      client_key, kind (call | reconcile)
     approval_decided  approval_id, approved, by, reason
     approval_expired  approval_id
     approval_used     approval_id
     grant_added       tool, arguments, signature, by
-    dispatch_started  call_id, tool, mutates, idempotency_key
+    dispatch_started  call_id, tool, mutates, idempotency_key, arguments, signature, client_key
     attempt           call_id, attempt, failure_class|null, outcome, message, retry_after_s, duration_ms
     call_completed    call_id, tool, mutates, idempotency_key, ok, content, error, error_class, attempts, cost
     observation       the Observation's fields
@@ -33,6 +34,7 @@ from typing import Any, Iterable
 
 from control.model import (
     Approval,
+    ApprovalKind,
     ApprovalStatus,
     Event,
     Observation,
@@ -78,6 +80,9 @@ class PendingCall:
     """The subject that proposed the call: never the one who may decide its approval."""
     client_key: str | None = None
     """The client's idempotency key, as sent (the derived one is `idempotency_key`)."""
+    kind: ApprovalKind = ApprovalKind.CALL
+    """CALL: waiting to run. RECONCILE: interrupted mid-effect, waiting for a person to say
+    whether it happened (approve = it did not: run it once)."""
 
 
 @dataclass
@@ -261,12 +266,15 @@ def apply(state: RunState, event: Event) -> RunState:
         state.approvals[d["approval_id"]] = Approval(
             approval_id=d["approval_id"], tenant=state.tenant, run_id=state.run_id, call_id=d["call_id"],
             tool=d["tool"], arguments=d["arguments"], digest=d["digest"], status=ApprovalStatus.PENDING,
-            created_at=d["created_at"], expires_at=d["expires_at"])
+            created_at=d["created_at"], expires_at=d["expires_at"], kind=ApprovalKind(d.get("kind", "call")))
         state.pending[d["call_id"]] = PendingCall(
             call_id=d["call_id"], tool=d["tool"], arguments=dict(d["arguments"]), approval_id=d["approval_id"],
             mutates=bool(d.get("mutates")), idempotency_key=d.get("idempotency_key"),
             verdict_path=tuple(d.get("verdict_path") or ()), proposed_by=d.get("proposed_by"),
-            client_key=d.get("client_key"))
+            client_key=d.get("client_key"), kind=ApprovalKind(d.get("kind", "call")))
+        # A reconciliation task is for a call already in flight: it is no longer "in flight"
+        # (nothing runs it now), it waits for a person.
+        state.inflight.pop(d["call_id"], None)
     elif t is EventType.APPROVAL_DECIDED:
         _set_approval(state, d["approval_id"],
                       status=ApprovalStatus.APPROVED if d["approved"] else ApprovalStatus.DECLINED,

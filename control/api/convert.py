@@ -27,6 +27,7 @@ from control.model import (
     Event,
     Observation,
     ObservationStatus,
+    ApprovalKind,
     PlanStep,
     ProposedCall,
     RunOutcome,
@@ -259,6 +260,7 @@ def _enum_table(enum_type, prefix: str, model_enum) -> tuple[dict, dict]:
 
 
 _OBS, _OBS_BACK = _enum_table(types_pb2.ObservationStatus, "OBSERVATION_STATUS_", ObservationStatus)
+_KIND, _KIND_BACK = _enum_table(types_pb2.ApprovalKind, "APPROVAL_KIND_", ApprovalKind)
 _RUN, _RUN_BACK = _enum_table(types_pb2.RunStatus, "RUN_STATUS_", RunStatus)
 _OUTCOME, _OUTCOME_BACK = _enum_table(types_pb2.RunOutcome, "RUN_OUTCOME_", RunOutcome)
 _APPROVAL, _APPROVAL_BACK = _enum_table(types_pb2.ApprovalStatus, "APPROVAL_STATUS_", ApprovalStatus)
@@ -313,6 +315,7 @@ def approval_to_proto(a: Approval) -> types_pb2.Approval:
         status=_APPROVAL[a.status],
         created_at=_ts(a.created_at),
         expires_at=_ts(a.expires_at),
+        kind=_KIND[a.kind],
     )
     if a.decided_by is not None:
         msg.decided_by = a.decided_by
@@ -386,6 +389,7 @@ def approval_from_proto(msg: types_pb2.Approval) -> Approval:
         expires_at=_seconds(msg.expires_at),
         decided_by=_optional(msg, "decided_by"),
         reason=_optional(msg, "reason"),
+        kind=_KIND_BACK.get(msg.kind, ApprovalKind.CALL),
     )
 
 

@@ -15,7 +15,15 @@ from opentelemetry import trace
 from control.approvals import approval_digest, new_approval_id
 from control.config import Limits
 from control.errors import FailedPrecondition, NotFound, PermissionDenied
-from control.model import Approval, ApprovalStatus, Observation, ObservationStatus, Principal, RunOutcome
+from control.model import (
+    Approval,
+    ApprovalKind,
+    ApprovalStatus,
+    Observation,
+    ObservationStatus,
+    Principal,
+    RunOutcome,
+)
 from control.orchestration.admission import Decision
 from control.orchestration.dispatch import Admitted, Dispatcher
 from control.orchestration.runs import RunRepository
@@ -70,18 +78,51 @@ class ApprovalDesk:
                                                     False, error="waiting for approval", verdict_path=path,
                                                     approval_id=approval_id))
 
+    def request_reconciliation(self, state: RunState, call_id: str, data, why: str) -> Observation:
+        """A task for approvers: this mutating call was interrupted mid-effect and nobody can
+        look it up. Approve = it did not happen, run it once now; decline = leave it uncertain."""
+        now = self._clock()
+        approval_id = new_approval_id()
+        manifest = self.registry.get(data["tool"])
+        arguments = dict(data.get("arguments") or {})
+        digest = self.digest(state, manifest, arguments) if manifest is not None else "unknown-tool"
+        path = tuple(data.get("verdict_path") or ()) + ("recovery:reconcile",)
+        self.repo.append(state, EventType.APPROVAL_REQUESTED, keys=[approval_key(approval_id)], data={
+            "approval_id": approval_id, "call_id": call_id, "tool": data["tool"], "arguments": arguments,
+            "digest": digest, "created_at": now, "expires_at": now + self.limits.approval_ttl_s, "mutates": True,
+            "idempotency_key": data.get("idempotency_key"), "client_key": data.get("client_key"),
+            "image_digest": self._image_digest(manifest.image) if manifest is not None else "",
+            "policy_version": self.policy.version, "verdict_path": list(path), "proposed_by": None,
+            "kind": ApprovalKind.RECONCILE.value, "reason": why})
+        return self.repo.observe(state, Observation(
+            call_id, data["tool"], ObservationStatus.PENDING_APPROVAL, True,
+            error=f"interrupted while it ran and {why}: whether it took effect is unknown; an approver decides "
+                  "(approve = it did not happen, run it once; decline = leave it)",
+            error_class="reconciliation_needed", verdict_path=path, approval_id=approval_id,
+            attempts=state.attempts.get(call_id, 0)))
+
+    @staticmethod
+    def unresolved(pending: PendingCall, error: str, error_class: str | None, step: str) -> Observation:
+        """A pending call that will not run now: declined (CALL: it never ran), or left uncertain
+        (RECONCILE: it may have run, nobody knows)."""
+        if pending.kind is ApprovalKind.RECONCILE:
+            return Observation(pending.call_id, pending.tool, ObservationStatus.EXECUTED, True,
+                               error=f"left uncertain: {error}", error_class="uncertain",
+                               verdict_path=pending.verdict_path + (step,), approval_id=pending.approval_id)
+        return Observation(pending.call_id, pending.tool, ObservationStatus.DECLINED, False, error=error,
+                           error_class=error_class, verdict_path=pending.verdict_path + (step,),
+                           approval_id=pending.approval_id)
+
     def sweep_expired(self, state: RunState) -> None:
         """Expire pending approvals whose time is up (an event, so replay agrees)."""
         now = self._clock()
         for approval in list(state.approvals.values()):
             if approval.status is ApprovalStatus.PENDING and now >= approval.expires_at:
-                self.repo.append(state, EventType.APPROVAL_EXPIRED, {"approval_id": approval.approval_id})
                 pending = state.pending.get(approval.call_id)
-                self.repo.observe(state, Observation(
-                    approval.call_id, approval.tool, ObservationStatus.DECLINED, False,
-                    error="approval expired", error_class="approval_expired",
-                    verdict_path=(pending.verdict_path if pending else ()) + ("approval:expired",),
-                    approval_id=approval.approval_id))
+                self.repo.append(state, EventType.APPROVAL_EXPIRED, {"approval_id": approval.approval_id})
+                if pending is not None:
+                    self.repo.observe(state, self.unresolved(pending, "approval expired", "approval_expired",
+                                                             "approval:expired"))
 
     def try_sweep(self, state: RunState) -> None:
         """Expire what is due, unless a batch holds the run (it sweeps itself; readers never wait)."""
@@ -118,10 +159,8 @@ class ApprovalDesk:
             self.repo.append(state, EventType.APPROVAL_DECIDED, {
                 "approval_id": approval_id, "approved": bool(approve), "by": p.subject, "reason": reason or ""})
             if not approve:
-                self.repo.observe(state, Observation(
-                    pending.call_id, pending.tool, ObservationStatus.DECLINED, False,
-                    error=f"declined by {p.subject}" + (f": {reason}" if reason else ""),
-                    verdict_path=pending.verdict_path + ("approval:declined",), approval_id=approval_id))
+                self.repo.observe(state, self.unresolved(
+                    pending, f"declined by {p.subject}" + (f": {reason}" if reason else ""), None, "approval:declined"))
             else:
                 self.resume(state, pending)
             return state.approvals[approval_id]
@@ -145,7 +184,8 @@ class ApprovalDesk:
         if approval.status is ApprovalStatus.APPROVED:
             self.repo.append(state, EventType.APPROVAL_USED, {"approval_id": approval.approval_id})
         item = Admitted(pending.call_id, manifest, dict(pending.arguments), path + ("approval:approved", "admitted"),
-                        approval_id=approval.approval_id, client_key=pending.client_key)
+                        approval_id=approval.approval_id, client_key=pending.client_key,
+                        recorded_key=pending.idempotency_key)
         with _tracer.start_as_current_span("batch", context=self._run_context(state),
                                            attributes={"ringfence.run_id": state.run_id, "ringfence.resumed": True}):
             ctx = otel_context.get_current()

@@ -53,6 +53,8 @@ class Admitted:
     approval_id: str | None = None
     client_key: str | None = None
     """The client's idempotency key for this call, as it sent it (None: derived from the run)."""
+    recorded_key: str | None = None
+    """The key this call was already dispatched with (recovery runs it again): used as it is."""
 
 
 class Dispatcher:
@@ -115,12 +117,12 @@ class Dispatcher:
             return Observation(a.call_id, manifest.name, ObservationStatus.HALTED, False,
                                error=f"{stop.reason}; this call never ran", error_class=stop.outcome.value,
                                verdict_path=a.path + (f"run:{stop.outcome.value}",), approval_id=a.approval_id)
-        key = self.key_for(state, manifest, a.arguments, a.client_key)
+        key = a.recorded_key or self.key_for(state, manifest, a.arguments, a.client_key)
         if key is not None and key in state.completions:
             # 8 idempotency: recorded completion -> the stored result, no dispatch.
             return self._deduplicated(a, state.completions[key]["content"])
         claim: list[str] = []
-        if a.client_key is not None and key is not None:
+        if a.client_key is not None and key is not None and not self._holds_client_key(state, a.call_id, key):
             # A client key spans the tenant's runs: the store holds it, with the call that used it.
             earlier = self.client_key_holder(state, key, signature(manifest.name, a.arguments))
             if isinstance(earlier, Observation):
@@ -138,7 +140,8 @@ class Dispatcher:
         try:
             self.repo.append(state, EventType.DISPATCH_STARTED, {
                 "call_id": a.call_id, "tool": manifest.name, "mutates": manifest.mutates, "idempotency_key": key,
-                "signature": signature(manifest.name, a.arguments), "client_key": a.client_key is not None},
+                "arguments": dict(a.arguments), "signature": signature(manifest.name, a.arguments),
+                "client_key": a.client_key, "verdict_path": list(a.path), "approval_id": a.approval_id},
                 keys=claim)
         except KeyTaken:
             # Another run claimed the same client key a moment ago: answer as if we had seen it.
@@ -187,6 +190,24 @@ class Dispatcher:
         self.repo.append(state, EventType.CALL_COMPLETED, completion)
         # 11 result guardrail, then the observation
         return completion_observation(a.call_id, manifest.name, completion, a.path, a.approval_id)
+
+    def _holds_client_key(self, state: RunState, call_id: str, key: str) -> bool:
+        """This very call claimed the key before (recovery runs it again after a restart)."""
+        holder = self.repo.store.lookup_key(client_key_name(key))
+        if holder is None or holder[0] != state.key:
+            return False
+        events = self.repo.store.read(state.key, holder[1])
+        return bool(events) and events[0].seq == holder[1] and events[0].data.get("call_id") == call_id
+
+    def lookup(self, state: RunState, call_id: str, manifest: ToolManifest, arguments: Mapping[str, Any]) -> Attempt:
+        """Run a read-only look-up tool for `call_id` (reconciliation): retried like any read,
+        recorded only through the egress events of its attempts, never as a call of its own."""
+        admitted = Admitted(f"{call_id}.lookup", manifest, arguments, ())
+        body = json.dumps({"tool": manifest.name, "arguments": dict(arguments), "call_id": admitted.call_id,
+                           "idempotency_key": None}, separators=(",", ":")).encode()
+        profile = self.profile(manifest)
+        return retry_call(lambda n: self._attempt(state, admitted, profile, body, n), self._retry,
+                          sleep=self._sleep, rng=self._rng)
 
     @staticmethod
     def _deduplicated(a: Admitted, content: Any) -> Observation:

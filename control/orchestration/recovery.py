@@ -5,49 +5,46 @@
   reached a container (dispatch_started is durable before the container exists), so it runs now,
   once, whether it reads or mutates;
 - a mutating call whose dispatch started but whose completion was never recorded: the effect
-  may or may not have happened; it is NOT re-run, and the run ends `uncertain`;
+  may or may not have happened. Never re-run blindly. If its tool declares a look-up by
+  idempotency key (`reconcile` in its manifest), the receiver is asked: found -> recorded as
+  completed with the receiver's record; not found -> safe to run once now (the same key goes
+  with it, so the receiver would deduplicate anyway). Without a look-up (or when the look-up
+  fails) it becomes a reconciliation task for approvers (an approval of kind `reconcile`): a
+  person says whether it happened. The rest of the run goes on either way;
 - a read in the same state: recorded as interrupted (reads have no effect);
 - an approved call not yet dispatched: dispatched now (the approval is in the log).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 from opentelemetry import context as otel_context
 
-from control.model import Observation, ObservationStatus, RunOutcome
+from control.model import ApprovalStatus, Observation, ObservationStatus
 from control.orchestration.approvals import ApprovalDesk
 from control.orchestration.batches import BatchRunner
 from control.orchestration.dispatch import Admitted, completion_observation
 from control.orchestration.runs import RunRepository
-from control.model import ApprovalStatus
 from control.registry import Registry
-from control.state import RunState
+from control.state import EventType, RunState
 
 
 def recover_run(state: RunState, *, repo: RunRepository, desk: ApprovalDesk, batches: BatchRunner,
                 registry: Registry, run_context: Callable[[RunState], otel_context.Context]) -> None:
     for call_id, data in list(state.unobserved.items()):
         repo.observe(state, completion_observation(call_id, data["tool"], data, (), None))
-    uncertain = []
     for call_id, data in list(state.inflight.items()):
         if data.get("mutates"):
-            uncertain.append(call_id)
-            repo.observe(state, Observation(
-                call_id, data["tool"], ObservationStatus.EXECUTED, True,
-                error="the control plane stopped while this call ran; whether it took effect is unknown, "
-                      "and it is not re-run", error_class="uncertain",
-                attempts=state.attempts.get(call_id, 0)))
+            reconcile(state, call_id, data, repo=repo, desk=desk, batches=batches, registry=registry,
+                      run_context=run_context)
         else:
             repo.observe(state, Observation(
                 call_id, data["tool"], ObservationStatus.EXECUTED, True,
                 error="interrupted by a control-plane restart", error_class="interrupted",
                 attempts=state.attempts.get(call_id, 0)))
-    if uncertain:
-        repo.finish(state, RunOutcome.UNCERTAIN, "mutating call(s) without a recorded completion: "
-                    + ", ".join(uncertain))
-        return
+        if state.finished:
+            return
     desk.sweep_expired(state)
     if state.admitted:
         stop = batches.deadline_passed(state)
@@ -73,3 +70,36 @@ def recover_run(state: RunState, *, repo: RunRepository, desk: ApprovalDesk, bat
         approval = state.approvals.get(pending.approval_id)
         if approval is not None and approval.status in (ApprovalStatus.APPROVED, ApprovalStatus.USED):
             desk.resume(state, pending)
+
+
+def reconcile(state: RunState, call_id: str, data: Mapping[str, Any], *, repo: RunRepository, desk: ApprovalDesk,
+              batches: BatchRunner, registry: Registry, run_context: Callable[[RunState], otel_context.Context]) -> None:
+    """A mutating call interrupted between its dispatch and its completion (see the module)."""
+    manifest = registry.get(data["tool"])
+    arguments = data.get("arguments")
+    path = tuple(data.get("verdict_path") or ())
+    key = data.get("idempotency_key")
+    if manifest is None or arguments is None or manifest.reconcile is None or not key:
+        desk.request_reconciliation(state, call_id, data, "its tool declares no look-up by idempotency key")
+        return
+    lookup = registry.get(manifest.reconcile.tool)
+    found = batches.dispatcher.lookup(state, call_id, lookup, {manifest.reconcile.key_argument: key}) \
+        if lookup is not None else None
+    answer = found.content if found is not None and found.ok and isinstance(found.content, dict) else None
+    if answer is not None and answer.get("found") is True:
+        completion = {"call_id": call_id, "tool": manifest.name, "mutates": True, "idempotency_key": key,
+                      "ok": True, "content": {"reconciled": True, **answer}, "guard": None, "error": None,
+                      "error_class": None, "attempts": state.attempts.get(call_id, 0),
+                      "cost": manifest.cost * max(state.attempts.get(call_id, 0), 1)}
+        repo.append(state, EventType.CALL_COMPLETED, completion)
+        repo.observe(state, completion_observation(call_id, manifest.name, completion,
+                                                   path + ("recovery:reconciled:found",), data.get("approval_id")))
+    elif answer is not None and answer.get("found") is False:
+        # The receiver never saw it: safe to run once, with the same key.
+        batches.execute(state, [Admitted(call_id, manifest, dict(arguments), path + ("recovery:reconciled:absent",),
+                                         approval_id=data.get("approval_id"), client_key=data.get("client_key"),
+                                         recorded_key=key)],
+                        run_context(state))
+    else:
+        why = found.message if found is not None and not found.ok else "the look-up gave no answer"
+        desk.request_reconciliation(state, call_id, data, f"the look-up failed: {why}"[:500])

@@ -17,7 +17,16 @@ import threading
 from typing import Any, Callable, Mapping, Sequence
 
 from control.errors import NotFound
-from control.model import Approval, ApprovalStatus, Event, Observation, ObservationStatus, RunOutcome, RunView
+from control.model import (
+    Approval,
+    ApprovalKind,
+    ApprovalStatus,
+    Event,
+    Observation,
+    ObservationStatus,
+    RunOutcome,
+    RunView,
+)
 from control.state import EventType, RunState, apply, check_event, fold, observation_data
 from control.store.base import EventStore
 
@@ -176,10 +185,22 @@ class RunRepository:
                 self.append(state, EventType.APPROVAL_DECIDED, {
                     "approval_id": pending.approval_id, "approved": False, "by": "system",
                     "reason": f"run ended: {outcome}"})
+            if pending.kind is ApprovalKind.RECONCILE:
+                # It may have run (it was interrupted mid-effect): never "declined, never ran".
+                self.observe(state, Observation(call_id, pending.tool, ObservationStatus.EXECUTED, True,
+                                                error=f"run ended ({outcome}) before anyone reconciled it",
+                                                error_class="uncertain",
+                                                verdict_path=pending.verdict_path + ("run:ended",),
+                                                approval_id=pending.approval_id))
+                continue
             self.observe(state, Observation(call_id, pending.tool, ObservationStatus.DECLINED, False,
                                             error=f"run ended ({outcome}) before this call ran",
                                             verdict_path=pending.verdict_path + ("run:ended",),
                                             approval_id=pending.approval_id))
+        unsure = [o.call_id for o in state.trajectory.values() if o.error_class == "uncertain"]
+        if outcome is RunOutcome.COMPLETED and unsure:
+            # A run with a call whose effect nobody could confirm did not simply complete.
+            outcome, reason = RunOutcome.UNCERTAIN, f"{reason}; whether these took effect is unknown: {', '.join(unsure)}"
         self.append(state, EventType.RUN_FINISHED, {"outcome": outcome.value, "reason": reason})
 
     @staticmethod

@@ -159,6 +159,10 @@ def test_uncertain_after_a_crash_between_effect_and_record(stack):
                                                  "idempotency_key": "k"})
     stack.restart()
     with stack.client() as c:
+        # No look-up declared: a reconciliation task; left as it is, the run ends uncertain.
+        [obs] = c.get_run(run).trajectory
+        assert obs.error_class == "reconciliation_needed"
+        c.finish_run(run)
         assert outcome_seen(c, run) is RunOutcome.UNCERTAIN
         [obs] = c.get_run(run).trajectory
         assert obs.error_class == "uncertain"

@@ -12,7 +12,7 @@ import pytest
 from control.errors import InvalidArgument, PermissionDenied
 from control.model import ObservationStatus as S
 from control.model import Principal, ProposedCall, Role
-from control_support import ADMIN, AGENT, APPROVER, Harness, content_result, outcome_result
+from control_support import ADMIN, AGENT, APPROVER, Harness, content_result, error_result, outcome_result
 from sandbox.result import Outcome
 
 GLOBEX = Principal("globex", Role.AGENT, "globex-agent")
@@ -212,3 +212,51 @@ def test_an_approval_is_found_through_the_store_after_a_restart(tmp_path):
     h.restart()
     approval = h.orch.decide_approval(APPROVER, pending.approval_id, True, "ok")
     assert approval.status.value == "used" and h.backend.starts == 1
+
+
+def _crashed_mid_credit(h, run):
+    """The log a server leaves when it dies after dispatching a credit, before its completion."""
+    h.store.append(run, "batch_started", {"batch_id": "b", "turn": 1, "calls": [
+        {"call_id": "pay", "tool": "credit", "arguments": {"account": "acme-9", "amount": 50}}]})
+    h.store.append(run, "dispatch_started", {"call_id": "pay", "tool": "credit", "mutates": True,
+                                             "idempotency_key": "key-1", "arguments": {"account": "acme-9", "amount": 50}})
+
+
+def test_reconciliation_finds_the_effect_and_records_it_without_running_again(tmp_path):
+    h = Harness(tmp_path)
+    record = {"account": "acme-9", "amount": 50, "idempotency_key": "key-1"}
+    h.emulator.overrides["credit_lookup"] = lambda call: {"found": True, "record": record}
+    run = h.run()
+    _crashed_mid_credit(h, run)
+    h.restart()
+    [obs] = h.orch.get_run(AGENT, run).trajectory
+    assert obs.status is S.EXECUTED and obs.content == {"reconciled": True, "found": True, "record": record}
+    assert "recovery:reconciled:found" in obs.verdict_path
+    assert h.emulator.tools() == ["credit_lookup"]  # asked the receiver; never credited again
+    assert h.emulator.log[0].arguments == {"idempotency_key": "key-1"}
+
+
+def test_reconciliation_that_finds_nothing_runs_the_call_once_with_the_same_key(tmp_path):
+    h = Harness(tmp_path)
+    h.emulator.overrides["credit_lookup"] = lambda call: {"found": False}
+    run = h.run()
+    _crashed_mid_credit(h, run)
+    h.restart()
+    [obs] = h.orch.get_run(AGENT, run).trajectory
+    assert obs.status is S.EXECUTED and "recovery:reconciled:absent" in obs.verdict_path
+    assert h.emulator.tools() == ["credit_lookup", "credit"]
+    assert h.emulator.log[1].idempotency_key == "key-1"
+    h.restart()
+    assert h.emulator.tools() == ["credit_lookup", "credit"]  # and never again
+
+
+def test_reconciliation_whose_lookup_fails_asks_a_person(tmp_path):
+    h = Harness(tmp_path, limits={"max_attempts": 1})
+    h.emulator.overrides["credit_lookup"] = lambda call: error_result("fatal", "ledger unreachable")
+    run = h.run()
+    _crashed_mid_credit(h, run)
+    h.restart()
+    [obs] = h.orch.get_run(AGENT, run).trajectory
+    assert obs.status is S.PENDING_APPROVAL and obs.error_class == "reconciliation_needed"
+    assert "ledger unreachable" in obs.error
+    assert h.emulator.tools() == ["credit_lookup"]

@@ -15,7 +15,8 @@ from control.tools import load_builtin
 def test_model_exports_are_pinned():
     assert sorted(model.__all__) == sorted([
         "Role", "Principal", "ToolView", "ProposedCall", "ObservationStatus", "Observation", "RunStatus",
-        "RunOutcome", "Usage", "ApprovalStatus", "Approval", "RunView", "Event", "PlanStep"])
+        "RunOutcome", "Usage", "ApprovalStatus", "ApprovalKind", "Approval", "RunView", "Event",
+        "PlanStep"])
     assert [s.value for s in model.ObservationStatus] == [
         "executed", "denied", "blocked", "declined", "unknown_tool", "pending_approval", "deduplicated", "halted",
         "withheld"]

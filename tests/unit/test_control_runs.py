@@ -105,20 +105,44 @@ def test_error(tmp_path):
     assert h.orch.get_run(AGENT, run).outcome is RunOutcome.ERROR
 
 
-def test_uncertain_mutation_is_not_rerun_on_restart(tmp_path):
+def test_an_interrupted_mutation_without_a_lookup_becomes_a_reconciliation_task(tmp_path):
+    """Never re-run blindly; the run is not thrown away: a person says whether it happened."""
     h = Harness(tmp_path)
     run = h.run()
     # The process died after dispatching a write and before recording its completion.
     h.store.append(run, "batch_started", {"batch_id": "b", "turn": 1, "calls": [
         {"call_id": "w", "tool": "write_note", "arguments": {"name": "a", "text": "b"}}]})
     h.store.append(run, "dispatch_started", {"call_id": "w", "tool": "write_note", "mutates": True,
-                                             "idempotency_key": "k"})
+                                             "idempotency_key": "k", "arguments": {"name": "a", "text": "b"}})
     h.restart()
     view = h.orch.get_run(AGENT, run)
-    assert view.outcome is RunOutcome.UNCERTAIN
+    assert view.outcome is None
     [obs] = view.trajectory
-    assert obs.error_class == "uncertain" and obs.executed
+    assert obs.status is S.PENDING_APPROVAL and obs.error_class == "reconciliation_needed" and obs.executed
+    [task] = h.orch.list_approvals(APPROVER, run)
+    assert task.kind.value == "reconcile" and task.call_id == "w"
     assert h.backend.starts == 0
+    # "It happened" (decline: do not run it again): recorded uncertain, and the run says so.
+    h.orch.decide_approval(APPROVER, task.approval_id, False, "the note is there")
+    [obs] = h.orch.get_run(AGENT, run).trajectory
+    assert obs.status is S.EXECUTED and obs.error_class == "uncertain" and "the note is there" in obs.error
+    assert h.orch.finish_run(AGENT, run).outcome is RunOutcome.UNCERTAIN
+    assert h.backend.starts == 0
+
+
+def test_a_reconciliation_task_approved_runs_the_call_once(tmp_path):
+    h = Harness(tmp_path)
+    run = h.run()
+    h.store.append(run, "batch_started", {"batch_id": "b", "turn": 1, "calls": [
+        {"call_id": "w", "tool": "write_note", "arguments": {"name": "a", "text": "b"}}]})
+    h.store.append(run, "dispatch_started", {"call_id": "w", "tool": "write_note", "mutates": True,
+                                             "idempotency_key": "k", "arguments": {"name": "a", "text": "b"}})
+    h.restart()
+    [task] = h.orch.list_approvals(APPROVER, run)
+    h.orch.decide_approval(APPROVER, task.approval_id, True, "checked: not there")
+    [obs] = h.orch.get_run(AGENT, run).trajectory
+    assert obs.status is S.EXECUTED and obs.error_class is None
+    assert h.emulator.tools() == ["write_note"]
 
 
 def test_an_interrupted_read_does_not_make_the_run_uncertain(tmp_path):

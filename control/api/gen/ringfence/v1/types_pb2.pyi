@@ -151,6 +151,23 @@ APPROVAL_STATUS_EXPIRED: ApprovalStatus.ValueType  # 4
 APPROVAL_STATUS_USED: ApprovalStatus.ValueType  # 5
 Global___ApprovalStatus: typing_extensions.TypeAlias = ApprovalStatus
 
+class _ApprovalKind:
+    ValueType = typing.NewType("ValueType", builtins.int)
+    V: typing_extensions.TypeAlias = ValueType
+
+class _ApprovalKindEnumTypeWrapper(google.protobuf.internal.enum_type_wrapper._EnumTypeWrapper[_ApprovalKind.ValueType], builtins.type):
+    DESCRIPTOR: google.protobuf.descriptor.EnumDescriptor
+    APPROVAL_KIND_UNSPECIFIED: _ApprovalKind.ValueType  # 0
+    APPROVAL_KIND_CALL: _ApprovalKind.ValueType  # 1
+    APPROVAL_KIND_RECONCILE: _ApprovalKind.ValueType  # 2
+
+class ApprovalKind(_ApprovalKind, metaclass=_ApprovalKindEnumTypeWrapper): ...
+
+APPROVAL_KIND_UNSPECIFIED: ApprovalKind.ValueType  # 0
+APPROVAL_KIND_CALL: ApprovalKind.ValueType  # 1
+APPROVAL_KIND_RECONCILE: ApprovalKind.ValueType  # 2
+Global___ApprovalKind: typing_extensions.TypeAlias = ApprovalKind
+
 @typing.final
 class Tool(google.protobuf.message.Message):
     """A tool as a caller may see it. Risk metadata (mutates, irreversible, roots, egress) is
@@ -328,6 +345,7 @@ class Approval(google.protobuf.message.Message):
     EXPIRES_AT_FIELD_NUMBER: builtins.int
     DECIDED_BY_FIELD_NUMBER: builtins.int
     REASON_FIELD_NUMBER: builtins.int
+    KIND_FIELD_NUMBER: builtins.int
     approval_id: builtins.str
     tenant: builtins.str
     run_id: builtins.str
@@ -339,6 +357,12 @@ class Approval(google.protobuf.message.Message):
     status: Global___ApprovalStatus.ValueType
     decided_by: builtins.str
     reason: builtins.str
+    kind: Global___ApprovalKind.ValueType
+    """What is asked. APPROVAL_KIND_CALL: may this call run? APPROVAL_KIND_RECONCILE: the control
+    plane stopped while this mutating call ran and its tool declares no look-up, so nobody
+    knows whether it took effect: approve = it did NOT happen, run it once now; decline = leave
+    it (it happened, or must not be retried), recorded as uncertain with your reason.
+    """
     @property
     def created_at(self) -> google.protobuf.timestamp_pb2.Timestamp: ...
     @property
@@ -358,9 +382,10 @@ class Approval(google.protobuf.message.Message):
         expires_at: google.protobuf.timestamp_pb2.Timestamp | None = ...,
         decided_by: builtins.str | None = ...,
         reason: builtins.str | None = ...,
+        kind: Global___ApprovalKind.ValueType = ...,
     ) -> None: ...
     def HasField(self, field_name: typing.Literal["_decided_by", b"_decided_by", "_reason", b"_reason", "created_at", b"created_at", "decided_by", b"decided_by", "expires_at", b"expires_at", "reason", b"reason"]) -> builtins.bool: ...
-    def ClearField(self, field_name: typing.Literal["_decided_by", b"_decided_by", "_reason", b"_reason", "approval_id", b"approval_id", "arguments_json", b"arguments_json", "call_id", b"call_id", "created_at", b"created_at", "decided_by", b"decided_by", "digest", b"digest", "expires_at", b"expires_at", "reason", b"reason", "run_id", b"run_id", "status", b"status", "tenant", b"tenant", "tool", b"tool"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["_decided_by", b"_decided_by", "_reason", b"_reason", "approval_id", b"approval_id", "arguments_json", b"arguments_json", "call_id", b"call_id", "created_at", b"created_at", "decided_by", b"decided_by", "digest", b"digest", "expires_at", b"expires_at", "kind", b"kind", "reason", b"reason", "run_id", b"run_id", "status", b"status", "tenant", b"tenant", "tool", b"tool"]) -> None: ...
     @typing.overload
     def WhichOneof(self, oneof_group: typing.Literal["_decided_by", b"_decided_by"]) -> typing.Literal["decided_by"] | None: ...
     @typing.overload
