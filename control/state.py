@@ -9,7 +9,8 @@ clock, no randomness, no lookups.
 Event types and their data:
     run_started       run_id, tenant, goal, created_at, deadline_at, policy_version, trace
     batch_started     batch_id, turn, calls[{call_id, tool, arguments}], fingerprint (of the client's batch)
-    call_decided      call_id, tool, arguments (canonical or raw), signature|null, verdict, verdict_path, reason
+    call_decided      call_id, tool, arguments (canonical or raw), signature|null, verdict, verdict_path, reason,
+                      proposed_by, client_key
     approval_requested approval_id, call_id, tool, arguments, digest, created_at, expires_at,
                       mutates, idempotency_key, image_digest, policy_version, proposed_by,
                       client_key, kind (call | reconcile)
@@ -113,6 +114,7 @@ class RunState:
     unobserved: dict[str, dict[str, Any]] = field(default_factory=dict)  # completed, no observation yet
     batches: dict[str, dict[str, Any]] = field(default_factory=dict)  # batch id -> fingerprint, call ids
     admitted: dict[str, dict[str, Any]] = field(default_factory=dict)  # call_id -> decided `allow`, not yet dispatched
+    asked: dict[str, dict[str, Any]] = field(default_factory=dict)  # call_id -> decided `ask`, no approval yet
     last_seq: int = 0
 
     @property
@@ -262,6 +264,8 @@ def apply(state: RunState, event: Event) -> RunState:
             # Admitted: until its dispatch starts (or it is observed otherwise) a crash leaves a
             # call that provably never reached a container (recovery runs it).
             state.admitted[d["call_id"]] = dict(d)
+        elif d.get("verdict") == "ask":
+            state.asked[d["call_id"]] = dict(d)  # until its approval is requested
     elif t is EventType.APPROVAL_REQUESTED:
         state.approvals[d["approval_id"]] = Approval(
             approval_id=d["approval_id"], tenant=state.tenant, run_id=state.run_id, call_id=d["call_id"],
@@ -275,6 +279,7 @@ def apply(state: RunState, event: Event) -> RunState:
         # A reconciliation task is for a call already in flight: it is no longer "in flight"
         # (nothing runs it now), it waits for a person.
         state.inflight.pop(d["call_id"], None)
+        state.asked.pop(d["call_id"], None)
     elif t is EventType.APPROVAL_DECIDED:
         _set_approval(state, d["approval_id"],
                       status=ApprovalStatus.APPROVED if d["approved"] else ApprovalStatus.DECLINED,
@@ -302,6 +307,7 @@ def apply(state: RunState, event: Event) -> RunState:
         obs = _observation(dict(d))
         state.trajectory[obs.call_id] = obs
         state.admitted.pop(obs.call_id, None)
+        state.asked.pop(obs.call_id, None)
         if obs.status is not ObservationStatus.PENDING_APPROVAL:
             state.pending.pop(obs.call_id, None)
             state.inflight.pop(obs.call_id, None)

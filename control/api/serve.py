@@ -100,6 +100,11 @@ def serve_command(args) -> int:
         listen = args.listen or config.listen
         tls = _tls(args)
         metrics_at = _host_port(args.metrics_listen, "--metrics-listen") if args.metrics_listen else None
+        from control.orchestration.crashpoints import configured as crash_point_configured
+
+        if crash_point_configured():
+            print(f"warning: crash point {crash_point_configured()} armed: this process will kill itself there",
+                  file=sys.stderr)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -23,6 +23,7 @@ from control.errors import FieldViolation, InvalidArgument, ResourceExhausted
 from control.model import Observation, ObservationStatus, ProposedCall, RunOutcome
 from control.orchestration.admission import AdmissionContext, AdmissionVerdict, admit_batch
 from control.orchestration.approvals import ApprovalDesk
+from control.orchestration.crashpoints import crash_point
 from control.orchestration.dispatch import Admitted, Dispatcher
 from control.orchestration.runs import RUN_ID, RunRepository
 from control.orchestration.stops import RunStops
@@ -149,7 +150,9 @@ class BatchRunner:
                     "call_id": d.call.call_id, "tool": d.call.tool,
                     "arguments": guardrails.redact(plain(d.arguments if d.arguments is not None else d.call.arguments)),
                     "signature": d.signature, "verdict": d.verdict.value, "verdict_path": list(d.path),
-                    "reason": d.reason})
+                    "reason": d.reason, "proposed_by": proposed_by,
+                    "client_key": d.call.idempotency_key})
+            crash_point("after_batch_admitted")
             halts = [d for d in decisions if d.verdict is AdmissionVerdict.HALT]
             if halts:
                 first = halts[0]

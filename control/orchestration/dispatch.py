@@ -28,6 +28,7 @@ from control.retry import Attempt, CircuitBreaker, FailureClass, RetryPolicy, cl
 from control.state import EventType, RunState
 from control.store.base import KeyTaken
 from control.validation import signature
+from control.orchestration.crashpoints import crash_point
 from control.orchestration.runs import RunRepository
 from control.orchestration.stops import RunStops, sandbox_run_id
 from sandbox.backend import SandboxBackend, SandboxRequest
@@ -143,6 +144,7 @@ class Dispatcher:
                 "arguments": dict(a.arguments), "signature": signature(manifest.name, a.arguments),
                 "client_key": a.client_key, "verdict_path": list(a.path), "approval_id": a.approval_id},
                 keys=claim)
+            crash_point("after_dispatch_started", manifest.name)
         except KeyTaken:
             # Another run claimed the same client key a moment ago: answer as if we had seen it.
             earlier = self.client_key_holder(state, key, signature(manifest.name, a.arguments))
@@ -188,6 +190,7 @@ class Dispatcher:
                       "error_class": final.failure.value if final.failure else None,
                       "attempts": attempts, "cost": manifest.cost * attempts}
         self.repo.append(state, EventType.CALL_COMPLETED, completion)
+        crash_point("after_completion", manifest.name)
         # 11 result guardrail, then the observation
         return completion_observation(a.call_id, manifest.name, completion, a.path, a.approval_id)
 
@@ -267,6 +270,7 @@ class Dispatcher:
                                  call_id=f"{a.call_id}.a{n}")
         try:
             result = self.backend.run(request)
+            crash_point("after_effect", a.manifest.name)
         except EngineError as e:
             # The engine, not the tool: like start_failed, transient.
             return Attempt(n, FailureClass.TRANSIENT, message=f"sandbox engine: {e}", outcome="start_failed")

@@ -12,6 +12,7 @@
   fails) it becomes a reconciliation task for approvers (an approval of kind `reconcile`): a
   person says whether it happened. The rest of the run goes on either way;
 - a read in the same state: recorded as interrupted (reads have no effect);
+- a call policy said to ASK about whose approval request was never written: requested now;
 - an approved call not yet dispatched: dispatched now (the approval is in the log).
 """
 
@@ -21,7 +22,8 @@ from typing import Any, Callable, Mapping
 
 from opentelemetry import context as otel_context
 
-from control.model import ApprovalStatus, Observation, ObservationStatus
+from control.model import ApprovalStatus, Observation, ObservationStatus, ProposedCall
+from control.orchestration.admission import AdmissionVerdict, Decision
 from control.orchestration.approvals import ApprovalDesk
 from control.orchestration.batches import BatchRunner
 from control.orchestration.dispatch import Admitted, completion_observation
@@ -66,6 +68,19 @@ def recover_run(state: RunState, *, repo: RunRepository, desk: ApprovalDesk, bat
             batches.execute(state, never_started, run_context(state))
     if state.finished:
         return
+    for call_id, data in list(state.asked.items()):
+        # Policy said ASK before the crash, and the request was never written: write it now.
+        manifest = registry.get(data["tool"])
+        call = ProposedCall(call_id, data["tool"], data.get("arguments") or {}, idempotency_key=data.get("client_key"))
+        if manifest is None:
+            repo.observe(state, Observation(call_id, data["tool"], ObservationStatus.HALTED, False,
+                                            error="the tool is no longer registered", error_class="unknown_tool",
+                                            verdict_path=tuple(data.get("verdict_path") or ()) + ("recovery:unknown",)))
+            continue
+        desk.request(state, Decision(call, AdmissionVerdict.ASK, tuple(data.get("verdict_path") or ()),
+                                     reason=data.get("reason", ""), manifest=manifest,
+                                     arguments=dict(data.get("arguments") or {})),
+                     data.get("proposed_by") or "")
     for pending in list(state.pending.values()):
         approval = state.approvals.get(pending.approval_id)
         if approval is not None and approval.status in (ApprovalStatus.APPROVED, ApprovalStatus.USED):

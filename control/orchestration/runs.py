@@ -27,6 +27,7 @@ from control.model import (
     RunOutcome,
     RunView,
 )
+from control.orchestration.crashpoints import crash_point
 from control.state import EventType, RunState, apply, check_event, fold, observation_data
 from control.store.base import EventStore
 
@@ -159,6 +160,9 @@ class RunRepository:
                     self._approval_runs[data["approval_id"]] = (state.tenant, state.run_id)
             if type_ is EventType.RUN_FINISHED:
                 self._forget(state)
+                crash_point("during_run_finished")
+            elif type_ is EventType.RUN_STARTED:
+                crash_point("after_run_started")
             if self.on_event is not None:
                 self.on_event(state, event)
         return event

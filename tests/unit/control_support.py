@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from control.config import load_config
-from control.orchestration import Orchestrator
+from control.model import ObservationStatus as S
 from control.model import Principal, ProposedCall, Role
+from control.orchestration import Orchestrator
+from control.state import fold
 from control.registry import Registry
 from control.store.sqlite import SqliteEventStore
 from control.tools import BUILTIN_DIR
@@ -147,13 +149,15 @@ class Harness:
     egress: dict[str, list[str]] = field(default_factory=dict)
     registry: Registry | None = None
     image_digest: str = "sha256:" + "ab" * 32
+    store_url: str | None = None
+    """A postgresql:// URL to run on PostgreSQL instead of the SQLite file in tmp_path."""
 
     def __post_init__(self) -> None:
         self.clock = FakeClock()
         self.emulator = ToolEmulator()
         self.backend = FakeBackend(self.emulator)
         self.db = self.tmp_path / "events.sqlite3"
-        self.store = SqliteEventStore(self.db, clock=self.clock)
+        self.store = self.open_store()
         self.config = load_config(overrides={
             "state_dir": str(self.tmp_path),
             "policy": {"autonomy": self.autonomy, "rules": self.rules if self.rules is not None else DEMO_RULES,
@@ -171,9 +175,16 @@ class Harness:
         """A new Orchestrator on a freshly opened store over the same SQLite file."""
         self.orch.close()
         self.store.close()
-        self.store = SqliteEventStore(self.db, clock=self.clock)
+        self.store = self.open_store()
         self.orch = self.new_orchestrator(**kwargs)
         return self.orch
+
+    def open_store(self):
+        if self.store_url:
+            from control.store import open_store
+
+            return open_store(self.store_url, clock=self.clock)
+        return SqliteEventStore(self.db, clock=self.clock)
 
     def run(self, goal: str = "test", run_id: str | None = None) -> str:
         return self.orch.start_run(AGENT, goal, run_id).run_id
@@ -193,3 +204,45 @@ class Harness:
 
     def event_types(self, run_id: str) -> list[str]:
         return [e.type for e in self.store.read(run_id)]
+
+
+def replay_equals_live_at_every_prefix(tmp_path, store_url=None):
+    """A rich run (every observation status, retries, approvals, a dedup): the state after each
+    live append equals the fold of the log up to it (also run on PostgreSQL)."""
+    h = Harness(tmp_path, store_url=store_url, rules=[{"tool": "echo", "verdict": "allow"}, {"tool": "fail", "verdict": "allow"},
+                                 {"tool": "write_note", "verdict": "allow"},
+                                 {"tool": "credit", "verdict": "ask", "when": {"amount": {"lte": 100}}}])
+    live: dict[int, dict] = {}
+    run = "replayed"
+    h.orch.on_event = lambda state, event: live.__setitem__(event.seq, state.snapshot()) \
+        if event.run_id == run else None
+    flaky = iter(["transient", "transient", None])
+
+    def sometimes(call):
+        cls = next(flaky)
+        return error_result(cls) if cls else {"ok": 1}
+
+    h.emulator.overrides["fail"] = sometimes
+    h.orch.start_run(AGENT, "replay", run)
+    h.submit(run, ("echo", {"text": "a"}), ("read_file", {"path": "../x"}), ("nope", {}),
+             ("credit", {"account": "acme-9", "amount": 50}), ("credit", {"account": "acme-9", "amount": 60}),
+             ("write_note", {"name": "n", "text": "t"}), ("fail", {"class": "transient"}),
+             ("echo", {"text": "AKIAIOSFODNN7EXAMPLE"}))
+    approvals = h.orch.list_approvals(APPROVER, run)
+    h.orch.decide_approval(APPROVER, approvals[0].approval_id, True, "yes")
+    h.orch.decide_approval(APPROVER, approvals[1].approval_id, False, "no")
+    h.submit(run, ("write_note", {"name": "n", "text": "t"}))  # deduplicated
+    h.orch.finish_run(AGENT, run)
+
+    events = h.events(run)
+    types = {e.type for e in events}
+    assert {"approval_used", "attempt", "call_completed", "run_finished"} <= types
+    statuses = {o.status for o in h.orch.get_run(AGENT, run).trajectory}
+    assert {S.EXECUTED, S.DENIED, S.UNKNOWN_TOOL, S.DECLINED, S.BLOCKED, S.DEDUPLICATED} <= statuses
+    assert sorted(live) == [e.seq for e in events]
+    for k in range(1, len(events) + 1):
+        assert fold(events[:k]).snapshot() == live[k], f"prefix {k} ({events[k - 1].type}) differs"
+    # And a fresh process folds the same final state.
+    h.restart()
+    assert h.orch.get_run(AGENT, run) == fold(events).view()
+

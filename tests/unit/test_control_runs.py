@@ -10,7 +10,15 @@ from control.errors import FailedPrecondition, InvalidArgument, NotFound, Permis
 from control.model import ObservationStatus as S
 from control.model import PlanStep, ProposedCall, RunOutcome, RunStatus
 from control.state import fold
-from control_support import AGENT, APPROVER, STRANGER, Harness, error_result, outcome_result
+from control_support import (
+    AGENT,
+    APPROVER,
+    STRANGER,
+    Harness,
+    error_result,
+    outcome_result,
+    replay_equals_live_at_every_prefix,
+)
 from sandbox.result import Outcome
 
 
@@ -327,42 +335,7 @@ def test_watch_approvals_yields_pending_then_new(tmp_path):
 
 
 def test_live_state_equals_the_fold_of_every_prefix(tmp_path):
-    h = Harness(tmp_path, rules=[{"tool": "echo", "verdict": "allow"}, {"tool": "fail", "verdict": "allow"},
-                                 {"tool": "write_note", "verdict": "allow"},
-                                 {"tool": "credit", "verdict": "ask", "when": {"amount": {"lte": 100}}}])
-    live: dict[int, dict] = {}
-    run = "replayed"
-    h.orch.on_event = lambda state, event: live.__setitem__(event.seq, state.snapshot()) \
-        if event.run_id == run else None
-    flaky = iter(["transient", "transient", None])
-
-    def sometimes(call):
-        cls = next(flaky)
-        return error_result(cls) if cls else {"ok": 1}
-
-    h.emulator.overrides["fail"] = sometimes
-    h.orch.start_run(AGENT, "replay", run)
-    h.submit(run, ("echo", {"text": "a"}), ("read_file", {"path": "../x"}), ("nope", {}),
-             ("credit", {"account": "acme-9", "amount": 50}), ("credit", {"account": "acme-9", "amount": 60}),
-             ("write_note", {"name": "n", "text": "t"}), ("fail", {"class": "transient"}),
-             ("echo", {"text": "AKIAIOSFODNN7EXAMPLE"}))
-    approvals = h.orch.list_approvals(APPROVER, run)
-    h.orch.decide_approval(APPROVER, approvals[0].approval_id, True, "yes")
-    h.orch.decide_approval(APPROVER, approvals[1].approval_id, False, "no")
-    h.submit(run, ("write_note", {"name": "n", "text": "t"}))  # deduplicated
-    h.orch.finish_run(AGENT, run)
-
-    events = h.events(run)
-    types = {e.type for e in events}
-    assert {"approval_used", "attempt", "call_completed", "run_finished"} <= types
-    statuses = {o.status for o in h.orch.get_run(AGENT, run).trajectory}
-    assert {S.EXECUTED, S.DENIED, S.UNKNOWN_TOOL, S.DECLINED, S.BLOCKED, S.DEDUPLICATED} <= statuses
-    assert sorted(live) == [e.seq for e in events]
-    for k in range(1, len(events) + 1):
-        assert fold(events[:k]).snapshot() == live[k], f"prefix {k} ({events[k - 1].type}) differs"
-    # And a fresh process folds the same final state.
-    h.restart()
-    assert h.orch.get_run(AGENT, run) == fold(events).view()
+    replay_equals_live_at_every_prefix(tmp_path)
 
 
 # -- tracing --------------------------------------------------------------------------------
@@ -384,6 +357,7 @@ def spans():
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     yield exporter
     exporter.shutdown()
+
 
 
 def test_tool_spans_are_parented_to_their_batch_and_one_root_per_run(tmp_path, spans):

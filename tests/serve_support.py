@@ -1,0 +1,51 @@
+"""`ringfence serve` as a real process for the tests: started on a free port, its address read
+from its first line, stopped with SIGTERM (or killed)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Served:
+    def __init__(self, config: Path, state: Path, *extra: str, env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "control.cli", "serve", "--listen", "127.0.0.1:0",
+             "--config", str(config), "--state-dir", str(state), *extra],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        )
+        self.lines: list[str] = []
+        first = threading.Event()
+
+        def read() -> None:
+            for line in self.proc.stdout:
+                self.lines.append(line.rstrip("\n"))
+                if line.startswith("ringfence: serving"):
+                    first.set()
+            first.set()
+
+        self._reader = threading.Thread(target=read, daemon=True)
+        self._reader.start()
+        serving = [line for line in self.lines if line.startswith("ringfence: serving")] if first.wait(60) else []
+        if not serving:
+            self.stop()
+            raise AssertionError(f"no address printed; stderr: {self.proc.stderr.read()[-2000:]}")
+        self.address = serving[0].split(" on ", 1)[1].split()[0]
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(60)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(10)
+            self._reader.join(10)
