@@ -92,6 +92,7 @@ class Limits:
     breaker_threshold: int = 5
     breaker_cooldown_s: float = 30.0
     max_parallel_reads: int = 4
+    lease_ttl_s: float = 15.0
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,9 @@ def register(subparsers) -> None:
     p.add_argument("--tls-cert", type=Path, help="PEM certificate chain: serve TLS")
     p.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
     p.add_argument("--tls-client-ca", type=Path, help="PEM CA: require client certificates it signed (mTLS)")
+    p.add_argument("--reap-every", default=REAP_INTERVAL_S, type=float, metavar="SECONDS",
+                   help="how often to remove orphaned containers (past their deadline, or of a dead instance) "
+                        f"(default {REAP_INTERVAL_S:g})")
     p.add_argument("--metrics-listen", default=None, metavar="HOST:PORT",
                    help="also serve Prometheus metrics at http://HOST:PORT/metrics (off by default)")
     p.set_defaults(func=serve_command)
@@ -128,7 +131,7 @@ def serve_command(args) -> int:
     try:
         backend = DockerBackend(egress_settings=_egress_settings(config))
         # A killed predecessor's containers go now; anything past its deadline label, while we run.
-        backend.start_reaper(REAP_INTERVAL_S)
+        backend.start_reaper(args.reap_every)
     except SandboxError as e:
         print(f"error: the sandbox engine is not usable: {e}", file=sys.stderr)
         return 1
@@ -141,6 +144,8 @@ def serve_command(args) -> int:
             print(f"error: cannot open the event log at {_redact_url(str(where))}: {e}", file=sys.stderr)
             return 1
         orchestrator = Orchestrator.from_config(config, backend, store)
+        # Runs whose writer (another instance) died mid-way are taken over when its lease expires.
+        orchestrator.start_adopting(config.limits.lease_ttl_s)
         if metrics_at is not None:
             from control.metrics import Metrics
 

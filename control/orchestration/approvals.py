@@ -26,7 +26,7 @@ from control.model import (
 )
 from control.orchestration.admission import Decision
 from control.orchestration.dispatch import Admitted, Dispatcher
-from control.orchestration.runs import RunRepository
+from control.orchestration.runs import BusyElsewhere, RunRepository
 from control.policy import PolicyEngine
 from control.registry import Registry, ToolManifest
 from control.state import EventType, PendingCall, RunState
@@ -126,15 +126,15 @@ class ApprovalDesk:
 
     def try_sweep(self, state: RunState) -> None:
         """Expire what is due, unless a batch holds the run (it sweeps itself; readers never wait)."""
-        lock = self.repo.run_lock(state.key)
-        if lock.acquire(blocking=False):
-            try:
+        try:
+            with self.repo.writing(state, wait=False):
                 if not state.finished:
                     self.sweep_expired(state)
-            finally:
-                lock.release()
+        except BusyElsewhere:
+            pass
 
-    def decide(self, p: Principal, approval_id: str, approve: bool, reason: str) -> Approval:
+    def find(self, p: Principal, approval_id: str) -> RunState:
+        """The run of a tenant's approval (NotFound for anyone else's)."""
         state = self.repo.approval_run(p.tenant, approval_id)
         if state is None:
             # Requested through another instance, or before a restart: the store knows its run.
@@ -142,7 +142,11 @@ class ApprovalDesk:
             state = self.repo.by_key(p.tenant, holder[0]) if holder else None
         if state is None or approval_id not in state.approvals:
             raise NotFound(f"approval {approval_id!r} not found")
-        with self.repo.run_lock(state.key):
+        return state
+
+    def decide(self, p: Principal, state: RunState, approval_id: str, approve: bool, reason: str) -> Approval:
+        """Under the caller's writing(state)."""
+        with self.repo.writing(state):
             if state.finished:
                 raise FailedPrecondition(f"run {state.run_id} is finished ({state.outcome})")
             self.sweep_expired(state)

@@ -15,6 +15,7 @@ NotFound, so ids do not leak.
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -40,17 +41,18 @@ from control.orchestration.admission import AdmissionContext
 from control.orchestration.approvals import ApprovalDesk
 from control.orchestration.batches import BatchRunner
 from control.orchestration.dispatch import Dispatcher
-from control.orchestration.recovery import recover_run
-from control.orchestration.runs import RUN_ID, RunRepository
+from control.orchestration.recovery import needs_recovery, recover_run
+from control.orchestration.runs import RUN_ID, BusyElsewhere, RunRepository
 from control.orchestration.stops import RunStops
 from control.policy import PolicyEngine
 from control.registry import Registry
 from control.state import EventType, RunState
-from control.store.base import EventStore
+from control.store.base import EventStore, SeqConflict
 from control.validation import signature, validate_arguments
 from sandbox.backend import SandboxBackend
 
 _tracer = trace.get_tracer("ringfence.control")
+log = logging.getLogger(__name__)
 
 _READ_ROLES = (Role.AGENT, Role.APPROVER, Role.ADMIN)
 _AGENT_ROLES = (Role.AGENT, Role.ADMIN)
@@ -97,7 +99,8 @@ class Orchestrator:
         self._lock = threading.Lock()
         self._tenant_slots: dict[str, threading.BoundedSemaphore] = {}
         self._closed = False
-        self.runs = RunRepository(store)
+        self._stopping = threading.Event()
+        self.runs = RunRepository(store, lease_ttl_s=self.limits.lease_ttl_s)
         # Cancel and the run deadline: nothing more is dispatched, and what runs is killed.
         self.stops = RunStops(backend, clock)
         self.dispatcher = Dispatcher(repo=self.runs, backend=backend, config=config, sleep=sleep,
@@ -189,10 +192,15 @@ class Orchestrator:
                 trace_ids = ({"trace_id": f"{ctx.trace_id:032x}", "span_id": f"{ctx.span_id:016x}"}
                              if ctx.is_valid else {})
             state = RunState(run_id=run_id, tenant=p.tenant, key=self.runs.new_key(p.tenant, run_id))
-            self.runs.start(state, {
-                "run_id": run_id, "tenant": p.tenant, "goal": goal, "created_at": now,
-                "deadline_at": now + self.limits.run_deadline_s, "policy_version": self.policy.version,
-                "trace": trace_ids, "by": p.subject})
+            try:
+                with self.runs.writing(state):
+                    self.runs.start(state, {
+                        "run_id": run_id, "tenant": p.tenant, "goal": goal, "created_at": now,
+                        "deadline_at": now + self.limits.run_deadline_s, "policy_version": self.policy.version,
+                        "trace": trace_ids, "by": p.subject})
+            except SeqConflict:
+                # Another instance started the same run a moment ago: that run is the answer.
+                return self.runs.view(self.runs.get(p.tenant, run_id))
             return self.runs.view(state)
 
     def get_run(self, p: Principal, run_id: str) -> RunView:
@@ -203,14 +211,14 @@ class Orchestrator:
 
     def list_runs(self, p: Principal) -> list[RunView]:
         self._require(p, _READ_ROLES)
-        for state in self.runs.live(p.tenant):
+        for state in self.runs.unfinished(p.tenant):
             self.desk.try_sweep(state)
         return self.runs.views(p.tenant)
 
     def finish_run(self, p: Principal, run_id: str) -> RunView:
         self._require(p, _AGENT_ROLES)
         state = self.runs.get(p.tenant, run_id)
-        with self.runs.run_lock(state.key):
+        with self._write(state):
             if not state.finished:
                 self.runs.finish(state, RunOutcome.COMPLETED, "finished by the agent")
             return self.runs.view(state)
@@ -222,7 +230,7 @@ class Orchestrator:
         state = self.runs.get(p.tenant, run_id)
         if not state.finished:
             self.stops.stop(state, RunOutcome.CANCELLED, f"cancelled by {p.subject}")
-        with self.runs.run_lock(state.key):
+        with self._write(state):
             if not state.finished:
                 self.runs.finish(state, RunOutcome.CANCELLED, f"cancelled by {p.subject}")
             return self.runs.view(state)
@@ -236,13 +244,10 @@ class Orchestrator:
         calls = list(calls)
         if batch_id:
             self.batches.check_batch_id(batch_id)
-            recorded = self.batches.recorded(state, batch_id, calls)
-            if recorded is not None:
-                return recorded
-        self.batches.check_shape(state, calls)
-        with self._tenant_slot(p.tenant), self.runs.run_lock(state.key):
+        with self._tenant_slot(p.tenant), self._write(state):
             if batch_id:
-                # Again under the lock: the first send of this batch may have just finished.
+                # Under the run's lease and after recovery: a first send that a crash interrupted
+                # is finished (or reported) before its observations are returned.
                 recorded = self.batches.recorded(state, batch_id, calls)
                 if recorded is not None:
                     return recorded
@@ -327,7 +332,7 @@ class Orchestrator:
 
     def list_approvals(self, p: Principal, run_id: str | None = None) -> list[Approval]:
         self._require(p, _READ_ROLES)
-        states = [self.runs.get(p.tenant, run_id)] if run_id is not None else self.runs.live(p.tenant)
+        states = [self.runs.get(p.tenant, run_id)] if run_id is not None else self.runs.unfinished(p.tenant)
         out: list[Approval] = []
         for state in states:
             self.desk.try_sweep(state)
@@ -349,7 +354,7 @@ class Orchestrator:
         canon, errs = validate_arguments(manifest, arguments, max_bytes=self.limits.max_argument_bytes)
         if errs:
             raise InvalidArgument("invalid arguments", errs)
-        with self.runs.run_lock(state.key):
+        with self._write(state):
             self.runs.append(state, EventType.GRANT_ADDED, {"tool": tool, "arguments": canon,
                                                             "signature": signature(tool, canon), "by": p.subject})
 
@@ -357,17 +362,60 @@ class Orchestrator:
         self._require(p, _APPROVER_ROLES)
         if not isinstance(reason, str) or len(reason.encode()) > 4096:
             raise InvalidArgument("reason is too long", [FieldViolation("reason", "at most 4096 bytes")])
-        return self.desk.decide(p, approval_id, approve, reason)
+        state = self.desk.find(p, approval_id)
+        with self._write(state):
+            return self.desk.decide(p, state, approval_id, approve, reason)
 
     # ------------------------------------------------------------------ lifecycle
 
     def recover(self) -> None:
-        """Bring every unfinished run to a consistent point after a restart (recovery.py)."""
+        """Bring every unfinished run to a consistent point after a restart (recovery.py): the
+        runs no other live instance is writing (those it recovers itself, or hands over when
+        its lease expires and someone touches the run)."""
         for state in self.runs.live():
-            with self.runs.run_lock(state.key):
-                if not state.finished:
-                    recover_run(state, repo=self.runs, desk=self.desk, batches=self.batches,
-                                registry=self.registry, run_context=self._run_context)
+            try:
+                with self._write(state, wait=False):
+                    pass  # _write recovers what needs it
+            except BusyElsewhere:
+                continue
+
+    def adopt_orphans(self) -> int:
+        """Recover the unfinished runs whose writer died mid-way (its lease expired) and that no
+        client has touched since; returns how many were recovered. Runs another live instance
+        is writing are left alone (its lease is held)."""
+        adopted = 0
+        for tenant, key in self.store.unfinished():
+            state = self.runs.by_key(tenant, key)
+            if state is None or state.finished or not needs_recovery(state):
+                continue
+            try:
+                with self._write(state, wait=False):
+                    adopted += 1
+            except BusyElsewhere:
+                continue
+        return adopted
+
+    def start_adopting(self, interval_s: float) -> None:
+        """adopt_orphans() every `interval_s` on a daemon thread, until close() (serve)."""
+        def loop() -> None:
+            while not self._stopping.wait(interval_s):
+                try:
+                    self.adopt_orphans()
+                except Exception as e:  # noqa: BLE001 - the store may be down now; next round
+                    log.warning("adopting orphaned runs: %s", e)
+
+        threading.Thread(target=loop, name="rf-adopt", daemon=True).start()
+
+    @contextmanager
+    def _write(self, state: RunState, *, wait: bool = True) -> Iterator[RunState]:
+        """Hold the run for writing (RunRepository.writing). The outermost writer first brings
+        the run to a consistent point: if the log shows work interrupted mid-way (a crash, or
+        another instance that died holding it), recovery runs before anything else."""
+        with self.runs.writing(state, wait=wait) as current:
+            if self.runs.outermost(current) and not current.finished and needs_recovery(current):
+                recover_run(current, repo=self.runs, desk=self.desk, batches=self.batches,
+                            registry=self.registry, run_context=self._run_context)
+            yield current
 
     def health_checks(self) -> list[tuple[str, Callable[[], None]]]:
         """What must answer for this server to take work (control.api.health)."""
@@ -375,4 +423,6 @@ class Orchestrator:
 
     def close(self) -> None:
         self._closed = True
+        self._stopping.set()
+        self.runs.close()
         self.dispatcher.close()

@@ -32,6 +32,14 @@ from control.registry import Registry
 from control.state import EventType, RunState
 
 
+def needs_recovery(state: RunState) -> bool:
+    """The log shows work interrupted mid-way: something recovery must finish or report."""
+    approved = any(state.approvals.get(p.approval_id) is not None
+                   and state.approvals[p.approval_id].status in (ApprovalStatus.APPROVED, ApprovalStatus.USED)
+                   for p in state.pending.values())
+    return bool(state.unobserved or state.inflight or state.admitted or state.asked or approved)
+
+
 def recover_run(state: RunState, *, repo: RunRepository, desk: ApprovalDesk, batches: BatchRunner,
                 registry: Registry, run_context: Callable[[RunState], otel_context.Context]) -> None:
     for call_id, data in list(state.unobserved.items()):

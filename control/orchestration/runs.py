@@ -5,18 +5,28 @@ on the cached state), so the live state is the fold of the log. Unfinished runs 
 while this process serves them; a finished run leaves memory and is read from the store when
 someone asks for it, so memory and start-up time do not grow with history.
 
-Locks: `run_lock(key)` serializes batches and decisions of one run (re-entrant: a decision may
-resume a call); `append` is atomic per run (parallel reads append from several threads).
+Several control planes may share one store (PostgreSQL) and serve any run. Whoever writes a
+run holds the store's single-writer lease on it (`writing`): a second instance waits for it (or
+is refused with Unavailable after `lease_wait_s`), never interleaves sequence numbers, and an
+instance that died hands its runs over when its lease expires. Before every use a cached run
+catches up with the store, so what another instance appended is seen here.
+
+Locks: `writing(state)` (a per-run re-entrant lock, then the lease) serializes batches and
+decisions of one run; `append` is atomic per run (parallel reads append from several threads).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import socket
 import threading
-from typing import Any, Callable, Mapping, Sequence
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from control.errors import NotFound
+from control.errors import FailedPrecondition, NotFound, Unavailable
 from control.model import (
     Approval,
     ApprovalKind,
@@ -29,14 +39,44 @@ from control.model import (
 )
 from control.orchestration.crashpoints import crash_point
 from control.state import EventType, RunState, apply, check_event, fold, observation_data
-from control.store.base import EventStore
+from control.store.base import EventStore, Lease
+from sandbox.labels import instance_id
 
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}")
 
 
+def _dead_here(owner: str) -> bool:
+    """Whether a lease owner (an instance id, host:pid:nonce) is a process of this host that is
+    gone. Another host's instance is never judged: its lease must expire."""
+    host, _, rest = owner.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+class BusyElsewhere(FailedPrecondition):
+    """writing(wait=False): the run is being written (here or by another instance) right now."""
+
+
 class RunRepository:
-    def __init__(self, store: EventStore) -> None:
+    def __init__(self, store: EventStore, *, owner: str = "", lease_ttl_s: float = 15.0,
+                 lease_wait_s: float | None = None) -> None:
         self.store = store
+        self.owner = owner or instance_id()
+        self.lease_ttl_s = lease_ttl_s
+        # Long enough for a dead owner's lease to expire; past it the caller is told to retry.
+        self.lease_wait_s = lease_ttl_s + 5.0 if lease_wait_s is None else lease_wait_s
+        self._leases: dict[str, Lease] = {}  # store key -> the lease this process holds
+        self._depth: dict[str, int] = {}  # store key -> nesting of writing() in this process
+        self._renewer: threading.Thread | None = None
+        self._closed = threading.Event()
         self._live: dict[tuple[str, str], RunState] = {}  # (tenant, run id) -> unfinished run
         self._approval_runs: dict[str, tuple[str, str]] = {}  # approval id -> (tenant, run id)
         self._lock = threading.Lock()  # guards the dicts above and the lock tables below
@@ -48,16 +88,32 @@ class RunRepository:
     # -- loading -----------------------------------------------------------------------
 
     def load_unfinished(self) -> list[RunState]:
-        """Fold every unfinished run into memory (start-up); finished ones stay in the store."""
+        """Fold every unfinished run into memory (start-up); the finished history is not read."""
         loaded = []
-        for _tenant, key in self.store.all_runs():
-            events = self.store.read(key)
-            if events and events[-1].type == EventType.RUN_FINISHED:
-                continue
-            state = fold(events)
-            self._remember(state)
-            loaded.append(state)
+        for _tenant, key in self.store.unfinished():
+            state = fold(self.store.read(key))
+            if not state.finished:
+                self._remember(state)
+                loaded.append(state)
         return loaded
+
+    def unfinished(self, tenant: str) -> list[RunState]:
+        """A tenant's unfinished runs, whichever instance started them (caught up)."""
+        out = []
+        for _tenant, key in self.store.unfinished(tenant):
+            state = self.by_key(tenant, key)
+            if state is not None and not state.finished:
+                out.append(state)
+        return out
+
+    def catch_up(self, state: RunState) -> RunState:
+        """Apply what the store holds past this cached state (another instance's appends)."""
+        with self._append_lock(state.key):
+            for event in self.store.read(state.key, state.last_seq + 1):
+                apply(state, event)
+                if event.type == EventType.RUN_FINISHED:
+                    self._forget(state)
+        return state
 
     def _remember(self, state: RunState) -> None:
         with self._lock:
@@ -77,7 +133,7 @@ class RunRepository:
         with self._lock:
             state = self._live.get((tenant, run_id))
         if state is not None:
-            return state
+            return self.catch_up(state)
         key = self._key_of(tenant, run_id) if isinstance(run_id, str) and RUN_ID.fullmatch(run_id) else None
         if key is None:
             raise NotFound(f"run {run_id!r} not found")
@@ -96,7 +152,7 @@ class RunRepository:
         with self._lock:
             live = next((s for s in self._live.values() if s.key == key), None)
         if live is not None:
-            return live
+            return self.catch_up(live)
         state = fold(self.store.read(key))
         return self.get(tenant, state.run_id) if not state.finished else state
 
@@ -127,6 +183,76 @@ class RunRepository:
         with self._lock:
             return self._run_locks.setdefault(key, threading.RLock())
 
+    @contextmanager
+    def writing(self, state: RunState, *, wait: bool = True) -> Iterator[RunState]:
+        """Hold the run for writing: its local lock, then its store lease (waiting for another
+        instance's to expire, up to `lease_wait_s`; Unavailable after that, or at once with
+        wait=False: BusyElsewhere), then catch up with the store. Re-entrant."""
+        lock = self.run_lock(state.key)
+        if not lock.acquire(timeout=-1 if wait else 0):
+            raise BusyElsewhere(f"run {state.run_id} is busy")
+        try:
+            if self._depth.get(state.key, 0) == 0:
+                self._leases[state.key] = self._acquire(state, wait)
+            self._depth[state.key] = self._depth.get(state.key, 0) + 1
+            try:
+                yield self.catch_up(state)
+            finally:
+                self._depth[state.key] -= 1
+                if self._depth[state.key] == 0:
+                    del self._depth[state.key]
+                    lease = self._leases.pop(state.key, None)
+                    if lease is not None:
+                        try:
+                            self.store.release_lease(lease)
+                        except Exception:  # noqa: BLE001 - it expires by itself; nothing else to do
+                            pass
+        finally:
+            lock.release()
+
+    def outermost(self, state: RunState) -> bool:
+        """Inside writing(): this is the outermost writer of the run (not a nested one)."""
+        return self._depth.get(state.key, 0) == 1
+
+    def _acquire(self, state: RunState, wait: bool) -> Lease:
+        deadline = time.monotonic() + (self.lease_wait_s if wait else 0)
+        while True:
+            lease = self.store.acquire_lease(state.key, self.owner, self.lease_ttl_s)
+            if lease is not None:
+                self._start_renewer()
+                return lease
+            holder = self.store.lease_holder(state.key)
+            if holder is not None and _dead_here(holder):
+                # Our own predecessor on this host (killed): no need to wait out its lease.
+                self.store.break_lease(state.key, holder)
+                continue
+            if time.monotonic() >= deadline or self._closed.is_set():
+                if not wait:
+                    raise BusyElsewhere(f"run {state.run_id} is being written by another control-plane instance")
+                raise Unavailable(f"run {state.run_id} is being written by another control-plane instance; "
+                                  "retry (the same batch id is safe to send again)")
+            time.sleep(0.05)
+
+    def _start_renewer(self) -> None:
+        with self._lock:
+            if self._renewer is None:
+                self._renewer = threading.Thread(target=self._renew_loop, name="rf-lease-renewer", daemon=True)
+                self._renewer.start()
+
+    def _renew_loop(self) -> None:
+        """Keep the leases of long batches: renewed every third of their time to live."""
+        while not self._closed.wait(self.lease_ttl_s / 3):
+            for key, lease in list(self._leases.items()):
+                try:
+                    renewed = self.store.renew_lease(lease)
+                except Exception:  # noqa: BLE001 - the store may be down now; the next round retries
+                    continue
+                if renewed is not None and self._leases.get(key) is lease:
+                    self._leases[key] = renewed
+
+    def close(self) -> None:
+        self._closed.set()
+
     def _append_lock(self, key: str) -> threading.Lock:
         with self._lock:
             return self._append_locks.setdefault(key, threading.Lock())
@@ -153,7 +279,7 @@ class RunRepository:
         check_event(type_, data)
         with self._append_lock(state.key):
             event = self.store.append(state.key, type_.value, data, expected_seq=state.last_seq + 1,
-                                      tenant=state.tenant, keys=keys)
+                                      tenant=state.tenant, keys=keys, lease=self._leases.get(state.key))
             apply(state, event)
             if type_ is EventType.APPROVAL_REQUESTED:
                 with self._lock:

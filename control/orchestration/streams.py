@@ -16,7 +16,6 @@ def watch_run(repo: RunRepository, state: RunState, from_seq: int, stop: threadi
     """The run's events from `from_seq` on, live, until the run finishes or `stop` is set."""
     store = repo.store
     while not stop.is_set():
-        version = store.version()
         finished = state.finished
         for event in store.read(state.key, from_seq):
             from_seq = event.seq + 1
@@ -27,21 +26,22 @@ def watch_run(repo: RunRepository, state: RunState, from_seq: int, stop: threadi
         # when the caller asked to start past its last event.
         if finished or closed():
             return
-        store.wait(version, 0.25)
+        # Woken by the store when THIS run gets an event (on PostgreSQL: NOTIFY from whichever
+        # instance appended it), not by every append of every tenant.
+        store.wait_for(state.key, from_seq - 1, 0.5)
 
 
 def follow_batch(repo: RunRepository, state: RunState, from_seq: int, done: threading.Event) -> Iterator[Event]:
     """The run's events from `from_seq` on while a batch runs in another thread, then the rest."""
     store = repo.store
     while True:
-        version = store.version()
         finished = done.is_set()
         for event in store.read(state.key, from_seq):
             from_seq = event.seq + 1
             yield repo.public(state, event)
         if finished:
             return
-        store.wait(version, 0.1)
+        store.wait_for(state.key, from_seq - 1, 0.1)
 
 
 def watch_approvals(list_approvals: Callable[[], list[Approval]], store_version: Callable[[], int],

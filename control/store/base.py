@@ -17,6 +17,7 @@ through a path the database itself sanctions.
     runs(tenant) -> list[str]                   run ids of a tenant, oldest first
     all_runs() -> list[tuple[tenant, run_id]]   every run (for recovery at startup)
     tenant_of(run_id) -> str | None
+    unfinished(tenant=None) -> list[tuple[tenant, run_id]]   runs without run_finished, oldest first
     version() -> int / wait(version, timeout) -> int
         live watchers: `version()` changes on every append in this process (and, on PostgreSQL,
         on every append another instance announces); `wait` blocks until it differs from
@@ -29,7 +30,8 @@ through a path the database itself sanctions.
         lease. An append given a lease is refused (LeaseLost) unless it is still the run's
         current lease, checked inside the append's transaction; an append without a lease is
         refused while someone holds an unexpired lease on the run. Expiry is judged by the
-        database's clock.
+        database's clock. lease_holder(run_id) -> owner | None; break_lease(run_id, owner) drops
+        a lease whose owner is known to be dead (its process on this host is gone).
     prune(older_than_s) -> list[str]            remove finished runs older than that, return them
     subscribe(callback) -> unsubscribe            callback(event) after each durable append here
     close()
@@ -73,8 +75,10 @@ class SeqConflict(StoreError):
     """The run's log moved on since the caller read it."""
 
 
-class LeaseLost(StoreError):
-    """The append's lease expired and was taken over, was released, or another writer holds one."""
+class LeaseLost(Unavailable, StoreError):
+    """The append's lease expired and was taken over, was released, or another writer holds one.
+    An Unavailable too: the run moved to another instance, and the client's retry (the same
+    batch id) is answered there."""
 
 
 class KeyTaken(StoreError):
@@ -176,6 +180,8 @@ class EventStore(Protocol):
 
     def tenant_of(self, run_id: str) -> str | None: ...
 
+    def unfinished(self, tenant: str | None = None) -> list[tuple[str, str]]: ...
+
     def version(self) -> int: ...
 
     def wait(self, version: int, timeout: float) -> int: ...
@@ -185,6 +191,10 @@ class EventStore(Protocol):
     def acquire_lease(self, run_id: str, owner: str, ttl_s: float) -> Lease | None: ...
 
     def renew_lease(self, lease: Lease) -> Lease | None: ...
+
+    def lease_holder(self, run_id: str) -> str | None: ...
+
+    def break_lease(self, run_id: str, owner: str) -> bool: ...
 
     def release_lease(self, lease: Lease) -> None: ...
 

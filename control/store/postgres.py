@@ -159,6 +159,20 @@ class PostgresEventStore:
             conn.execute("DELETE FROM leases WHERE run_id = %s AND owner = %s AND token = %s",
                          (lease.run_id, lease.owner, lease.token))
 
+    def lease_holder(self, run_id: str) -> str | None:
+        """The owner of the run's unexpired lease, or None."""
+        with self._conn() as conn:
+            row = conn.execute("SELECT owner FROM leases WHERE run_id = %s AND expires_at > now()",
+                               (run_id,)).fetchone()
+        return row[0] if row else None
+
+    def break_lease(self, run_id: str, owner: str) -> bool:
+        """Drop `owner`'s lease on the run, whatever its expiry: ONLY for an owner known to be
+        dead (a process of this host that no longer exists). True when one was dropped."""
+        with self._conn() as conn, conn.transaction():
+            conn.execute(_RUN_LOCK, (run_id,))
+            return conn.execute("DELETE FROM leases WHERE run_id = %s AND owner = %s", (run_id, owner)).rowcount > 0
+
     def prune(self, older_than_s: float) -> list[str]:
         """Remove whole runs whose last event is run_finished, appended more than `older_than_s`
         ago by this store's clock (the clock that stamped `at`), with their leases."""
@@ -200,6 +214,19 @@ class PostgresEventStore:
     def all_runs(self) -> list[tuple[str, str]]:
         with self._conn() as conn:
             rows = conn.execute("SELECT tenant, run_id FROM events WHERE seq = 1 ORDER BY id").fetchall()
+        return [(r[0], r[1]) for r in rows]
+
+    def unfinished(self, tenant: str | None = None) -> list[tuple[str, str]]:
+        """(tenant, run_id) of every run without run_finished, oldest first: what a starting
+        server folds, without reading the finished history."""
+        query = ("SELECT tenant, run_id FROM events e WHERE seq = 1 AND NOT EXISTS (SELECT 1 FROM events f "
+                 "WHERE f.run_id = e.run_id AND f.type = %s)")
+        args: tuple = (FINISHED,)
+        if tenant is not None:
+            query += " AND tenant = %s"
+            args += (tenant,)
+        with self._conn() as conn:
+            rows = conn.execute(query + " ORDER BY id", args).fetchall()
         return [(r[0], r[1]) for r in rows]
 
     def tenant_of(self, run_id: str) -> str | None:

@@ -130,6 +130,20 @@ class SqliteEventStore:
             cur.execute("DELETE FROM leases WHERE run_id = ? AND owner = ? AND token = ?",
                         (lease.run_id, lease.owner, lease.token))
 
+    def lease_holder(self, run_id: str) -> str | None:
+        """The owner of the run's unexpired lease, or None."""
+        with self._lock:
+            row = self._db.execute(f"SELECT owner FROM leases WHERE run_id = ? AND expires_at > {DB_NOW}",
+                                   (run_id,)).fetchone()
+        return row[0] if row else None
+
+    def break_lease(self, run_id: str, owner: str) -> bool:
+        """Drop `owner`'s lease on the run, whatever its expiry: ONLY for an owner known to be
+        dead (a process of this host that no longer exists). True when one was dropped."""
+        with self._lock, self._write() as cur:
+            cur.execute("DELETE FROM leases WHERE run_id = ? AND owner = ?", (run_id, owner))
+            return cur.rowcount > 0
+
     def prune(self, older_than_s: float) -> list[str]:
         """Remove whole runs whose last event is run_finished, appended more than `older_than_s`
         ago by this store's clock (the clock that stamped `at`), with their leases."""
@@ -168,6 +182,19 @@ class SqliteEventStore:
     def all_runs(self) -> list[tuple[str, str]]:
         with self._lock:
             rows = self._db.execute("SELECT tenant, run_id FROM events WHERE seq = 1 ORDER BY rowid").fetchall()
+        return [(r[0], r[1]) for r in rows]
+
+    def unfinished(self, tenant: str | None = None) -> list[tuple[str, str]]:
+        """(tenant, run_id) of every run without run_finished, oldest first: what a starting
+        server folds, without reading the finished history."""
+        query = ("SELECT tenant, run_id FROM events e WHERE seq = 1 AND NOT EXISTS (SELECT 1 FROM events f "
+                 f"WHERE f.run_id = e.run_id AND f.type = '{FINISHED}')")
+        args: tuple = ()
+        if tenant is not None:
+            query += " AND tenant = ?"
+            args = (tenant,)
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY rowid", args).fetchall()
         return [(r[0], r[1]) for r in rows]
 
     def tenant_of(self, run_id: str) -> str | None:

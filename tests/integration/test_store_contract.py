@@ -455,3 +455,24 @@ def test_keys_are_append_only_and_go_with_a_pruned_run(target):
     assert s.prune(older_than_s=86400) == ["done"]
     assert s.lookup_key("approval:apr-1") is None
     assert s.lookup_key("approval:apr-2") == ("live", 2)
+
+
+def test_unfinished_lists_runs_without_run_finished(target):
+    s = target.open()
+    for run, tenant in (("a", "acme"), ("b", "acme"), ("c", "globex")):
+        started(s, run, tenant=tenant)
+    s.append("b", "run_finished", {"outcome": "completed"})
+    assert s.unfinished() == [("acme", "a"), ("globex", "c")]
+    assert s.unfinished("acme") == [("acme", "a")]
+
+
+def test_a_lease_of_a_dead_owner_can_be_broken_and_only_its_own(target):
+    s = target.open()
+    started(s, "r1")
+    held = s.acquire_lease("r1", "host:123:dead", 3600)
+    assert s.lease_holder("r1") == "host:123:dead"
+    assert s.break_lease("r1", "someone-else") is False and s.lease_holder("r1") == "host:123:dead"
+    assert s.break_lease("r1", "host:123:dead") is True and s.lease_holder("r1") is None
+    with pytest.raises(LeaseLost):
+        s.append("r1", "x", {}, lease=held)  # the broken lease fences its old holder off
+    assert s.acquire_lease("r1", "successor", 60) is not None

@@ -260,3 +260,20 @@ def test_reconciliation_whose_lookup_fails_asks_a_person(tmp_path):
     assert obs.status is S.PENDING_APPROVAL and obs.error_class == "reconciliation_needed"
     assert "ledger unreachable" in obs.error
     assert h.emulator.tools() == ["credit_lookup"]
+
+
+def test_a_run_whose_writer_died_is_adopted_when_its_lease_expires(tmp_path):
+    """Another instance (another owner) admitted a call and died holding the run's lease: this
+    instance leaves the run alone while the lease lives, and recovers it after."""
+    h = Harness(tmp_path)
+    run = h.run()
+    lease = h.store.acquire_lease(run, "elsewhere:1:dead", 3600)
+    h.store.append(run, "batch_started", {"batch_id": "b", "turn": 1, "calls": [
+        {"call_id": "r", "tool": "echo", "arguments": {"text": "hi"}}]}, lease=lease)
+    h.store.append(run, "call_decided", {"call_id": "r", "tool": "echo", "arguments": {"text": "hi"},
+                                         "verdict": "allow", "verdict_path": ["admitted"]}, lease=lease)
+    assert h.orch.adopt_orphans() == 0 and h.backend.starts == 0  # its writer may still be alive
+    h.store.release_lease(lease)  # what expiry does
+    assert h.orch.adopt_orphans() == 1
+    [obs] = h.orch.get_run(AGENT, run).trajectory
+    assert obs.status is S.EXECUTED and h.emulator.tools() == ["echo"]
