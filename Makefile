@@ -49,7 +49,7 @@ test-unit: venv ## the fast tests that need no Docker
 demo: venv images ## build the images and run the showcase end to end
 	$(PY) -m control.demo
 
-bench: venv images ## run the benchmarks in bench/ (prints ratios against an in-run baseline)
+bench: venv images postgres ## run the benchmarks in bench/ (prints ratios against an in-run baseline)
 	$(PY) -m bench
 
 lint: venv ## byte-compile everything and check the import rules

@@ -126,6 +126,9 @@ class ApprovalDesk:
 
     def try_sweep(self, state: RunState) -> None:
         """Expire what is due, unless a batch holds the run (it sweeps itself; readers never wait)."""
+        now = self._clock()
+        if not any(a.status is ApprovalStatus.PENDING and now >= a.expires_at for a in state.approvals.values()):
+            return  # nothing due: no lease round trip for a reader
         try:
             with self.repo.writing(state, wait=False):
                 if not state.finished:
