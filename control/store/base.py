@@ -67,6 +67,29 @@ FINISHED = "run_finished"
 """The event type that ends a run: only runs whose last event has it can be pruned."""
 
 
+class Subscribers:
+    """The callbacks a store calls after each durable append it made (both stores share it)."""
+
+    def __init__(self) -> None:
+        self._callbacks: list[Callable[[Event], None]] = []
+
+    def add(self, callback: Callable[[Event], None]) -> Callable[[], None]:
+        """Register `callback`; returns the function that unregisters it."""
+        self._callbacks.append(callback)
+
+        def unsubscribe() -> None:
+            try:
+                self._callbacks.remove(callback)
+            except ValueError:
+                pass
+
+        return unsubscribe
+
+    def notify(self, event: Event) -> None:
+        for callback in list(self._callbacks):
+            callback(event)
+
+
 class StoreError(FailedPrecondition):
     pass
 

@@ -39,6 +39,7 @@ from control.store.base import (
     SeqConflict,
     StoreError,
     StoreUnavailable,
+    Subscribers,
     check_lease,
     check_lease_args,
     next_event,
@@ -67,7 +68,7 @@ class PostgresEventStore:
         self._version = 0
         self._closed = False
         self._waiters: dict[str, list[int]] = {}  # run id -> [generation, waiting threads]
-        self._subscribers: list[Callable[[Event], None]] = []
+        self._subscribers = Subscribers()
         # The schema first, on a connection of its own: an unreachable database or a schema we
         # must not touch fails here at once, with the server's own words, before any pool retries.
         try:
@@ -124,8 +125,7 @@ class PostgresEventStore:
             raise SeqConflict(f"run {run_id}: seq {seq} was taken") from e
         event = Event(run_id, seq, type, content, SCHEMA_VERSION, at, prev_hash, digest)
         self._on_notify(run_id)  # our own waiters need not wait for the round trip
-        for callback in list(self._subscribers):
-            callback(event)
+        self._subscribers.notify(event)
         return event
 
     def acquire_lease(self, run_id: str, owner: str, ttl_s: float) -> Lease | None:
@@ -293,15 +293,7 @@ class PostgresEventStore:
                     del self._waiters[run_id]
 
     def subscribe(self, callback: Callable[[Event], None]) -> Callable[[], None]:
-        self._subscribers.append(callback)
-
-        def unsubscribe() -> None:
-            try:
-                self._subscribers.remove(callback)
-            except ValueError:
-                pass
-
-        return unsubscribe
+        return self._subscribers.add(callback)
 
     def close(self) -> None:
         with self._cond:

@@ -30,6 +30,7 @@ from control.store.base import (
     KeyTaken,
     SeqConflict,
     StoreUnavailable,
+    Subscribers,
     StoreError,
     check_lease,
     check_lease_args,
@@ -53,7 +54,7 @@ class SqliteEventStore:
         self._changed = threading.Condition(threading.Lock())
         self._version = 0
         self._closed = False
-        self._subscribers: list[Callable[[Event], None]] = []
+        self._subscribers = Subscribers()
         # isolation_level=None: we issue BEGIN IMMEDIATE ourselves so every check and its write
         # are one write transaction.
         self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
@@ -95,8 +96,7 @@ class SqliteEventStore:
                     cur.execute("INSERT INTO keys (name, run_id, seq) VALUES (?, ?, ?)", (name, run_id, seq))
         event = Event(run_id, seq, type, content, SCHEMA_VERSION, at, prev_hash, digest)
         self._bump()
-        for callback in list(self._subscribers):
-            callback(event)
+        self._subscribers.notify(event)
         return event
 
     def acquire_lease(self, run_id: str, owner: str, ttl_s: float) -> Lease | None:
@@ -257,15 +257,7 @@ class SqliteEventStore:
                                        timeout=min(remaining, self.FALLBACK_RECHECK_S))
 
     def subscribe(self, callback: Callable[[Event], None]) -> Callable[[], None]:
-        self._subscribers.append(callback)
-
-        def unsubscribe() -> None:
-            try:
-                self._subscribers.remove(callback)
-            except ValueError:
-                pass
-
-        return unsubscribe
+        return self._subscribers.add(callback)
 
     def close(self) -> None:
         with self._lock:
