@@ -1,4 +1,4 @@
-"""Issue 4 through the whole control plane: a run on the real gRPC server, the real Orchestrator,
+"""Egress through the whole control plane: a run on the real gRPC server, the real Orchestrator,
 the real DockerBackend and the real egress proxy (its test resolver maps the decoys' names; the
 decoys sit on the test's own internal networks).
 

@@ -287,7 +287,7 @@ def _fetcher(hosts):
 
 
 def test_a_calls_allowlist_is_the_tools_hosts_and_what_policy_grants(tmp_path):
-    """Issue 4: the tool declares *.example.com, policy grants only api.example.com on 443: the
+    """Egress: the tool declares *.example.com, policy grants only api.example.com on 443: the
     call's allowlist is exactly that; a sibling host or port 80 is denied at admission."""
     from control.registry import Registry
 
@@ -318,7 +318,7 @@ def test_nothing_granted_means_nothing_reachable(tmp_path):
 
 
 def test_egress_decisions_of_a_call_become_an_event_of_the_run(tmp_path):
-    """Issue 4: every decision the proxy took for a call is in the run's log, between the
+    """Egress: every decision the proxy took for a call is in the run's log, between the
     attempt's dispatch and its completion; the fold of the log is unchanged by it."""
     import dataclasses
 
