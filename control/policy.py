@@ -126,7 +126,11 @@ class PolicyEngine:
                     verdict = v
         if verdict is Verdict.DENY:
             return PolicyDecision(Verdict.DENY, tuple(path), "denied by policy rule")
-        if sig in grants or sig in self._config_grants:
+        if sig in grants:
+            # A person approved exactly this call for this run ("approve and remember"): that is
+            # the human in the loop the risk tightening asks for, so it does not ask again.
+            return PolicyDecision(Verdict.ALLOW, tuple(path + ["grant:session"]), "allowed by a session grant")
+        if sig in self._config_grants:
             path.append("grant:exact-call")
             verdict = Verdict.ALLOW
         if verdict is None:

@@ -174,7 +174,11 @@ class RingfenceClient:
             self.approvals.WatchApprovals, approvals_pb2.WatchApprovalsRequest(), convert.approval_from_proto
         )
 
-    def decide_approval(self, approval_id: str, approve: bool, reason: str = "") -> Approval:
+    def decide_approval(self, approval_id: str, approve: bool, reason: str = "", *, remember: bool = False,
+                        digest: str | None = None) -> Approval:
+        """`remember`: approve this exact call for the rest of the run. `digest`: the one you saw
+        (Approval.digest); the decision is refused if the pending call no longer has it."""
         decision = approvals_pb2.DECISION_APPROVE if approve else approvals_pb2.DECISION_DECLINE
-        request = approvals_pb2.DecideApprovalRequest(approval_id=approval_id, decision=decision, reason=reason)
+        request = approvals_pb2.DecideApprovalRequest(approval_id=approval_id, decision=decision, reason=reason,
+                                                      remember=remember, digest=digest or "")
         return convert.approval_from_proto(self._unary(self.approvals.DecideApproval, request))

@@ -489,9 +489,12 @@ class RingfenceMethods:
         convert.check_id(request.approval_id, "approval_id", v)
         approve = convert.decision_from_proto(request.decision, v)
         convert.check_text(request.reason, "reason", convert.MAX_REASON_CHARS, v)
+        if request.remember and not approve:
+            v.add("remember", "only an approval can be remembered")
         v.raise_if_any()
         approval = await call.run(
-            self.core.decide_approval, call.principal, request.approval_id, approve, request.reason
+            self.core.decide_approval, call.principal, request.approval_id, approve, request.reason,
+            request.remember, request.digest or None,
         )
         return convert.approval_to_proto(approval)
 

@@ -30,6 +30,7 @@ from control.orchestration.runs import BusyElsewhere, RunRepository
 from control.policy import PolicyEngine
 from control.registry import Registry, ToolManifest
 from control.state import EventType, PendingCall, RunState
+from control.validation import signature
 
 _tracer = trace.get_tracer("ringfence.control")
 
@@ -147,24 +148,40 @@ class ApprovalDesk:
             raise NotFound(f"approval {approval_id!r} not found")
         return state
 
-    def decide(self, p: Principal, state: RunState, approval_id: str, approve: bool, reason: str) -> Approval:
-        """Under the caller's writing(state)."""
+    def decide(self, p: Principal, state: RunState, approval_id: str, approve: bool, reason: str, *,
+               remember: bool = False, digest: str | None = None) -> Approval:
+        """Under the caller's writing(state). Every decision that cannot apply is refused the
+        same way (FailedPrecondition), never answered OK with a status to inspect."""
         with self.repo.writing(state):
             if state.finished:
                 raise FailedPrecondition(f"run {state.run_id} is finished ({state.outcome})")
             self.sweep_expired(state)
             approval = state.approvals[approval_id]
-            if approval.status is ApprovalStatus.EXPIRED:
-                return approval
             if approval.status is not ApprovalStatus.PENDING:
-                raise FailedPrecondition(f"approval {approval_id} is already {approval.status}")
+                raise FailedPrecondition(f"approval {approval_id} is {approval.status}: nothing to decide")
+            if digest is not None and digest != approval.digest:
+                raise FailedPrecondition(f"approval {approval_id} is for another call than the one you saw "
+                                         f"(digest {approval.digest[:16]}..., not {digest[:16]}...): look again")
+            pending_now = state.pending[approval.call_id]
+            manifest = self.registry.get(pending_now.tool)
+            if approve and (manifest is None or self.digest(state, manifest, pending_now.arguments) != approval.digest):
+                raise FailedPrecondition(f"approval {approval_id} no longer matches its call (the policy, the image "
+                                         "or the tool changed since it was asked): it cannot be approved")
             pending = state.pending[approval.call_id]
             if pending.proposed_by is not None and pending.proposed_by == p.subject:
                 # Four eyes: an admin holds the agent and approver roles, and would otherwise
                 # approve what it proposed itself.
                 raise PermissionDenied(f"{p.subject} proposed this call and cannot decide its approval")
             self.repo.append(state, EventType.APPROVAL_DECIDED, {
-                "approval_id": approval_id, "approved": bool(approve), "by": p.subject, "reason": reason or ""})
+                "approval_id": approval_id, "approved": bool(approve), "by": p.subject, "reason": reason or "",
+                "remember": bool(remember)})
+            if approve and remember and pending.kind is ApprovalKind.CALL:
+                # The exact call (tool + canonical arguments) is granted for the rest of the run:
+                # asked again, it is allowed without a second ask (and deduplicated if it mutates).
+                self.repo.append(state, EventType.GRANT_ADDED, {
+                    "tool": pending.tool, "arguments": dict(pending.arguments),
+                    "signature": signature(pending.tool, pending.arguments), "by": p.subject,
+                    "approval_id": approval_id})
             if not approve:
                 self.repo.observe(state, self.unresolved(
                     pending, f"declined by {p.subject}" + (f": {reason}" if reason else ""), None, "approval:declined"))

@@ -358,13 +358,20 @@ class Orchestrator:
             self.runs.append(state, EventType.GRANT_ADDED, {"tool": tool, "arguments": canon,
                                                             "signature": signature(tool, canon), "by": p.subject})
 
-    def decide_approval(self, p: Principal, approval_id: str, approve: bool, reason: str) -> Approval:
+    def decide_approval(self, p: Principal, approval_id: str, approve: bool, reason: str,
+                        remember: bool = False, digest: str | None = None) -> Approval:
+        """Decide a pending approval. `remember` (approve only): the exact call is granted for
+        the rest of the run. `digest`: the one the approver saw; a different one is refused.
+        An expired, used, decided or no-longer-matching approval is FailedPrecondition."""
         self._require(p, _APPROVER_ROLES)
         if not isinstance(reason, str) or len(reason.encode()) > 4096:
             raise InvalidArgument("reason is too long", [FieldViolation("reason", "at most 4096 bytes")])
+        if remember and not approve:
+            raise InvalidArgument("only an approval can be remembered",
+                                  [FieldViolation("remember", "only an approval can be remembered")])
         state = self.desk.find(p, approval_id)
         with self._write(state):
-            return self.desk.decide(p, state, approval_id, approve, reason)
+            return self.desk.decide(p, state, approval_id, approve, reason, remember=remember, digest=digest)
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -438,3 +438,21 @@ def test_watch_approvals_streams_new_requests_to_an_approver(agent, approver):
         stream.cancel()
         reader.join(10)
     assert not reader.is_alive()
+
+
+def test_approve_and_remember_and_the_digest_through_the_api(agent, approver, core):
+    run = agent.start_run("remember me")
+    pay = {"call_id": "pay", "tool": "credit", "arguments": {"account": "acme-9", "amount": 50}}
+    [obs] = agent.submit_batch(run.run_id, [pay])
+    [seen] = approver.list_approvals(run.run_id)
+    with pytest.raises(FailedPrecondition):
+        approver.decide_approval(obs.approval_id, True, "ok", digest="f" * 64)
+    with pytest.raises(InvalidArgument) as e:
+        approver.decide_approval(obs.approval_id, False, "no", remember=True)
+    assert [v.field for v in e.value.violations] == ["remember"]
+    decided = approver.decide_approval(obs.approval_id, True, "ok", remember=True, digest=seen.digest)
+    assert decided.status is ApprovalStatus.USED
+    [again] = agent.submit_batch(run.run_id, [{**pay, "call_id": "pay-again"}])
+    assert again.status is ObservationStatus.DEDUPLICATED and again.approval_id is None
+    with pytest.raises(FailedPrecondition):
+        approver.decide_approval(obs.approval_id, True, "twice")

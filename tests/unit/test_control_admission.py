@@ -195,7 +195,7 @@ def test_exact_call_grant_allows_only_that_call(tmp_path):
     run = h.run()
     h.orch.add_grant(APPROVER, run, "echo", {"text": "this one"})
     obs = h.submit(run, ("echo", {"text": "this one"}), ("echo", {"text": "another"}))
-    assert obs[0].status is S.EXECUTED and "policy:grant:exact-call" in obs[0].verdict_path
+    assert obs[0].status is S.EXECUTED and "policy:grant:session" in obs[0].verdict_path
     assert obs[1].status is S.DENIED
     assert h.backend.starts == 1
 

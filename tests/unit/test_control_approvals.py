@@ -51,11 +51,13 @@ def test_a_changed_image_or_policy_voids_the_approval(tmp_path):
     [obs] = h.submit(run, ("credit", {"account": "acme-9", "amount": 50}))
     h.image_digest = "sha256:" + "cd" * 32  # the tool image was rebuilt after the approver looked
     h.restart()
-    approval = h.orch.decide_approval(APPROVER, obs.approval_id, True, "ok")
-    assert approval.status is A.APPROVED  # decided, but it did not apply
-    [final] = h.orch.get_run(AGENT, run).trajectory
-    assert final.status is S.DECLINED and final.error_class == "approval_mismatch"
+    # Approving what no longer matches is refused, like every decision that cannot apply.
+    with pytest.raises(FailedPrecondition, match="no longer matches"):
+        h.orch.decide_approval(APPROVER, obs.approval_id, True, "ok")
     assert h.backend.starts == 0
+    h.orch.decide_approval(APPROVER, obs.approval_id, False, "then no")
+    [final] = h.orch.get_run(AGENT, run).trajectory
+    assert final.status is S.DECLINED and not final.executed
 
 
 def test_declined_is_an_observation_and_never_dispatched(tmp_path):
@@ -74,8 +76,9 @@ def test_an_expired_approval_declines_the_call(tmp_path):
     run = h.run()
     [obs] = h.submit(run, ("credit", {"account": "acme-9", "amount": 50}))
     h.clock.advance(61)
-    approval = h.orch.decide_approval(APPROVER, obs.approval_id, True, "too late")
-    assert approval.status is A.EXPIRED
+    with pytest.raises(FailedPrecondition, match="expired"):
+        h.orch.decide_approval(APPROVER, obs.approval_id, True, "too late")
+    assert h.orch.list_approvals(APPROVER, run)[0].status is A.EXPIRED
     [final] = h.orch.get_run(AGENT, run).trajectory
     assert final.status is S.DECLINED and final.error_class == "approval_expired"
     assert h.backend.starts == 0
@@ -146,3 +149,43 @@ def test_finishing_a_run_declines_its_pending_approvals(tmp_path):
     with pytest.raises(FailedPrecondition):
         h.orch.decide_approval(APPROVER, obs.approval_id, True, "late")
     assert h.backend.starts == 0
+
+
+def test_approve_and_remember_grants_the_exact_call_for_the_run(tmp_path):
+    """The same $50 again is not asked again (and is deduplicated: one execution); $60 is asked."""
+    h = Harness(tmp_path, rules=RULES)
+    run = h.run()
+    [first] = h.submit(run, ("credit", {"account": "acme-9", "amount": 50}))
+    h.orch.decide_approval(APPROVER, first.approval_id, True, "regular customer", remember=True)
+    [again] = h.submit(run, ("credit", {"account": "acme-9", "amount": 50}))
+    assert again.status is S.DEDUPLICATED and again.approval_id is None
+    assert "policy:grant:session" in again.verdict_path
+    [other] = h.submit(run, ("credit", {"account": "acme-9", "amount": 60}))
+    assert other.status is S.PENDING_APPROVAL
+    assert len(h.orch.list_approvals(APPROVER, run)) == 2  # asked for 50 once, and for 60
+    assert h.emulator.tools() == ["credit"]
+    # In another run the grant does not hold.
+    other_run = h.run()
+    [fresh] = h.submit(other_run, ("credit", {"account": "acme-9", "amount": 50}))
+    assert fresh.status is S.PENDING_APPROVAL
+
+
+def test_a_decision_for_a_digest_the_approver_did_not_see_is_refused(tmp_path):
+    h = Harness(tmp_path, rules=RULES)
+    run = h.run()
+    [obs] = h.submit(run, ("credit", {"account": "acme-9", "amount": 50}))
+    [approval] = h.orch.list_approvals(APPROVER, run)
+    with pytest.raises(FailedPrecondition, match="another call than the one you saw"):
+        h.orch.decide_approval(APPROVER, obs.approval_id, True, "ok", digest="0" * 64)
+    assert h.backend.starts == 0
+    decided = h.orch.decide_approval(APPROVER, obs.approval_id, True, "ok", digest=approval.digest)
+    assert decided.status is A.USED and h.backend.starts == 1
+
+
+def test_deciding_twice_is_refused_not_answered_ok(tmp_path):
+    h = Harness(tmp_path, rules=RULES)
+    run = h.run()
+    [obs] = h.submit(run, ("credit", {"account": "acme-9", "amount": 50}))
+    h.orch.decide_approval(APPROVER, obs.approval_id, True, "ok")
+    with pytest.raises(FailedPrecondition, match="nothing to decide"):
+        h.orch.decide_approval(APPROVER, obs.approval_id, False, "changed my mind")

@@ -86,16 +86,28 @@ class DecideApprovalRequest(google.protobuf.message.Message):
     APPROVAL_ID_FIELD_NUMBER: builtins.int
     DECISION_FIELD_NUMBER: builtins.int
     REASON_FIELD_NUMBER: builtins.int
+    REMEMBER_FIELD_NUMBER: builtins.int
+    DIGEST_FIELD_NUMBER: builtins.int
     approval_id: builtins.str
     decision: Global___Decision.ValueType
     reason: builtins.str
+    remember: builtins.bool
+    """Approve and remember for this run: the exact call (same tool, same canonical arguments)
+    is not asked again in this run; any other call (another amount) still is.
+    """
+    digest: builtins.str
+    """The digest the approver saw (Approval.digest). When given, a decision on a call whose
+    digest differs is refused (FAILED_PRECONDITION), never applied to something not seen.
+    """
     def __init__(
         self,
         *,
         approval_id: builtins.str = ...,
         decision: Global___Decision.ValueType = ...,
         reason: builtins.str = ...,
+        remember: builtins.bool = ...,
+        digest: builtins.str = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["approval_id", b"approval_id", "decision", b"decision", "reason", b"reason"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["approval_id", b"approval_id", "decision", b"decision", "digest", b"digest", "reason", b"reason", "remember", b"remember"]) -> None: ...
 
 Global___DecideApprovalRequest: typing_extensions.TypeAlias = DecideApprovalRequest
