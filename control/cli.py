@@ -31,6 +31,12 @@ def build_parser() -> argparse.ArgumentParser:
         serve = None
     if serve is not None:
         serve.register(sub)
+    try:  # submit, watch, approvals, run, tools, and `runs` with no action: over gRPC
+        from control.api import people_cli
+    except ImportError:
+        people_cli = None
+    if people_cli is not None:
+        people_cli.register(sub)
     return parser
 
 

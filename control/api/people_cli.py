@@ -1,0 +1,1066 @@
+"""`ringfence submit|watch|approvals|runs|run|tools`: the command line for people, over gRPC.
+
+These commands talk to a running `ringfence serve` (unlike `ringfence runs show|export|verify|
+prune`, which read the event store directly, see control/store/cli.py):
+
+    submit PLAN.yaml        start (or reuse) a run, execute a plan, follow its events live
+    watch RUN_ID            follow a run's events until it finishes
+    approvals [approve|decline ID]   list pending approvals, decide one
+    runs [list]             the runs this token's tenant can see
+    run RUN_ID              one run: status, outcome, trajectory, pending approvals
+    tools [QUERY]           the tools, their descriptions and JSON Schemas
+
+Common options: --server HOST:PORT (default $RINGFENCE_SERVER, else 127.0.0.1:50051), the bearer
+token from an environment variable ($RINGFENCE_TOKEN, or the one --token-env names; never on
+the command line), TLS (--tls-ca, --tls-cert/--tls-key for mTLS, --tls-server-name), --timeout,
+--json (one JSON object per line on stdout; errors as one JSON object on stderr).
+
+Exit codes: 0 done (for submit: the plan ran, whatever its calls' verdicts), 1 the server
+answered with an error or could not be reached, 2 bad usage, a bad plan file, a missing token,
+or a request the server refused as INVALID_ARGUMENT (each field violation on its own line).
+
+This module lives in control/api/ because it is an edge: it speaks gRPC through
+control.api.client (see tests/unit/test_architecture.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import enum
+import json
+import math
+import os
+import re
+import sys
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+DEFAULT_SERVER = "127.0.0.1:50051"
+SERVER_ENV = "RINGFENCE_SERVER"
+TOKEN_ENV = "RINGFENCE_TOKEN"
+TLS_CA_ENV = "RINGFENCE_TLS_CA"
+DEFAULT_TIMEOUT_S = 30.0
+
+EXIT_OK = 0
+EXIT_SERVER = 1
+EXIT_USAGE = 2
+
+PLAN_KEYS = ("goal", "run_id", "max_steps", "steps")
+STEP_KEYS = ("key", "tool", "arguments")
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}")  # as the server's run ids and step keys
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# What a transport failure (nothing answered, or not the protocol we speak) looks like in
+# grpc's UNAVAILABLE details, as opposed to an UNAVAILABLE the server itself sent.
+_TRANSPORT_MARKERS = (
+    "failed to connect", "connection refused", "errors resolving", "dns resolution", "socket closed",
+    "handshake", "connection reset", "broken pipe", "connections to all backends failing", "ssl",
+    "tls", "end of tcp stream", "goaway",
+)
+
+_COMMON_EPILOG = """
+defaults:
+  the server is --server, else $RINGFENCE_SERVER, else 127.0.0.1:50051; the bearer token is
+  read from $RINGFENCE_TOKEN (or the variable --token-env names), never from the command line.
+
+exit codes: 0 done; 1 the server answered with an error or could not be reached;
+  2 bad usage, a missing token, or a request the server refused as invalid.
+"""
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+
+class UsageError(Exception):
+    """The command cannot be sent as given (exit 2); `details` are printed one per line."""
+
+    def __init__(self, message: str, details: Sequence[str] = (), hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = tuple(details)
+        self.hint = hint
+
+
+class CommandFailed(Exception):
+    """A failure this module diagnosed itself (exit 1 unless `code` says otherwise)."""
+
+    def __init__(self, message: str, hint: str | None = None, code: int = EXIT_SERVER) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.code = code
+
+
+# --- the plan file -------------------------------------------------------------------------------
+
+
+class PlanError(UsageError):
+    pass
+
+
+@dataclass(frozen=True)
+class Plan:
+    goal: str
+    steps: tuple[Any, ...]  # control.model.PlanStep
+    run_id: str | None = None
+    max_steps: int | None = None
+
+
+def _yaml_loader():
+    """A safe YAML loader with the YAML 1.2 core schema's scalars and no duplicate keys.
+
+    PyYAML's default (YAML 1.1) would turn `no` into False, `010` into 8, `1:20` into 80 and
+    `2024-01-01` into a date: an approver would see a call other than the one the author wrote.
+    Here only true/false are booleans, integers are decimal (or 0o / 0x), dates stay strings,
+    merge keys are not special, and a key given twice is an error (two readers could disagree
+    on which value counts). JSON is valid input too.
+    """
+    import yaml
+
+    class PlanLoader(yaml.SafeLoader):
+        yaml_implicit_resolvers: dict = {}
+
+    resolvers = [
+        ("tag:yaml.org,2002:null", r"^(?:~|null|Null|NULL|)$", ["~", "n", "N", ""]),
+        ("tag:yaml.org,2002:bool", r"^(?:true|True|TRUE|false|False|FALSE)$", list("tTfF")),
+        ("tag:yaml.org,2002:int", r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$", list("-+0123456789")),
+        ("tag:yaml.org,2002:float",
+         r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$",
+         list("-+.0123456789")),
+    ]
+    for tag, pattern, first in resolvers:
+        PlanLoader.add_implicit_resolver(tag, re.compile(pattern), first)
+
+    def construct_int(loader, node):
+        text = loader.construct_scalar(node)
+        sign = -1 if text.startswith("-") else 1
+        digits = text.lstrip("+-")
+        if digits.startswith("0o"):
+            return sign * int(digits[2:], 8)
+        if digits.startswith("0x"):
+            return sign * int(digits[2:], 16)
+        return sign * int(digits, 10)
+
+    def construct_mapping(loader, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: set = set()
+            for key_node, _value in node.value:
+                key = loader.construct_object(key_node, deep=True)
+                try:
+                    duplicate = key in seen
+                    seen.add(key)
+                except TypeError:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, "a mapping key must be a plain value", key_node.start_mark) from None
+                if duplicate:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r}", key_node.start_mark)
+        return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+    PlanLoader.add_constructor("tag:yaml.org,2002:int", construct_int)
+    PlanLoader.add_constructor("tag:yaml.org,2002:map", lambda loader, node: _mapping_from(loader, node, construct_mapping))
+    return PlanLoader
+
+
+def _mapping_from(loader, node, construct_mapping):
+    # As SafeConstructor.construct_yaml_map, with the duplicate check (a generator: anchors work).
+    data: dict = {}
+    yield data
+    data.update(construct_mapping(loader, node))
+
+
+def _json_problems(value: Any, at: str) -> list[str]:
+    """Why `value` is not plain JSON (what the server and the approver see), one line each."""
+    problems: list[str] = []
+    stack = [(value, at)]
+    while stack:
+        item, where = stack.pop()
+        if item is None or isinstance(item, (bool, int, str)):
+            continue
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                problems.append(f"{where}: {item} is not a JSON number")
+            continue
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    problems.append(f"{where}: the key {key!r} must be a string (quote it)")
+                stack.append((child, f"{where}.{key}"))
+            continue
+        if isinstance(item, list):
+            stack.extend((child, f"{where}[{i}]") for i, child in enumerate(item))
+            continue
+        problems.append(f"{where}: a {type(item).__name__} is not JSON (quote it to send text)")
+    return sorted(problems)
+
+
+def load_plan(text: str, source: str = "the plan") -> Plan:
+    """A plan from YAML (or JSON) text; PlanError lists every problem at once."""
+    import yaml
+
+    from control.model import PlanStep
+
+    try:
+        doc = yaml.load(text, Loader=_yaml_loader())  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+        raise PlanError(f"{source} is not valid YAML{where}: {e.problem or e.context}") from None
+    except (yaml.YAMLError, ValueError) as e:
+        raise PlanError(f"{source} is not valid YAML: {e}") from None
+    if not isinstance(doc, dict):
+        kind = "empty" if doc is None else f"a {type(doc).__name__}"
+        raise PlanError(f"{source} is not a plan",
+                        [f"the file is {kind}; a plan is a mapping with goal and steps (and optionally "
+                         "run_id, max_steps)"])
+    problems: list[str] = []
+    for key in doc:
+        if key not in PLAN_KEYS:
+            problems.append(f"{key}: unknown key (a plan has: {', '.join(PLAN_KEYS)})")
+    goal = doc.get("goal")
+    if "goal" not in doc:
+        problems.append("goal: missing (what the run is for, in a sentence)")
+    elif not isinstance(goal, str) or not goal.strip():
+        problems.append("goal: must be non-empty text")
+    run_id = doc.get("run_id")
+    if run_id is not None and (not isinstance(run_id, str) or not _ID.fullmatch(run_id)):
+        problems.append("run_id: 1-100 characters of [A-Za-z0-9_.:-], starting with a letter or digit")
+    max_steps = doc.get("max_steps")
+    if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1):
+        problems.append("max_steps: must be a positive integer")
+    steps: list[Any] = []
+    raw_steps = doc.get("steps")
+    if "steps" not in doc or raw_steps is None:
+        problems.append("steps: missing (a plan needs at least one step: {key, tool, arguments})")
+    elif not isinstance(raw_steps, list):
+        problems.append(f"steps: must be a list of steps, not a {type(raw_steps).__name__}")
+    elif not raw_steps:
+        problems.append("steps: empty (a plan needs at least one step)")
+    else:
+        seen: set[str] = set()
+        for i, step in enumerate(raw_steps):
+            at = f"steps[{i}]"
+            if not isinstance(step, dict):
+                problems.append(f"{at}: must be a mapping with key, tool and arguments")
+                continue
+            for key in step:
+                if key not in STEP_KEYS:
+                    problems.append(f"{at}: unknown key {key!r} (a step has: {', '.join(STEP_KEYS)})")
+            key, tool, arguments = step.get("key"), step.get("tool"), step.get("arguments", {})
+            if "key" not in step:
+                problems.append(f"{at}.key: missing (the step's name; it becomes the call id)")
+            elif not isinstance(key, str) or not _ID.fullmatch(key):
+                problems.append(f"{at}.key: 1-100 characters of [A-Za-z0-9_.:-]")
+            elif key in seen:
+                problems.append(f"{at}.key: duplicate key {key!r}")
+            else:
+                seen.add(key)
+            if "tool" not in step:
+                problems.append(f"{at}.tool: missing (a tool name: see `ringfence tools`)")
+            elif not isinstance(tool, str) or not tool:
+                problems.append(f"{at}.tool: must be a tool name")
+            if arguments is None:
+                arguments = {}
+            if not isinstance(arguments, dict):
+                problems.append(f"{at}.arguments: must be a mapping, not a {type(arguments).__name__}")
+            else:
+                problems.extend(_json_problems(arguments, f"{at}.arguments"))
+            if not any(p.startswith(at) for p in problems):
+                steps.append(PlanStep(key, tool, arguments))
+    if isinstance(max_steps, int) and not isinstance(max_steps, bool) and len(steps) > max_steps > 0:
+        problems.append(f"steps: {len(steps)} steps is over max_steps {max_steps}")
+    if problems:
+        raise PlanError(f"{source} is not a valid plan", problems)
+    return Plan(goal=goal, steps=tuple(steps), run_id=run_id, max_steps=max_steps)
+
+
+def read_plan(path: str) -> Plan:
+    if path == "-":
+        text, source = sys.stdin.read(), "the plan on stdin"
+    else:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise PlanError(f"there is no plan file {path}") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise PlanError(f"cannot read the plan file {path}: {e}") from None
+        source = path
+    return load_plan(text, source)
+
+
+# --- output --------------------------------------------------------------------------------------
+
+
+def jsonable(value: Any) -> Any:
+    """The model's frozen values as plain JSON values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    return value
+
+
+def compact(value: Any) -> str:
+    return json.dumps(jsonable(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def short(value: Any, limit: int = 90) -> str:
+    text = value if isinstance(value, str) else compact(value)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class Output:
+    """Human lines or JSON lines on stdout, flushed at once (a pipe sees events as they come)."""
+
+    def __init__(self, json_mode: bool) -> None:
+        self.json = json_mode
+
+    def line(self, text: str = "") -> None:
+        if not self.json:
+            print(text, flush=True)
+
+    def obj(self, value: Mapping[str, Any]) -> None:
+        if self.json:
+            print(json.dumps(jsonable(value), sort_keys=False, ensure_ascii=False, default=str), flush=True)
+
+    def error(self, message: str, details: Iterable[str] = (), hint: str | None = None, code: str | None = None) -> None:
+        details = list(details)
+        if self.json:
+            doc = {"error": {"code": code, "message": message, "details": details, "hint": hint}}
+            print(json.dumps(doc, ensure_ascii=False), file=sys.stderr, flush=True)
+            return
+        print(f"error: {message}", file=sys.stderr)
+        for d in details:
+            print(f"  {d}", file=sys.stderr)
+        if hint:
+            print(hint, file=sys.stderr)
+        sys.stderr.flush()
+
+
+def event_detail(event: Any) -> str:
+    d, t = event.data, event.type
+    if t == "run_started":
+        return f"goal: {short(d.get('goal', ''), 70)}"
+    if t == "batch_started":
+        calls = d.get("calls") or []
+        tools = ", ".join(str(c.get("tool")) for c in calls[:6]) + (", ..." if len(calls) > 6 else "")
+        return f"turn {d.get('turn')}: {len(calls)} call{'s' if len(calls) != 1 else ''} ({tools})"
+    if t == "call_decided":
+        verdict, reason = d.get("verdict"), d.get("reason") or ""
+        return f"{d.get('tool')}: {verdict}" + (f" - {short(reason, 70)}" if reason and verdict != "allow" else "")
+    if t == "approval_requested":
+        kind = " (reconcile)" if d.get("kind") == "reconcile" else ""
+        return f"{d.get('tool')} waits for approval {d.get('approval_id')}{kind}, digest {str(d.get('digest'))[:16]}..."
+    if t == "approval_decided":
+        word = "approved" if d.get("approved") else "declined"
+        reason = d.get("reason") or ""
+        return f"{d.get('approval_id')} {word} by {d.get('by')}" + (f": {short(reason, 50)}" if reason else "")
+    if t == "approval_expired":
+        return f"{d.get('approval_id')} expired"
+    if t == "approval_used":
+        return f"{d.get('approval_id')} used"
+    if t == "grant_added":
+        return f"grant for {d.get('tool')} by {d.get('by')}"
+    if t == "dispatch_started":
+        return f"{d.get('tool')} dispatched" + (" (mutates)" if d.get("mutates") else "")
+    if t == "attempt":
+        text = f"attempt {d.get('attempt')}: {d.get('outcome')}"
+        if d.get("failure_class"):
+            text += f" ({d.get('failure_class')})"
+        if d.get("message"):
+            text += f" {short(d.get('message'), 50)}"
+        return text
+    if t == "egress":
+        decisions = d.get("decisions") or []
+        return f"{len(decisions)} egress decision{'s' if len(decisions) != 1 else ''}"
+    if t == "call_completed":
+        if d.get("ok"):
+            return f"{d.get('tool')} ok: {short(d.get('content'), 60)}"
+        return f"{d.get('tool')} failed ({d.get('error_class')}): {short(d.get('error') or '', 60)}"
+    if t == "observation":
+        text = f"{d.get('tool')}: {d.get('status')}"
+        if d.get("error"):
+            text += f" - {short(d.get('error'), 60)}"
+        elif d.get("content") is not None:
+            text += f" {short(d.get('content'), 60)}"
+        return text
+    if t == "run_finished":
+        reason = d.get("reason") or ""
+        return f"outcome {d.get('outcome')}" + (f": {short(reason, 60)}" if reason else "")
+    return short(d)
+
+
+def event_line(event: Any, progress: str = "") -> str:
+    call = event.data.get("call_id") or "-"
+    return f"{event.seq:>5}  {event.type:<18} {call:<12} {event_detail(event)}{progress}"
+
+
+def event_obj(event: Any) -> dict[str, Any]:
+    return {"kind": "event", "run_id": event.run_id, "seq": event.seq, "type": event.type,
+            "call_id": event.data.get("call_id"), "at": event.at, "data": jsonable(event.data)}
+
+
+def observation_line(o: Any) -> str:
+    if o.error:
+        what = short(o.error, 70)
+    elif o.content is not None:
+        what = short(o.content, 70)
+    else:
+        what = ""
+    if o.approval_id and o.status == "pending_approval":
+        what = f"approval {o.approval_id}"
+    return f"  {o.call_id:<12} {o.tool:<12} {o.status:<17} {what}".rstrip()
+
+
+def run_summary(run: Any) -> str:
+    outcome = run.outcome if run.outcome else "none yet"
+    u = run.usage
+    return (f"run {run.run_id}: status {run.status}, outcome {outcome} "
+            f"(turns {run.turns}, calls {u.calls}, cost {u.cost:g})")
+
+
+def print_run(out: Output, run: Any) -> None:
+    out.line(run_summary(run))
+    out.line(f"goal: {run.goal}")
+    if run.trajectory:
+        out.line("trajectory:")
+        for o in run.trajectory:
+            out.line(observation_line(o))
+    else:
+        out.line("trajectory: (no calls yet)")
+    if run.pending_approvals:
+        out.line("pending approvals:")
+        for a in run.pending_approvals:
+            out.line(f"  {a.approval_id}  call {a.call_id}  {a.tool} {compact(a.arguments)}")
+
+
+def _ago(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"
+
+
+# --- connection ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Settings:
+    server: str
+    token_env: str
+    token: str
+    tls: bool
+    tls_ca: str | None
+    tls_cert: str | None
+    tls_key: str | None
+    tls_server_name: str | None
+    timeout: float
+    json: bool
+
+
+def _opt(args: argparse.Namespace, name: str, default: Any = None) -> Any:
+    return getattr(args, name, default)
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    server = _opt(args, "server") or os.environ.get(SERVER_ENV) or DEFAULT_SERVER
+    if ":" not in server or server.startswith("-"):
+        raise UsageError(f"--server wants HOST:PORT, e.g. 127.0.0.1:50051, not {server!r}")
+    token_env = _opt(args, "token_env") or TOKEN_ENV
+    if not _ENV_NAME.fullmatch(token_env):
+        # Not echoed: someone may have put the token itself here.
+        raise UsageError("--token-env takes the NAME of an environment variable that holds the token "
+                         "(e.g. --token-env MY_TOKEN), never the token itself")
+    token = os.environ.get(token_env, "")
+    if not token.strip():
+        state = "is empty" if token_env in os.environ else "is not set"
+        raise UsageError(
+            f"no token: {token_env} {state}",
+            hint=(f"set {token_env} to your bearer token (export {token_env}=...), or name another "
+                  "variable with --token-env NAME. A `ringfence serve` on the embedded defaults accepts "
+                  "the public dev tokens demo-agent-token and demo-approver-token."))
+    tls_ca = _opt(args, "tls_ca") or os.environ.get(TLS_CA_ENV) or None
+    tls_cert, tls_key = _opt(args, "tls_cert"), _opt(args, "tls_key")
+    if bool(tls_cert) != bool(tls_key):
+        raise UsageError("--tls-cert and --tls-key go together (the client certificate for mTLS)")
+    for flag, path in (("--tls-ca", tls_ca), ("--tls-cert", tls_cert), ("--tls-key", tls_key)):
+        if path and not Path(path).is_file():
+            raise UsageError(f"{flag}: there is no file {path}")
+    tls = bool(_opt(args, "tls") or tls_ca or tls_cert)
+    timeout = _opt(args, "timeout", DEFAULT_TIMEOUT_S)
+    if not timeout > 0:
+        raise UsageError("--timeout wants a number of seconds above 0")
+    return Settings(server=server, token_env=token_env, token=token.strip(), tls=tls, tls_ca=tls_ca,
+                    tls_cert=tls_cert, tls_key=tls_key, tls_server_name=_opt(args, "tls_server_name"),
+                    timeout=float(timeout), json=bool(_opt(args, "json")))
+
+
+def connect(s: Settings):
+    import grpc
+
+    from control.api.client import RingfenceClient
+
+    credentials = None
+    options: list[tuple[str, Any]] = []
+    if s.tls:
+        kwargs: dict[str, Any] = {}
+        if s.tls_ca:
+            kwargs["root_certificates"] = Path(s.tls_ca).read_bytes()
+        if s.tls_cert:
+            kwargs["certificate_chain"] = Path(s.tls_cert).read_bytes()
+            kwargs["private_key"] = Path(s.tls_key).read_bytes()
+        credentials = grpc.ssl_channel_credentials(**kwargs)
+        if s.tls_server_name:
+            options.append(("grpc.ssl_target_name_override", s.tls_server_name))
+    return RingfenceClient(s.server, s.token, credentials=credentials, timeout=s.timeout, options=options)
+
+
+def _transport_failure(message: str) -> bool:
+    low = message.lower()
+    return any(marker in low for marker in _TRANSPORT_MARKERS)
+
+
+def report_failure(out: Output, error: BaseException, s: Settings | None, command: str) -> int:
+    """Say what went wrong and what to do; return the exit code."""
+    import grpc
+
+    from control import errors as E
+
+    server = s.server if s else "the server"
+    token_env = s.token_env if s else TOKEN_ENV
+    if isinstance(error, E.InvalidArgument):
+        details = [f"{v.field}: {v.description}" for v in error.violations]
+        out.error(f"the server refused the request: {error.message}", details, code="INVALID_ARGUMENT",
+                  hint=None if details else "check the command's arguments (--help)")
+        return EXIT_USAGE
+    if isinstance(error, E.Unauthenticated):
+        out.error(f"the server at {server} did not accept the token in {token_env}: {error.message}",
+                  code="UNAUTHENTICATED",
+                  hint=f"set {token_env} to a bearer token that server's config lists "
+                       "(or pick the variable with --token-env NAME)")
+        return EXIT_SERVER
+    if isinstance(error, E.PermissionDenied):
+        role_hint = {
+            "approvals": "deciding and listing approvals needs an approver (or admin) token",
+            "submit": "starting runs and executing plans needs an agent (or admin) token",
+        }.get(command, "use a token with the role this command needs")
+        out.error(f"permission denied: {error.message}", code="PERMISSION_DENIED",
+                  hint=f"{role_hint}: set {token_env} to one")
+        return EXIT_SERVER
+    if isinstance(error, E.Unavailable):
+        if _transport_failure(error.message):
+            tls_hint = ("if it serves plaintext, drop --tls/--tls-ca; otherwise check --tls-ca and --tls-server-name"
+                        if s is not None and s.tls else "if it serves TLS, pass --tls-ca CA.pem")
+            out.error(f"cannot reach a ringfence server at {server}: {error.message}", code="UNAVAILABLE",
+                      hint=f"is `ringfence serve` running on {server}? Choose the address with --server "
+                           f"HOST:PORT or {SERVER_ENV}; {tls_hint}.")
+        else:
+            out.error(f"the server is unavailable: {error.message}", code="UNAVAILABLE",
+                      hint="try again in a moment")
+        return EXIT_SERVER
+    if isinstance(error, E.NotFound):
+        out.error(error.message, code="NOT_FOUND",
+                  hint="ids are per tenant: `ringfence runs` lists this token's runs, `ringfence approvals` "
+                       "its pending approvals")
+        return EXIT_SERVER
+    if isinstance(error, E.FailedPrecondition):
+        hint = None
+        if command == "submit" and "is finished" in error.message:
+            hint = "a finished run takes no more calls: submit without --run-id (and without run_id in the plan) for a new run"
+        out.error(error.message, code="FAILED_PRECONDITION", hint=hint)
+        return EXIT_SERVER
+    if isinstance(error, E.ResourceExhausted):
+        out.error(error.message, code="RESOURCE_EXHAUSTED", hint="the tenant is at a limit: try again later")
+        return EXIT_SERVER
+    if isinstance(error, E.Internal):
+        out.error(error.message, code="INTERNAL",
+                  hint="a server fault, not your request: retrying will not help; report the incident id")
+        return EXIT_SERVER
+    if isinstance(error, E.ControlError):
+        out.error(error.message, code=type(error).__name__)
+        return EXIT_SERVER
+    if isinstance(error, grpc.RpcError):
+        code = error.code() if hasattr(error, "code") else None
+        details = error.details() if hasattr(error, "details") else str(error)
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            out.error(f"no answer from {server} within {s.timeout if s else DEFAULT_TIMEOUT_S:g}s",
+                      code="DEADLINE_EXCEEDED", hint="raise --timeout, or check that the server is not stuck")
+        else:
+            name = code.name if code is not None else "UNKNOWN"
+            out.error(f"{name}: {details}", code=name)
+        return EXIT_SERVER
+    raise error
+
+
+def _guarded(command: str, action: Callable[[argparse.Namespace, Settings, Output], int]):
+    """The command's func: settings, client errors and exit codes in one place."""
+
+    def run(args: argparse.Namespace) -> int:
+        import grpc
+
+        from control.errors import ControlError
+
+        out = Output(bool(_opt(args, "json")))
+        settings = None
+        try:
+            settings = settings_from(args)
+            return int(action(args, settings, out) or EXIT_OK)
+        except UsageError as e:
+            out.error(e.message, e.details, e.hint, code="USAGE")
+            return EXIT_USAGE
+        except CommandFailed as e:
+            out.error(e.message, hint=e.hint, code="FAILED")
+            return e.code
+        except (ControlError, grpc.RpcError) as e:
+            return report_failure(out, e, settings, command)
+        except BrokenPipeError:
+            # The reader went away (`| head`): stop quietly.
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
+            except OSError:
+                pass
+            return EXIT_OK
+
+    return run
+
+
+# --- the commands --------------------------------------------------------------------------------
+
+
+def precheck(plan: Plan, tools: Sequence[Any]) -> list[str]:
+    """Unknown tools and arguments that break a tool's JSON Schema, validated as the server does
+    (Draft 2020-12 with format checks), one line per problem."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
+    by_name = {t.name: t for t in tools}
+    problems: list[str] = []
+    for i, step in enumerate(plan.steps):
+        tool = by_name.get(step.tool)
+        if tool is None:
+            problems.append(f"steps[{i}].tool: unknown tool {step.tool!r} (`ringfence tools` lists them: "
+                            f"{', '.join(sorted(by_name))})")
+            continue
+        try:
+            validator = Draft202012Validator(jsonable(tool.schema), format_checker=Draft202012Validator.FORMAT_CHECKER)
+            errors = sorted(validator.iter_errors(jsonable(step.arguments)),
+                            key=lambda e: (list(map(str, e.absolute_path)), e.message))
+        except SchemaError:
+            continue  # the server's to judge
+        for e in errors:
+            where = f"steps[{i}].arguments" + "".join(
+                f"[{part}]" if isinstance(part, int) else f".{part}" for part in e.absolute_path)
+            problems.append(f"{where}: {e.message[:500]}")
+    return problems
+
+
+def cmd_submit(args: argparse.Namespace, s: Settings, out: Output) -> int:
+    from control.errors import InvalidArgument, NotFound
+
+    plan = read_plan(args.plan)
+    with connect(s) as client:
+        # Checked against the tools the server publishes before a run is started, so that a
+        # plan with a typo does not leave an empty run behind; the server checks it again
+        # (and alone decides) when it executes the plan.
+        problems = precheck(plan, client.list_tools())
+        if problems:
+            raise PlanError(f"{args.plan} does not fit this server's tools (nothing was started)", problems)
+        run_id = args.run_id or plan.run_id
+        reused = False
+        if run_id:
+            try:
+                client.get_run(run_id)
+                reused = True
+            except NotFound:
+                pass
+        run = client.start_run(plan.goal, run_id)
+        if out.json:
+            out.obj({"kind": "run", "run_id": run.run_id, "status": run.status, "reused": reused})
+        else:
+            out.line(f"run {run.run_id}  ({'reused' if reused else 'started'}; goal: {short(run.goal, 70)})")
+            if reused and run.goal != plan.goal:
+                print(f"note: run {run.run_id} already existed with another goal; the plan runs in it",
+                      file=sys.stderr, flush=True)
+        total = len(plan.steps)
+        settled = 0
+        last_seq = 0
+        stream = client.execute_plan(run.run_id, plan.steps, plan.max_steps)
+        try:
+            for event in stream:
+                last_seq = event.seq
+                progress = ""
+                if event.type == "observation":
+                    settled += 1
+                    progress = f"  [{settled}/{total}]"
+                if out.json:
+                    out.obj(event_obj(event))
+                else:
+                    out.line(event_line(event, progress))
+        except KeyboardInterrupt:
+            stream.cancel()
+            print(f"\nstopped following; the plan goes on on the server: ringfence watch {run.run_id} "
+                  f"--from {last_seq + 1}", file=sys.stderr, flush=True)
+            return 130
+        except InvalidArgument as e:
+            code = report_failure(out, e, s, "submit")
+            if not out.json:
+                print(f"nothing ran; run {run.run_id} is open: fix the plan and submit it again with "
+                      f"--run-id {run.run_id}", file=sys.stderr, flush=True)
+            return code
+        if args.finish:
+            view = client.get_run(run.run_id)
+            if view.pending_approvals:
+                print(f"note: not finishing run {run.run_id}: {len(view.pending_approvals)} approval(s) pending",
+                      file=sys.stderr, flush=True)
+            elif view.status != "finished":
+                client.finish_run(run.run_id)
+        view = client.get_run(run.run_id)
+    if out.json:
+        out.obj({"kind": "outcome", "run": view})
+        return EXIT_OK
+    out.line()
+    print_run(out, view)
+    if view.pending_approvals:
+        first = view.pending_approvals[0].approval_id
+        n = len(view.pending_approvals)
+        out.line(f"{n} call{'s' if n != 1 else ''} wait{'s' if n == 1 else ''} for approval: an approver runs "
+                 f"`ringfence approvals approve {first}` (or decline); follow with "
+                 f"`ringfence watch {view.run_id} --from {last_seq + 1}`")
+    return EXIT_OK
+
+
+def cmd_watch(args: argparse.Namespace, s: Settings, out: Output) -> int:
+    if args.from_seq < 0:
+        raise UsageError("--from takes a sequence number: 1 is the run's first event")
+    finished = None
+    last_seq = args.from_seq - 1
+    with connect(s) as client:
+        stream = client.watch_run(args.run_id, args.from_seq)
+        try:
+            for event in stream:
+                last_seq = event.seq
+                if out.json:
+                    out.obj(event_obj(event))
+                else:
+                    out.line(event_line(event))
+                if event.type == "run_finished":
+                    finished = event
+        except KeyboardInterrupt:
+            stream.cancel()
+            print(f"\nstopped watching; resume with: ringfence watch {args.run_id} --from {last_seq + 1}",
+                  file=sys.stderr, flush=True)
+            return 130
+    if finished is None:
+        raise CommandFailed(f"the server ended the stream before run {args.run_id} finished "
+                            f"(it may be shutting down)",
+                            hint=f"resume with: ringfence watch {args.run_id} --from {last_seq + 1}")
+    out.line(f"run {args.run_id} finished: {finished.data.get('outcome')}"
+             + (f" ({finished.data.get('reason')})" if finished.data.get("reason") else ""))
+    return EXIT_OK
+
+
+def cmd_approvals_list(args: argparse.Namespace, s: Settings, out: Output) -> int:
+    with connect(s) as client:
+        approvals = client.list_approvals(_opt(args, "run"))
+    if not _opt(args, "all"):
+        approvals = [a for a in approvals if a.status == "pending"]
+    if out.json:
+        for a in approvals:
+            out.obj(jsonable(a))
+        return EXIT_OK
+    if not approvals:
+        out.line("no pending approvals" if not _opt(args, "all") else "no approvals")
+        return EXIT_OK
+    now = time.time()
+    for a in approvals:
+        kind = "  RECONCILE: approve = it did not happen, run it once" if a.kind == "reconcile" else ""
+        state = f"expires in {_ago(a.expires_at - now)}" if a.status == "pending" else f"{a.status}"
+        if a.decided_by:
+            state += f" by {a.decided_by}" + (f": {a.reason}" if a.reason else "")
+        out.line(f"{a.approval_id}  run {a.run_id}  call {a.call_id}  tool {a.tool}  {state}{kind}")
+        out.line(f"  arguments {compact(a.arguments)}")
+        out.line(f"  digest    {a.digest}")
+    n = len(approvals)
+    out.line(f"{n} approval{'s' if n != 1 else ''}; decide with `ringfence approvals approve|decline ID "
+             "[--reason TEXT]`")
+    return EXIT_OK
+
+
+def _decide(approve: bool):
+    def action(args: argparse.Namespace, s: Settings, out: Output) -> int:
+        with connect(s) as client:
+            decided = client.decide_approval(args.approval_id, approve, args.reason or "",
+                                             remember=bool(getattr(args, "remember", False)),
+                                             digest=getattr(args, "digest", None) or None)
+            observation = None
+            try:
+                view = client.get_run(decided.run_id)
+                observation = next((o for o in view.trajectory if o.call_id == decided.call_id), None)
+            except Exception:  # noqa: BLE001 - the decision stands; the follow-up is only a courtesy
+                observation = None
+        if out.json:
+            out.obj({**jsonable(decided), "observation": jsonable(observation)})
+            return EXIT_OK
+        word = "approved" if approve else "declined"
+        out.line(f"{word} {decided.approval_id}: {decided.tool} {compact(decided.arguments)} "
+                 f"(run {decided.run_id}, call {decided.call_id}) by {decided.decided_by}")
+        out.line(f"  digest {decided.digest}")
+        if observation is not None:
+            out.line(f"the call is now: {observation.status}"
+                     + (f" - {short(observation.error, 70)}" if observation.error else "")
+                     + (f" {short(observation.content, 70)}" if observation.content is not None else ""))
+        return EXIT_OK
+
+    return action
+
+
+def cmd_runs_list(args: argparse.Namespace, s: Settings, out: Output) -> int:
+    with connect(s) as client:
+        runs = client.list_runs()
+    if out.json:
+        for r in runs:
+            out.obj(jsonable(r))
+        return EXIT_OK
+    if not runs:
+        out.line("no runs")
+        return EXIT_OK
+    out.line(f"{'RUN':<28} {'STATUS':<17} {'OUTCOME':<18} {'TURNS':>5} {'CALLS':>5} {'PENDING':>7}  GOAL")
+    for r in runs:
+        out.line(f"{r.run_id:<28} {r.status:<17} {(r.outcome or '-'):<18} {r.turns:>5} {r.usage.calls:>5} "
+                 f"{len(r.pending_approvals):>7}  {short(r.goal, 50)}")
+    return EXIT_OK
+
+
+def cmd_run_show(args: argparse.Namespace, s: Settings, out: Output) -> int:
+    with connect(s) as client:
+        view = client.get_run(args.run_id)
+    if out.json:
+        out.obj(jsonable(view))
+    else:
+        print_run(out, view)
+    return EXIT_OK
+
+
+def cmd_tools(args: argparse.Namespace, s: Settings, out: Output) -> int:
+    with connect(s) as client:
+        tools = client.list_tools(args.query or "")
+    if out.json:
+        for t in tools:
+            out.obj(jsonable(t))
+        return EXIT_OK
+    for i, t in enumerate(tools):
+        if i:
+            out.line()
+        out.line(f"{t.name}: {t.description}")
+        schema = json.dumps(jsonable(t.schema), indent=2, ensure_ascii=False)
+        out.line("  schema: " + schema.replace("\n", "\n  "))
+    return EXIT_OK
+
+
+# --- registration --------------------------------------------------------------------------------
+
+_CONN_DESTS = ("server", "token_env", "tls", "tls_ca", "tls_cert", "tls_key", "tls_server_name", "timeout", "json")
+
+
+def _connection_options() -> argparse.ArgumentParser:
+    """The common options. Defaults are SUPPRESSed so that an option given at `approvals` or
+    `runs` level is not reset by the same option's default at the action's level; the real
+    defaults (environment, then built-in) are applied in settings_from."""
+    common = argparse.ArgumentParser(add_help=False)
+    g = common.add_argument_group("connection")
+    S = argparse.SUPPRESS
+    g.add_argument("--server", metavar="HOST:PORT", default=S,
+                   help=f"the ringfence server (default: ${SERVER_ENV}, else {DEFAULT_SERVER})")
+    g.add_argument("--token-env", metavar="NAME", default=S,
+                   help=f"environment variable holding the bearer token (default {TOKEN_ENV}); "
+                        "the token is never taken from the command line")
+    g.add_argument("--tls", action="store_true", default=S, help="use TLS with the system's CA roots")
+    g.add_argument("--tls-ca", metavar="CA.pem", default=S,
+                   help=f"use TLS, trusting this PEM CA (default: ${TLS_CA_ENV} if set)")
+    g.add_argument("--tls-cert", metavar="CERT.pem", default=S, help="client certificate for mTLS (with --tls-key)")
+    g.add_argument("--tls-key", metavar="KEY.pem", default=S, help="client private key for mTLS")
+    g.add_argument("--tls-server-name", metavar="NAME", default=S,
+                   help="the name to check the server's certificate against (when it differs from HOST)")
+    g.add_argument("--timeout", metavar="SECONDS", type=float, default=S,
+                   help=f"per request, not for followed streams (default {DEFAULT_TIMEOUT_S:g})")
+    g.add_argument("--json", action="store_true", default=S,
+                   help="machine-readable output: one JSON object per line (errors: one on stderr)")
+    return common
+
+
+def _wrap(text: str) -> str:
+    """Paragraphs wrapped to 88 columns; indented blocks (examples) kept as they are."""
+    out = []
+    for para in text.split("\n\n"):
+        out.append(para if para.startswith(" ") else textwrap.fill(" ".join(para.split()), 88))
+    return "\n\n".join(out)
+
+
+def _parser(sub, name: str, common, *, help: str, description: str, examples: str, **kw):
+    return sub.add_parser(
+        name, parents=[common], help=help, description=_wrap(description), allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n" + examples.rstrip() + "\n" + _COMMON_EPILOG, **kw)
+
+
+def register(subparsers) -> None:
+    common = _connection_options()
+
+    p = _parser(
+        subparsers, "submit", common, help="start a run, execute a plan file and follow it live (gRPC)",
+        description=(
+            "Start a run (or reuse run_id), execute PLAN as one batch (ExecutePlan: every step is "
+            "admitted or refused before any runs) and print each event as it happens: seq, type, "
+            "call id, detail. The run id is printed first; the run's status, outcome and trajectory "
+            "last. Exit 0 when the plan ran, whatever the calls' verdicts (denied, pending approval...).\n\n"
+            "PLAN is YAML or JSON ('-' for stdin), YAML 1.2 scalars (only true/false are booleans, "
+            "010 is ten, dates stay text), no duplicate keys:\n\n"
+            "  goal: say hello, then read a file      # required\n"
+            "  run_id: hello-1                        # optional: reuse or name the run\n"
+            "  max_steps: 5                           # optional: the plan's step cap\n"
+            "  steps:                                 # required, at least one\n"
+            "    - {key: hello, tool: echo, arguments: {text: hi}}\n"
+            "    - key: notes                         # the step key becomes the call id\n"
+            "      tool: read_file\n"
+            "      arguments: {path: /input/notes.txt}\n\n"
+            "The run is left open (a later plan or batch may continue it) unless --finish."),
+        examples=("  export RINGFENCE_TOKEN=demo-agent-token\n"
+                  "  ringfence submit plan.yaml\n"
+                  "  ringfence submit plan.yaml --run-id hello-2 --finish --json | jq .type"))
+    p.add_argument("plan", metavar="PLAN", help="the plan file (YAML or JSON), '-' for stdin")
+    p.add_argument("--run-id", default=None, help="run id to start or reuse (overrides the plan's run_id)")
+    p.add_argument("--finish", action="store_true",
+                   help="finish the run (outcome completed) after the plan, unless approvals are pending")
+    p.set_defaults(func=_guarded("submit", cmd_submit))
+
+    p = _parser(
+        subparsers, "watch", common, help="follow a run's events until it finishes (gRPC)",
+        description=("Print a run's events from --from on (default: all of them), then each new one as "
+                     "it is appended, until the run finishes (run_finished). Exit 0 then; 1 if the server "
+                     "ends the stream first. Ctrl-C stops watching (the run goes on)."),
+        examples=("  ringfence watch hello-1\n"
+                  "  ringfence watch hello-1 --from 13 --json"))
+    p.add_argument("run_id", metavar="RUN_ID")
+    p.add_argument("--from", dest="from_seq", type=int, default=0, metavar="SEQ",
+                   help="first sequence number to print (default: the first event)")
+    p.set_defaults(func=_guarded("watch", cmd_watch))
+
+    p = _parser(
+        subparsers, "approvals", common, help="list pending approvals; approve or decline one (gRPC)",
+        description=("With no ACTION: the pending approvals of this token's tenant, each with its id, run, "
+                     "call, tool, the exact arguments it would run with (canonical JSON) and the digest the "
+                     "approval is bound to. `approve ID` lets that exact call run (it runs now); `decline ID` "
+                     "refuses it. Needs an approver (or admin) token; whoever proposed a call can never "
+                     "decide it. A RECONCILE approval asks whether an interrupted call happened: approve = "
+                     "it did not, run it once; decline = leave it uncertain."),
+        examples=("  export RINGFENCE_TOKEN=demo-approver-token\n"
+                  "  ringfence approvals\n"
+                  "  ringfence approvals approve apr-2129bb1f0a8c46bab262 --reason 'known customer'\n"
+                  "  ringfence approvals decline apr-2129bb1f0a8c46bab262 --reason 'not today'"))
+    p.add_argument("--run", metavar="RUN_ID", default=argparse.SUPPRESS, help="only this run's approvals")
+    p.add_argument("--all", action="store_true", default=argparse.SUPPRESS,
+                   help="also decided, used and expired approvals of unfinished runs")
+    p.set_defaults(func=_guarded("approvals", cmd_approvals_list))
+    actions = p.add_subparsers(dest="approvals_command", metavar="ACTION", required=False)
+    for name, approve in (("approve", True), ("decline", False)):
+        a = _parser(
+            actions, name, common, help=f"{name} one pending approval",
+            description=(f"{name.capitalize()} the pending approval ID (from `ringfence approvals`)."
+                         + (" The call it names then runs, with exactly the arguments shown." if approve else
+                            " The call it names is not run; its observation says declined, with the reason.")),
+            examples=f"  ringfence approvals {name} apr-2129bb1f0a8c46bab262 --reason 'checked with finance'")
+        a.add_argument("approval_id", metavar="ID")
+        a.add_argument("--reason", default="", help="why (recorded in the run's log with your subject)")
+        a.add_argument("--digest", default=None,
+                       help="the digest you saw in the listing: refused if the pending call no longer has it")
+        if approve:
+            a.add_argument("--remember", action="store_true",
+                           help="also approve this exact call for the rest of the run (asked again: not asked; "
+                                "any other arguments still are)")
+        a.set_defaults(func=_guarded("approvals", _decide(approve)))
+
+    p = _parser(
+        subparsers, "run", common, help="one run as the server sees it: status, outcome, trajectory (gRPC)",
+        description=("Ask the server (GetRun) for one run of this token's tenant: status, outcome, usage, "
+                     "every call's observation and the pending approvals. To read a run's events from the "
+                     "event store itself, without a server, use `ringfence runs show RUN_ID`."),
+        examples="  ringfence run hello-1\n  ringfence run hello-1 --json")
+    p.add_argument("run_id", metavar="RUN_ID")
+    p.set_defaults(func=_guarded("run", cmd_run_show))
+
+    p = _parser(
+        subparsers, "tools", common, help="the tools: names, descriptions, JSON Schemas of their arguments (gRPC)",
+        description=("List the tools an agent may propose, with each one's description and the JSON Schema "
+                     "its arguments must satisfy. QUERY narrows the list to the tools that match it."),
+        examples="  ringfence tools\n  ringfence tools credit --json")
+    p.add_argument("query", metavar="QUERY", nargs="?", default="", help="narrow to tools matching this text")
+    p.set_defaults(func=_guarded("tools", cmd_tools))
+
+    _register_runs(subparsers, common)
+
+
+_RUNS_DESCRIPTION = (
+    "With no ACTION (or `list`): the runs of this token's tenant, asked of a running server over "
+    "gRPC (--server, $RINGFENCE_SERVER). The ACTIONs show, export, verify and prune read the event "
+    "store directly instead (no server, no token; --state-dir, --config or --database-url after the "
+    "ACTION); for one run as the server sees it, use `ringfence run RUN_ID`.")
+_RUNS_EXAMPLES = ("  ringfence runs                      # over gRPC\n"
+                  "  ringfence runs --json\n"
+                  "  ringfence runs show RUN_ID --state-dir ./.state   # the store, no server")
+
+
+def _register_runs(subparsers, common) -> None:
+    """`ringfence runs` with no action lists runs over gRPC; its store actions stay as they are.
+
+    control/store/cli.py registers `runs` with show|export|verify|prune required; here the
+    action becomes optional, `list` is added, and the connection options at `runs` level are
+    refused for the store actions (which would otherwise silently ignore them).
+    """
+    existing = subparsers.choices.get("runs")
+    if existing is None:  # no store CLI: `runs` is ours alone
+        existing = subparsers.add_parser("runs", help="list runs (gRPC)")
+        existing.add_subparsers(dest="runs_command", metavar="ACTION")
+    runs = existing
+    actions = next(a for a in runs._actions if isinstance(a, argparse._SubParsersAction))  # noqa: SLF001
+    actions.required = False
+    runs._add_container_actions(common)  # noqa: SLF001 - the same options at `runs` level (as parents=)
+    runs.allow_abbrev = False
+    runs.description = _wrap(_RUNS_DESCRIPTION + ("\n\n" + runs.description if runs.description else ""))
+    runs.formatter_class = argparse.RawDescriptionHelpFormatter
+    runs.epilog = "examples:\n" + _RUNS_EXAMPLES + "\n" + _COMMON_EPILOG
+    for choice in subparsers._choices_actions:  # noqa: SLF001 - the line in `ringfence --help`
+        if choice.dest == "runs":
+            choice.help = "list runs (gRPC); show, export, verify or prune them in the event store"
+    for name, store_action in list(actions.choices.items()):
+        original = store_action.get_default("func")
+        if original is not None:
+            store_action.set_defaults(func=_store_only(name, original))
+    lister = _parser(actions, "list", common, help="the runs of this token's tenant, over gRPC",
+                     description="List the runs of this token's tenant (ListRuns): id, status, outcome, turns, "
+                                 "calls, pending approvals, goal.",
+                     examples="  ringfence runs list\n  ringfence runs list --json | jq -r .run_id")
+    lister.set_defaults(func=_guarded("runs", cmd_runs_list))
+    runs.set_defaults(func=_guarded("runs", cmd_runs_list))
+
+
+def _store_only(name: str, original: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        given = [f"--{d.replace('_', '-')}" for d in _CONN_DESTS if hasattr(args, d)]
+        if given:
+            print(f"error: `ringfence runs {name}` reads the event store directly and takes no {', '.join(given)}; "
+                  f"to ask a server, use `ringfence run RUN_ID` (or `ringfence runs` to list)", file=sys.stderr)
+            return EXIT_USAGE
+        return original(args)
+
+    return run
