@@ -130,7 +130,7 @@ class StubOrchestrator:
         yield self.decide_approval(p, "ap-1", True, "")
         stop.wait(timeout=60)
 
-    def decide_approval(self, p, approval_id, approve, reason):
+    def decide_approval(self, p, approval_id, approve, reason, remember=False, digest=None):
         self._hook("decide_approval", p)
         now = time.time()
         status = ApprovalStatus.APPROVED if approve else ApprovalStatus.DECLINED

@@ -55,7 +55,9 @@ def offenders(paths, predicate) -> list[str]:
 
 def is_edge(path: Path) -> bool:
     rel = path.relative_to(ROOT).as_posix()
-    return rel.startswith("control/api/") or rel in ("control/cli.py", "control/demo.py", "control/demo_run.py")
+    # control/client/ is the client SDK: an edge too (DESIGN: the servicer, the client, the CLI).
+    return rel.startswith(("control/api/", "control/client/")) or rel in (
+        "control/cli.py", "control/demo.py", "control/demo_run.py")
 
 
 def test_sandbox_imports_nothing_from_control():

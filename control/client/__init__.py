@@ -1,0 +1,63 @@
+"""The ringfence client SDK: importable without the server's dependencies (no docker, no
+orchestration, no servicer), so a light client install needs only grpc, protobuf, tenacity
+and opentelemetry-api.
+
+    Client          sync, one channel: typed control.model values in and out   (sync.py)
+    AsyncClient     the same methods on grpc.aio                                (aio.py)
+    Stream / AsyncStream   server streams as (async) iterators with cancel()
+    TlsConfig       TLS, or mTLS with a client certificate                      (options.py)
+    RetryPolicy     UNAVAILABLE retries of reads and of submit_batch (which carries its batch id)
+    Approver        a thread deciding a tenant's pending approvals through a callable
+    control.client.agent   the agent loop: ModelClient, ScriptedModel, AgentLoop, AgentResult
+
+Errors are control.errors' one hierarchy, translated by control/api/status.py's table (they
+are re-exported here):
+
+    ControlError
+    ├── InvalidArgument (.violations: every FieldViolation)
+    ├── NotFound, AlreadyExists, FailedPrecondition
+    ├── Unauthenticated, PermissionDenied, ResourceExhausted
+    ├── Unavailable       retried for reads and submit_batch, never for other mutations
+    └── Internal          a server fault (incident id in the message); never retried
+
+DEADLINE_EXCEEDED and CANCELLED have no counterpart there and stay grpc.RpcError.
+"""
+
+from control.client.aio import AsyncClient, AsyncStream
+from control.client.approver import Approver
+from control.client.options import RetryPolicy, TlsConfig
+from control.client.sync import Client, Stream
+from control.errors import (
+    AlreadyExists,
+    ControlError,
+    FailedPrecondition,
+    FieldViolation,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    Unauthenticated,
+    Unavailable,
+)
+
+__all__ = [
+    "Client",
+    "AsyncClient",
+    "Stream",
+    "AsyncStream",
+    "TlsConfig",
+    "RetryPolicy",
+    "Approver",
+    "ControlError",
+    "FieldViolation",
+    "InvalidArgument",
+    "NotFound",
+    "AlreadyExists",
+    "FailedPrecondition",
+    "Unauthenticated",
+    "PermissionDenied",
+    "ResourceExhausted",
+    "Unavailable",
+    "Internal",
+]

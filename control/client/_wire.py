@@ -1,0 +1,195 @@
+"""What the sync and the async client share: each RPC as a value (request, decoder, whether it
+may be retried), the metadata every call carries, the error translation and the retry loop's
+stop and wait rules. Neither client builds a request or decodes a response itself."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
+
+import grpc
+from opentelemetry import propagate
+from tenacity import RetryCallState, retry_if_exception_type, wait_exponential_jitter
+
+from control.api import convert
+from control.api.gen.ringfence.v1 import approvals_pb2, runs_pb2, tools_pb2
+from control.api.status import from_rpc_error
+from control.errors import Unavailable
+from control.model import Approval, Event, Observation, PlanStep, ProposedCall, RunView, ToolView
+from control.client.options import RetryPolicy
+
+log = logging.getLogger("control.client")
+
+T = TypeVar("T")
+
+TOOLS, RUNS, APPROVALS = "tools", "runs", "approvals"
+
+
+@dataclass(frozen=True)
+class Unary(Generic[T]):
+    """One unary RPC, ready to send."""
+
+    service: str
+    """Which stub: TOOLS, RUNS or APPROVALS."""
+    method: str
+    """The proto method name, e.g. "GetRun"."""
+    request: Any
+    """The request message."""
+    decode: Callable[[Any], T]
+    """Response message -> control.model value."""
+    retryable: bool = False
+    """Safe to send again after UNAVAILABLE: a read, or a batch that carries its id."""
+
+
+@dataclass(frozen=True)
+class ServerStream(Generic[T]):
+    """One server-streaming RPC, ready to send; streams are never retried (a replay would
+    repeat what the caller has already seen)."""
+
+    service: str
+    method: str
+    request: Any
+    decode: Callable[[Any], T]
+
+
+# -- the RPCs ---------------------------------------------------------------------------------
+
+
+def list_tools(query: str) -> Unary[list[ToolView]]:
+    return Unary(TOOLS, "ListTools", tools_pb2.ListToolsRequest(query=query),
+                 lambda r: [convert.tool_from_proto(t) for t in r.tools], retryable=True)
+
+
+def start_run(goal: str, run_id: str | None) -> Unary[RunView]:
+    return Unary(RUNS, "StartRun", runs_pb2.StartRunRequest(goal=goal, run_id=run_id or ""), convert.run_from_proto)
+
+
+def get_run(run_id: str) -> Unary[RunView]:
+    return Unary(RUNS, "GetRun", runs_pb2.GetRunRequest(run_id=run_id), convert.run_from_proto, retryable=True)
+
+
+def list_runs() -> Unary[list[RunView]]:
+    return Unary(RUNS, "ListRuns", runs_pb2.ListRunsRequest(),
+                 lambda r: [convert.run_from_proto(x) for x in r.runs], retryable=True)
+
+
+def finish_run(run_id: str) -> Unary[RunView]:
+    return Unary(RUNS, "FinishRun", runs_pb2.FinishRunRequest(run_id=run_id), convert.run_from_proto)
+
+
+def cancel_run(run_id: str) -> Unary[RunView]:
+    return Unary(RUNS, "CancelRun", runs_pb2.CancelRunRequest(run_id=run_id), convert.run_from_proto)
+
+
+def is_wire_id(value: str) -> bool:
+    """Whether the server takes `value` as a run, call or batch id."""
+    return bool(convert.ID_PATTERN.fullmatch(value))
+
+
+def new_batch_id() -> str:
+    return "b-" + uuid.uuid4().hex[:20]
+
+
+def submit_batch(run_id: str, calls: Sequence[ProposedCall | Mapping[str, Any]],
+                 batch_id: str | None) -> Unary[list[Observation]]:
+    # The id is fixed here, once per call of the method, so every retry of it resends the same
+    # id and the server answers a resend with the recorded observations instead of running
+    # anything twice.
+    request = runs_pb2.SubmitBatchRequest(run_id=run_id, calls=[convert.call_to_proto(c) for c in calls],
+                                          batch_id=batch_id or new_batch_id())
+    return Unary(RUNS, "SubmitBatch", request,
+                 lambda r: [convert.observation_from_proto(o) for o in r.observations], retryable=True)
+
+
+def execute_plan(run_id: str, steps: Sequence[PlanStep | Mapping[str, Any]],
+                 max_steps: int | None) -> ServerStream[Event]:
+    request = runs_pb2.ExecutePlanRequest(run_id=run_id, steps=[convert.step_to_proto(s) for s in steps],
+                                          max_steps=max_steps or 0)
+    return ServerStream(RUNS, "ExecutePlan", request, convert.event_from_proto)
+
+
+def watch_run(run_id: str, from_seq: int) -> ServerStream[Event]:
+    return ServerStream(RUNS, "WatchRun", runs_pb2.WatchRunRequest(run_id=run_id, from_seq=from_seq),
+                        convert.event_from_proto)
+
+
+def list_approvals(run_id: str | None) -> Unary[list[Approval]]:
+    return Unary(APPROVALS, "ListApprovals", approvals_pb2.ListApprovalsRequest(run_id=run_id or ""),
+                 lambda r: [convert.approval_from_proto(a) for a in r.approvals], retryable=True)
+
+
+def watch_approvals() -> ServerStream[Approval]:
+    return ServerStream(APPROVALS, "WatchApprovals", approvals_pb2.WatchApprovalsRequest(),
+                        convert.approval_from_proto)
+
+
+def decide_approval(approval_id: str, approve: bool, reason: str, remember: bool,
+                    digest: str | None) -> Unary[Approval]:
+    decision = approvals_pb2.DECISION_APPROVE if approve else approvals_pb2.DECISION_DECLINE
+    request = approvals_pb2.DecideApprovalRequest(approval_id=approval_id, decision=decision, reason=reason,
+                                                  remember=remember, digest=digest or "")
+    return Unary(APPROVALS, "DecideApproval", request, convert.approval_from_proto)
+
+
+# -- what every call carries --------------------------------------------------------------------
+
+
+def call_metadata(token: str | None, extra: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """The bearer token, the caller's own metadata, and the current trace context.
+
+    The trace context goes through OpenTelemetry's configured propagator (W3C `traceparent`
+    by default): it writes nothing when no span is current, and whatever propagator the
+    application set up is honoured, as the server reads it with the same API.
+    """
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    auth = (("authorization", f"Bearer {token}"),) if token is not None else ()
+    return auth + tuple(extra) + tuple((k.lower(), v) for k, v in carrier.items())
+
+
+def translate(error: grpc.RpcError) -> BaseException:
+    """The control.errors exception a failed call stands for (control/api/status.py's table);
+    codes with no counterpart (DEADLINE_EXCEEDED, CANCELLED, UNKNOWN) stay grpc.RpcError."""
+    translated = from_rpc_error(error)
+    if translated is not error:
+        translated.__cause__ = error
+    return translated
+
+
+# -- retries ---------------------------------------------------------------------------------------
+
+
+class Deadline:
+    """One deadline shared by every attempt of a call: retries never extend it."""
+
+    def __init__(self, timeout: float) -> None:
+        self.at = time.monotonic() + timeout
+
+    def remaining(self) -> float:
+        return self.at - time.monotonic()
+
+    def attempt_timeout(self) -> float:
+        # grpc refuses a non-positive timeout; an already spent deadline fails at once instead.
+        return max(self.remaining(), 0.001)
+
+
+def retry_kwargs(policy: RetryPolicy, deadline: Deadline, what: str) -> dict[str, Any]:
+    """Keyword arguments for tenacity's Retrying / AsyncRetrying."""
+    backoff = wait_exponential_jitter(multiplier=policy.initial_backoff_s, max=policy.max_backoff_s,
+                                      jitter=policy.jitter_s)
+
+    def stop(state: RetryCallState) -> bool:
+        return state.attempt_number >= policy.attempts or deadline.remaining() <= 0
+
+    def wait(state: RetryCallState) -> float:
+        return max(0.0, min(backoff(state), deadline.remaining()))
+
+    def before_sleep(state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome else None
+        log.info("%s: %s; attempt %d of %d", what, error, state.attempt_number + 1, policy.attempts)
+
+    return dict(retry=retry_if_exception_type(Unavailable), stop=stop, wait=wait, before_sleep=before_sleep,
+                reraise=True)

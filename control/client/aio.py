@@ -1,0 +1,168 @@
+"""`AsyncClient`: the same API as `Client` on grpc.aio, for callers on an asyncio loop."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator, Callable, Generic, Mapping, Sequence, TypeVar
+
+import grpc
+from tenacity import AsyncRetrying
+
+from control.api.gen.ringfence.v1 import approvals_pb2_grpc, runs_pb2_grpc, tools_pb2_grpc
+from control.client import _wire as W
+from control.client.options import RetryPolicy, TlsConfig
+from control.model import Approval, Event, Observation, PlanStep, ProposedCall, RunView, ToolView
+
+__all__ = ["AsyncClient", "AsyncStream"]
+
+T = TypeVar("T")
+
+
+class AsyncStream(Generic[T]):
+    """A server stream as an async iterator of model values; `cancel()` ends it."""
+
+    def __init__(self, call: Any, decode: Callable[[Any], T]) -> None:
+        self._call = call
+        self._decode = decode
+        self._cancelled = False
+
+    async def __aiter__(self) -> AsyncIterator[T]:
+        try:
+            async for message in self._call:
+                yield self._decode(message)
+        except asyncio.CancelledError:
+            if self._cancelled:  # grpc.aio ends a cancelled call this way
+                return
+            raise
+        except grpc.RpcError as e:
+            if self._cancelled and e.code() == grpc.StatusCode.CANCELLED:
+                return
+            raise W.translate(e) from e
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        self._call.cancel()
+
+    async def __aenter__(self) -> "AsyncStream[T]":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.cancel()
+
+
+class AsyncClient:
+    """`Client`'s methods as coroutines (streams as async iterators), with the same deadlines,
+    trace context, retries and exceptions. Create it on the loop that will use it:
+    `async with AsyncClient(target, token) as c: ...`."""
+
+    def __init__(
+        self,
+        target: str,
+        token: str | None = None,
+        *,
+        tls: TlsConfig | None = None,
+        timeout: float = 30.0,
+        stream_timeout: float = 600.0,
+        retry: RetryPolicy = RetryPolicy(),
+        options: Sequence[tuple[str, Any]] = (),
+        metadata: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        if timeout <= 0 or stream_timeout <= 0:
+            raise ValueError("deadlines must be positive")
+        channel_options = [*options, *(tls.channel_options() if tls else [])]
+        if tls is not None:
+            self.channel = grpc.aio.secure_channel(target, tls.credentials(), options=channel_options)
+        else:
+            self.channel = grpc.aio.insecure_channel(target, options=channel_options)
+        self.token = token
+        self.timeout = timeout
+        self.stream_timeout = stream_timeout
+        self.retry_policy = retry
+        self.extra_metadata = tuple(metadata)
+        self._stubs = {
+            W.TOOLS: tools_pb2_grpc.ToolServiceStub(self.channel),
+            W.RUNS: runs_pb2_grpc.RunServiceStub(self.channel),
+            W.APPROVALS: approvals_pb2_grpc.ApprovalServiceStub(self.channel),
+        }
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return W.call_metadata(self.token, self.extra_metadata)
+
+    async def _send(self, rpc: W.Unary[T], timeout: float | None) -> T:
+        method = getattr(self._stubs[rpc.service], rpc.method)
+        deadline = W.Deadline(timeout or self.timeout)
+
+        async def attempt() -> T:
+            try:
+                response = await method(rpc.request, metadata=self.metadata(), timeout=deadline.attempt_timeout())
+            except grpc.RpcError as e:
+                raise W.translate(e) from e
+            return rpc.decode(response)
+
+        if not rpc.retryable or self.retry_policy.attempts == 1:
+            return await attempt()
+        return await AsyncRetrying(**W.retry_kwargs(self.retry_policy, deadline, rpc.method))(attempt)
+
+    def _open(self, rpc: W.ServerStream[T], timeout: float | None) -> AsyncStream[T]:
+        method = getattr(self._stubs[rpc.service], rpc.method)
+        return AsyncStream(method(rpc.request, metadata=self.metadata(), timeout=timeout or self.stream_timeout),
+                           rpc.decode)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- ToolService ------------------------------------------------------------------------
+
+    async def list_tools(self, query: str = "", *, timeout: float | None = None) -> list[ToolView]:
+        return await self._send(W.list_tools(query), timeout)
+
+    # -- RunService -------------------------------------------------------------------------
+
+    async def start_run(self, goal: str, run_id: str | None = None, *, timeout: float | None = None) -> RunView:
+        return await self._send(W.start_run(goal, run_id), timeout)
+
+    async def get_run(self, run_id: str, *, timeout: float | None = None) -> RunView:
+        return await self._send(W.get_run(run_id), timeout)
+
+    async def list_runs(self, *, timeout: float | None = None) -> list[RunView]:
+        return await self._send(W.list_runs(), timeout)
+
+    async def finish_run(self, run_id: str, *, timeout: float | None = None) -> RunView:
+        return await self._send(W.finish_run(run_id), timeout)
+
+    async def cancel_run(self, run_id: str, *, timeout: float | None = None) -> RunView:
+        return await self._send(W.cancel_run(run_id), timeout)
+
+    async def submit_batch(self, run_id: str, calls: Sequence[ProposedCall | Mapping[str, Any]],
+                           batch_id: str | None = None, *, timeout: float | None = None) -> list[Observation]:
+        return await self._send(W.submit_batch(run_id, calls, batch_id), timeout)
+
+    def execute_plan(self, run_id: str, steps: Sequence[PlanStep | Mapping[str, Any]],
+                     max_steps: int | None = None, *, timeout: float | None = None) -> AsyncStream[Event]:
+        return self._open(W.execute_plan(run_id, steps, max_steps), timeout)
+
+    def watch_run(self, run_id: str, from_seq: int = 0, *, timeout: float | None = None) -> AsyncStream[Event]:
+        return self._open(W.watch_run(run_id, from_seq), timeout)
+
+    # -- ApprovalService --------------------------------------------------------------------
+
+    async def list_approvals(self, run_id: str | None = None, *, timeout: float | None = None) -> list[Approval]:
+        return await self._send(W.list_approvals(run_id), timeout)
+
+    def watch_approvals(self, *, timeout: float | None = None) -> AsyncStream[Approval]:
+        return self._open(W.watch_approvals(), timeout)
+
+    async def decide_approval(self, approval_id: str, approve: bool, reason: str = "", *, remember: bool = False,
+                              digest: str | None = None, timeout: float | None = None) -> Approval:
+        """`remember` (approve only): the exact call is approved for the rest of the run.
+        `digest`: the Approval.digest you judged; the server refuses the decision
+        (FailedPrecondition) if the pending call no longer has it."""
+        return await self._send(W.decide_approval(approval_id, approve, reason, remember, digest), timeout)

@@ -1,0 +1,177 @@
+"""`Client`: the synchronous SDK client, one channel, typed values in and out."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Generic, Iterator, Mapping, Sequence, TypeVar
+
+import grpc
+from tenacity import Retrying
+
+from control.api.gen.ringfence.v1 import approvals_pb2_grpc, runs_pb2_grpc, tools_pb2_grpc
+from control.client import _wire as W
+from control.client.options import RetryPolicy, TlsConfig
+from control.model import Approval, Event, Observation, PlanStep, ProposedCall, RunView, ToolView
+
+__all__ = ["Client", "Stream"]
+
+T = TypeVar("T")
+
+
+class Stream(Generic[T]):
+    """A server stream as an iterator of model values; `cancel()` ends it from the client side
+    (iteration then simply stops). Errors arrive as control.errors exceptions."""
+
+    def __init__(self, call: Any, decode: Callable[[Any], T]) -> None:
+        self._call = call
+        self._decode = decode
+        self._cancelled = False
+
+    def __iter__(self) -> Iterator[T]:
+        try:
+            for message in self._call:
+                yield self._decode(message)
+        except grpc.RpcError as e:
+            if self._cancelled and e.code() == grpc.StatusCode.CANCELLED:
+                return
+            raise W.translate(e) from e
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        self._call.cancel()
+
+    def __enter__(self) -> "Stream[T]":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cancel()
+
+
+class Client:
+    """The ringfence.v1 API as methods on control.model values.
+
+    Every call carries the bearer token, the current W3C trace context and a deadline
+    (`timeout` for unary calls, `stream_timeout` for streams; each method takes a `timeout`
+    override). Reads (get_run, list_runs, list_tools, list_approvals) and submit_batch, which
+    carries its batch id, are retried on UNAVAILABLE within that one deadline; nothing else is.
+    Failures are control.errors exceptions (InvalidArgument has `.violations`; Internal is a
+    server fault); DEADLINE_EXCEEDED and CANCELLED stay grpc.RpcError.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        token: str | None = None,
+        *,
+        tls: TlsConfig | None = None,
+        timeout: float = 30.0,
+        stream_timeout: float = 600.0,
+        retry: RetryPolicy = RetryPolicy(),
+        options: Sequence[tuple[str, Any]] = (),
+        metadata: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        """`target` is host:port; `token` the bearer token; `tls` for TLS or mTLS (without it
+        the channel is plaintext, fit for loopback only); `metadata` goes with every call."""
+        if timeout <= 0 or stream_timeout <= 0:
+            raise ValueError("deadlines must be positive")
+        channel_options = [*options, *(tls.channel_options() if tls else [])]
+        if tls is not None:
+            self.channel = grpc.secure_channel(target, tls.credentials(), options=channel_options)
+        else:
+            self.channel = grpc.insecure_channel(target, options=channel_options)
+        self.token = token
+        self.timeout = timeout
+        self.stream_timeout = stream_timeout
+        self.retry_policy = retry
+        self.extra_metadata = tuple(metadata)
+        self._stubs = {
+            W.TOOLS: tools_pb2_grpc.ToolServiceStub(self.channel),
+            W.RUNS: runs_pb2_grpc.RunServiceStub(self.channel),
+            W.APPROVALS: approvals_pb2_grpc.ApprovalServiceStub(self.channel),
+        }
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """What the next call will carry: token, extra metadata, the current trace context."""
+        return W.call_metadata(self.token, self.extra_metadata)
+
+    def _send(self, rpc: W.Unary[T], timeout: float | None) -> T:
+        method = getattr(self._stubs[rpc.service], rpc.method)
+        deadline = W.Deadline(timeout or self.timeout)
+
+        def attempt() -> T:
+            try:
+                response = method(rpc.request, metadata=self.metadata(), timeout=deadline.attempt_timeout())
+            except grpc.RpcError as e:
+                raise W.translate(e) from e
+            return rpc.decode(response)
+
+        if not rpc.retryable or self.retry_policy.attempts == 1:
+            return attempt()
+        return Retrying(**W.retry_kwargs(self.retry_policy, deadline, rpc.method))(attempt)
+
+    def _open(self, rpc: W.ServerStream[T], timeout: float | None) -> Stream[T]:
+        method = getattr(self._stubs[rpc.service], rpc.method)
+        return Stream(method(rpc.request, metadata=self.metadata(), timeout=timeout or self.stream_timeout),
+                      rpc.decode)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- ToolService ------------------------------------------------------------------------
+
+    def list_tools(self, query: str = "", *, timeout: float | None = None) -> list[ToolView]:
+        return self._send(W.list_tools(query), timeout)
+
+    # -- RunService -------------------------------------------------------------------------
+
+    def start_run(self, goal: str, run_id: str | None = None, *, timeout: float | None = None) -> RunView:
+        """With `run_id` the call is idempotent on the server: the same id returns that run."""
+        return self._send(W.start_run(goal, run_id), timeout)
+
+    def get_run(self, run_id: str, *, timeout: float | None = None) -> RunView:
+        return self._send(W.get_run(run_id), timeout)
+
+    def list_runs(self, *, timeout: float | None = None) -> list[RunView]:
+        return self._send(W.list_runs(), timeout)
+
+    def finish_run(self, run_id: str, *, timeout: float | None = None) -> RunView:
+        return self._send(W.finish_run(run_id), timeout)
+
+    def cancel_run(self, run_id: str, *, timeout: float | None = None) -> RunView:
+        return self._send(W.cancel_run(run_id), timeout)
+
+    def submit_batch(self, run_id: str, calls: Sequence[ProposedCall | Mapping[str, Any]],
+                     batch_id: str | None = None, *, timeout: float | None = None) -> list[Observation]:
+        """One turn's calls, vetted together before any runs. `batch_id` defaults to a fresh
+        one per call of this method; its retries (and any resend with the same id and calls)
+        get the recorded observations, so nothing runs twice."""
+        return self._send(W.submit_batch(run_id, calls, batch_id), timeout)
+
+    def execute_plan(self, run_id: str, steps: Sequence[PlanStep | Mapping[str, Any]],
+                     max_steps: int | None = None, *, timeout: float | None = None) -> Stream[Event]:
+        return self._open(W.execute_plan(run_id, steps, max_steps), timeout)
+
+    def watch_run(self, run_id: str, from_seq: int = 0, *, timeout: float | None = None) -> Stream[Event]:
+        return self._open(W.watch_run(run_id, from_seq), timeout)
+
+    # -- ApprovalService --------------------------------------------------------------------
+
+    def list_approvals(self, run_id: str | None = None, *, timeout: float | None = None) -> list[Approval]:
+        return self._send(W.list_approvals(run_id), timeout)
+
+    def watch_approvals(self, *, timeout: float | None = None) -> Stream[Approval]:
+        return self._open(W.watch_approvals(), timeout)
+
+    def decide_approval(self, approval_id: str, approve: bool, reason: str = "", *, remember: bool = False,
+                        digest: str | None = None, timeout: float | None = None) -> Approval:
+        """`remember` (approve only): the exact call is approved for the rest of the run.
+        `digest`: the Approval.digest you judged; the server refuses the decision
+        (FailedPrecondition) if the pending call no longer has it."""
+        return self._send(W.decide_approval(approval_id, approve, reason, remember, digest), timeout)
