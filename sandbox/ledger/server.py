@@ -7,11 +7,11 @@ same key again is answered from the record instead of being applied twice.
 
 HTTP/1.1, JSON bodies:
 
-    POST /credits  {"account", "amount", "idempotency_key"}
+    POST /credits  {"account", "amount", "idempotency_key", "reason"?}
         201 {record..., "replayed": false}   applied now
         200 {record..., "replayed": true}    this key was applied before, with these arguments
         409 {"error": "idempotency_key_reused", "record": ...}   the key was applied with another
-                                             account or amount: nothing is applied
+                                             account, amount or reason: nothing is applied
         400 {"error": "bad_request", ...}    no key, malformed body, bad account or amount
     GET /credits/<idempotency_key>           200 record | 404: the look-up reconciliation uses
     GET /accounts/<account>                  200 {"account", "balance", "credits"}
@@ -19,8 +19,10 @@ HTTP/1.1, JSON bodies:
                                              "dropped_replies", "network": {"connections", "requests"}}
     GET /healthz                             200 {"ok": true} once the database answers
 
-A record: {"id", "idempotency_key", "account", "amount", "applied_at"}. Amounts are decimal
-numbers with at most two fractional digits (money): 50 and 50.0 are the same amount.
+A record: {"id", "idempotency_key", "account", "amount", "applied_at"}, plus "reason" when the
+credit was given one (1-280 characters, no control characters: why it was issued, kept with
+it). Amounts are decimal numbers with at most two fractional digits (money): 50 and 50.0 are
+the same amount.
 
 `network` in /stats counts only connections and requests that came over the network (through
 the egress proxy); the host's own look-ups arrive on the container's loopback (`docker exec`,
@@ -58,6 +60,7 @@ MAX_AMOUNT = decimal.Decimal(1_000_000_000)
 ACCOUNT = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
 # Keys travel in a URL path (GET /credits/<key>): no characters that would need quoting.
 KEY = re.compile(r"[A-Za-z0-9._:-]{1,200}")
+MAX_REASON = 280
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS credits (
@@ -65,7 +68,8 @@ CREATE TABLE IF NOT EXISTS credits (
     idempotency_key TEXT NOT NULL UNIQUE,
     account TEXT NOT NULL,
     amount TEXT NOT NULL,
-    applied_at TEXT NOT NULL
+    applied_at TEXT NOT NULL,
+    reason TEXT
 );
 CREATE TABLE IF NOT EXISTS accounts (
     account TEXT PRIMARY KEY,
@@ -103,8 +107,20 @@ def parse_amount(value: Any) -> str:
     return format(d.quantize(decimal.Decimal("0.01")).normalize(), "f")
 
 
-def parse_credit(body: bytes) -> tuple[str, str, str]:
-    """(idempotency_key, account, canonical amount) of a POST /credits body, or BadRequest."""
+def parse_reason(value: Any) -> str | None:
+    """A credit's optional reason, or BadRequest."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_REASON:
+        raise BadRequest(f"reason must be a string of 1-{MAX_REASON} characters")
+    if any(ord(c) < 32 or 127 <= ord(c) < 160 for c in value):
+        raise BadRequest("reason must not contain control characters")
+    return value
+
+
+def parse_credit(body: bytes) -> tuple[str, str, str, str | None]:
+    """(idempotency_key, account, canonical amount, reason or None) of a POST /credits body, or
+    BadRequest."""
     def refuse_constant(name: str):
         raise BadRequest(f"{name} is not a number")
 
@@ -116,7 +132,7 @@ def parse_credit(body: bytes) -> tuple[str, str, str]:
         raise BadRequest(f"the body is not JSON: {e}") from None
     if not isinstance(doc, dict):
         raise BadRequest("the body must be a JSON object")
-    unknown = set(doc) - {"account", "amount", "idempotency_key"}
+    unknown = set(doc) - {"account", "amount", "idempotency_key", "reason"}
     if unknown:
         raise BadRequest(f"unknown fields {sorted(unknown)}")
     key = doc.get("idempotency_key")
@@ -127,7 +143,7 @@ def parse_credit(body: bytes) -> tuple[str, str, str]:
     account = doc.get("account")
     if not isinstance(account, str) or not ACCOUNT.fullmatch(account):
         raise BadRequest("account must be 1-64 characters of [a-z0-9-]")
-    return key, account, parse_amount(doc.get("amount"))
+    return key, account, parse_amount(doc.get("amount")), parse_reason(doc.get("reason"))
 
 
 class LedgerStore:
@@ -142,6 +158,9 @@ class LedgerStore:
             # FULL: a commit is on disk before the response that reports it is written.
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(SCHEMA)
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(credits)")}
+            if "reason" not in columns:  # a file of a ledger from before reasons
+                self._db.execute("ALTER TABLE credits ADD COLUMN reason TEXT")
 
     def close(self) -> None:
         with self._lock:
@@ -149,17 +168,20 @@ class LedgerStore:
 
     @staticmethod
     def _record(row) -> dict:
-        return {"id": row[0], "idempotency_key": row[1], "account": row[2], "amount": _number(row[3]),
-                "applied_at": row[4]}
+        record = {"id": row[0], "idempotency_key": row[1], "account": row[2], "amount": _number(row[3]),
+                  "applied_at": row[4]}
+        if row[5] is not None:
+            record["reason"] = row[5]
+        return record
 
     def _by_key(self, key: str):
         return self._db.execute(
-            "SELECT id, idempotency_key, account, amount, applied_at FROM credits WHERE idempotency_key = ?",
+            "SELECT id, idempotency_key, account, amount, applied_at, reason FROM credits WHERE idempotency_key = ?",
             (key,)).fetchone()
 
-    def apply(self, key: str, account: str, amount: str) -> tuple[dict, bool]:
+    def apply(self, key: str, account: str, amount: str, reason: str | None = None) -> tuple[dict, bool]:
         """(record, replayed). Applies the credit unless the key is on record; raises Conflict
-        when it is on record with another account or amount (nothing applied)."""
+        when it is on record with another account, amount or reason (nothing applied)."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -167,12 +189,12 @@ class LedgerStore:
                 if row is not None:
                     self._db.execute("ROLLBACK")
                     record = self._record(row)
-                    if row[2] != account or row[3] != amount:
+                    if row[2] != account or row[3] != amount or row[5] != reason:
                         raise Conflict(record)
                     return record, True
                 now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds")
-                self._db.execute("INSERT INTO credits (idempotency_key, account, amount, applied_at) "
-                                 "VALUES (?, ?, ?, ?)", (key, account, amount, now))
+                self._db.execute("INSERT INTO credits (idempotency_key, account, amount, applied_at, reason) "
+                                 "VALUES (?, ?, ?, ?, ?)", (key, account, amount, now, reason))
                 acct = self._db.execute("SELECT balance, credits FROM accounts WHERE account = ?",
                                         (account,)).fetchone()
                 balance = decimal.Decimal(acct[0] if acct else "0") + decimal.Decimal(amount)
@@ -247,6 +269,10 @@ class LedgerServer(ThreadingHTTPServer):
                 "network": {"connections": v["network_connections"], "requests": v["network_requests"]}}
 
 
+def _reason_text(reason: str | None) -> str:
+    return f" for {reason!r}" if reason is not None else ""
+
+
 def _from_network(peer: str) -> bool:
     try:
         return not ipaddress.ip_address(peer).is_loopback
@@ -303,18 +329,20 @@ class LedgerHandler(BaseHTTPRequestHandler):
             return self._reply(404, {"error": "not_found"})
         try:
             body = self._body()
-            key, account, amount = parse_credit(body)
+            key, account, amount, reason = parse_credit(body)
         except BadRequest as e:
             self.server.counters.add("rejected")
             return self._reply(400, {"error": "bad_request", "message": str(e)})
         try:
-            record, replayed = self.server.store.apply(key, account, amount)
+            record, replayed = self.server.store.apply(key, account, amount, reason)
         except Conflict as c:
             self.server.counters.add("conflicts")
             return self._reply(409, {"error": "idempotency_key_reused",
                                      "message": f"idempotency key {key} was applied as a credit of "
-                                                f"{c.record['amount']} to {c.record['account']}; this request "
-                                                f"({_number(amount)} to {account}) is refused and nothing is applied",
+                                                f"{c.record['amount']} to {c.record['account']}"
+                                                f"{_reason_text(c.record.get('reason'))}; this request "
+                                                f"({_number(amount)} to {account}{_reason_text(reason)}) "
+                                                f"is refused and nothing is applied",
                                      "record": c.record}, key=key)
         if replayed:
             self.server.counters.add("replays")

@@ -15,7 +15,8 @@ RISK_WORDS = ("mutates", "reversible", "irreversible", "paths", "egress", "cost"
 
 def test_the_builtin_tools():
     r = load_builtin()
-    assert r.names == ("credit", "credit_lookup", "echo", "fail", "read_file", "sleep", "write_note")
+    assert r.names == ("credit", "credit_lookup", "echo", "fail", "fetch_url", "issue_credit", "read_file", "sleep",
+                       "write_file", "write_note")
     credit = r.get("credit")
     assert credit.mutates and credit.irreversible
     # credit reaches the ledger (through the egress proxy, when policy grants it) and says how
@@ -27,6 +28,13 @@ def test_the_builtin_tools():
     assert r.get("write_note").mutates and r.get("write_note").reversible
     assert not r.get("echo").mutates
     assert r.get("read_file").paths == {"path": ("/input",)}
+    # The demo tools (tests/unit/test_demo_tools.py has their admission and code).
+    issue = r.get("issue_credit")
+    assert issue.mutates and issue.irreversible and issue.reconcile == credit.reconcile
+    assert issue.egress_hosts == credit.egress_hosts
+    fetch = r.get("fetch_url")
+    assert not fetch.mutates and fetch.egress_hosts == ("runbooks.internal.corp",) and fetch.url_arguments == ("url",)
+    assert r.get("write_file").paths == {"path": ("/output",)} and not r.get("write_file").egress_hosts
 
 
 def test_views_carry_the_schema_and_no_risk_metadata():

@@ -196,6 +196,47 @@ def test_requests_from_loopback_are_not_counted_as_network(ledger):
 
 def test_amounts_are_canonical_decimals():
     assert parse_amount(50) == "50" and parse_amount(decimal.Decimal("50.10")) == "50.1"
-    assert parse_credit(b'{"account": "a-1", "amount": 0.1, "idempotency_key": "k"}') == ("k", "a-1", "0.1")
+    assert parse_credit(b'{"account": "a-1", "amount": 0.1, "idempotency_key": "k"}') == ("k", "a-1", "0.1", None)
     with pytest.raises(BadRequest):
         parse_amount(float("inf"))
+
+
+def test_a_reason_is_kept_with_the_credit_and_is_part_of_its_arguments(ledger):
+    body = {"account": "acme-9", "amount": 50, "idempotency_key": "why", "reason": "INC-42: double charge"}
+    status, first = ledger.request("POST", "/credits", body)
+    assert status == 201 and first["reason"] == "INC-42: double charge"
+    assert ledger.request("GET", "/credits/why")[1]["reason"] == "INC-42: double charge"
+    status, again = ledger.request("POST", "/credits", body)
+    assert status == 200 and again == {**first, "replayed": True}
+    # The same key with another reason is another call: refused, nothing applied.
+    status, conflict = ledger.request("POST", "/credits", {**body, "reason": "something else"})
+    assert status == 409 and "'INC-42: double charge'" in conflict["message"]
+    # A credit given no reason has no reason field (the record of `credit` is unchanged).
+    assert "reason" not in ledger.credit(key="plain")[1]
+    stats = ledger.request("GET", "/stats")[1]
+    assert stats["credits"] == 2 and stats["conflicts"] == 1 and stats["replays"] == 1
+
+
+@pytest.mark.parametrize("reason", ["", "x" * 281, "line\nbreak", 7])
+def test_a_bad_reason_is_400_and_applies_nothing(ledger, reason):
+    status, body = ledger.request("POST", "/credits", {"account": "acme-9", "amount": 5, "idempotency_key": "k",
+                                                       "reason": reason})
+    assert status == 400 and "reason must" in body["message"]
+    assert ledger.request("GET", "/stats")[1]["credits"] == 0
+
+
+def test_a_ledger_file_from_before_reasons_gets_the_column(tmp_path):
+    db = str(tmp_path / "old.sqlite3")
+    raw = sqlite3.connect(db)
+    raw.executescript("CREATE TABLE credits (id INTEGER PRIMARY KEY AUTOINCREMENT, idempotency_key TEXT NOT NULL "
+                      "UNIQUE, account TEXT NOT NULL, amount TEXT NOT NULL, applied_at TEXT NOT NULL);"
+                      "INSERT INTO credits (idempotency_key, account, amount, applied_at) "
+                      "VALUES ('old', 'acme-9', '5', '2026-01-01T00:00:00+00:00');")
+    raw.close()
+    store = LedgerStore(db)
+    try:
+        assert store.lookup("old") == {"id": 1, "idempotency_key": "old", "account": "acme-9", "amount": 5,
+                                       "applied_at": "2026-01-01T00:00:00+00:00"}
+        assert store.apply("new", "acme-9", "5", "why")[0]["reason"] == "why"
+    finally:
+        store.close()

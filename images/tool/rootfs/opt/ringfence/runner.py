@@ -14,13 +14,11 @@ import importlib.util
 import json
 import os
 import re
-import stat
 import sys
 
 MAX_REQUEST = 4 * 1024 * 1024
 EXIT_OK, EXIT_TOOL_ERROR = 0, 3
 HERE = os.path.dirname(os.path.abspath(__file__))
-TOOLS_DIR = os.path.join(HERE, "tools")
 TOOL_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
 
@@ -60,14 +58,9 @@ def _parse(raw):
 
 
 def _tool_module(name):
-    path = os.path.join(TOOLS_DIR, name + ".py")
-    try:
-        st = os.lstat(path)
-    except OSError:
-        raise ToolError("invalid", f"unknown tool {name!r}") from None
-    if not stat.S_ISREG(st.st_mode):  # a symlink could point anywhere
-        raise ToolError("invalid", f"unknown tool {name!r}")
-    return _load_module("ringfence_tools_" + name, path)
+    # tools/<name>.py, a regular file only (a symlink could point anywhere): one loader for the
+    # runner and for tools that reuse another's code.
+    return ringfence_tool.load_tool(name)
 
 
 def handle(raw):

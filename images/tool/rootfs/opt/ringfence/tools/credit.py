@@ -16,6 +16,9 @@ Errors, for the runner's retry layer:
 Without a route to the ledger (policy granted this call no egress, so its sandbox names no
 proxy) nothing can be applied: a fatal error that says why, never a reply that looks applied. A deployment that runs the ledger grants `ledger.ringfence.internal`
 to this tool and declares the ledger as a proxy service.
+
+`apply` is the whole of it, reused by issue_credit (which adds a reason): one request, one
+classification, for both.
 """
 
 import re
@@ -27,20 +30,27 @@ ACCOUNT = re.compile(r"[a-z]+-[0-9]{1,12}")
 
 
 def run(arguments, context):
-    account, amount = arguments.get("account"), arguments.get("amount")
+    return apply(arguments.get("account"), arguments.get("amount"), context.get("idempotency_key"))
+
+
+def apply(account, amount, key, reason=None, tool="credit"):
+    """Credit `amount` to `account` at the ledger under `key` (with `reason` when given): the
+    ledger's record, `"applied": true`, or a classified ToolError. `tool` names the caller in
+    the error that says which egress grant is missing."""
     if not isinstance(account, str) or not ACCOUNT.fullmatch(account):
         raise ToolError("invalid", "account must look like acme-9")
     if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not 0 < amount <= 1_000_000:
         raise ToolError("invalid", "amount must be a number in (0, 1000000]")
-    key = context.get("idempotency_key")
     if not key:
         raise ToolError("invalid", "a credit needs an idempotency key: without one a retry could apply it twice")
     if not has_egress():
         # Never a reply that looks like success: nothing was applied, and nothing can be.
         raise ToolError("fatal", "no route to the ledger: policy granted this call no egress "
-                                 "(grant ledger.ringfence.internal to credit in [policy.egress])")
-    status, doc, proxy_reason = http_json("POST", LEDGER + "/credits",
-                                          {"account": account, "amount": amount, "idempotency_key": key})
+                                 f"(grant ledger.ringfence.internal to {tool} in [policy.egress])")
+    body = {"account": account, "amount": amount, "idempotency_key": key}
+    if reason is not None:
+        body["reason"] = reason
+    status, doc, proxy_reason = http_json("POST", LEDGER + "/credits", body)
     if status in (200, 201):
         if isinstance(doc, dict) and doc.get("idempotency_key") == key:
             return {"applied": True, **doc}
