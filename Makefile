@@ -11,7 +11,7 @@ export TESTCONTAINERS_RYUK_DISABLED := true
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	@echo "==> setting up $(VENV)" >&2
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -46,8 +46,9 @@ test: venv images gvisor postgres ## run every test: unit, integration, escape b
 test-unit: venv ## the fast tests that need no Docker
 	$(VENV)/bin/pytest tests/unit
 
-demo: venv images ## build the images and run the showcase end to end
-	$(PY) -m control.demo
+demo: venv images ## build the images, then the sandbox showcase and the reference agent demo, end to end
+	$(VENV)/bin/ringfence demo showcase
+	$(VENV)/bin/ringfence demo
 
 bench: venv images postgres ## run the benchmarks in bench/ (prints ratios against an in-run baseline)
 	$(PY) -m bench

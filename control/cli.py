@@ -37,6 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
         people_cli = None
     if people_cli is not None:
         people_cli.register(sub)
+    try:  # the demos run a server in-process
+        from control.demo import cli as demo_cli
+    except ImportError:
+        demo_cli = None
+    if demo_cli is not None:
+        demo_cli.register(sub)
     return parser
 
 

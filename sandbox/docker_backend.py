@@ -341,6 +341,11 @@ class DockerBackend:
     def client(self) -> docker.DockerClient:
         return self._client
 
+    @property
+    def egress_proxy(self) -> Any:
+        """The egress proxy in use (started on the first egress call), or None."""
+        return self._egress_proxy
+
     def close(self) -> None:
         if self._reaper is not None:
             self._reaper.stop()

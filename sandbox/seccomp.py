@@ -54,6 +54,7 @@ S_IFMT = 0o170000
 # File types a tool may create with mknod: 0 (means regular), regular, fifo, socket.
 MKNOD_ALLOWED_TYPES = (0, 0o100000, 0o010000, 0o140000)
 SOURCE_ENV = "RINGFENCE_SECCOMP_BASE"
+DEBIAN_PACKAGE = "golang-github-docker-docker-dev"
 _REPO = Path(__file__).resolve().parent.parent
 _CANDIDATES = (
     Path("/usr/share/gocode/src/github.com/docker/docker/profiles/seccomp/default.json"),
@@ -68,10 +69,14 @@ def source_path() -> Path:
     for candidate in _CANDIDATES:
         if candidate.is_file():
             return candidate
+    # Also read by whoever installed ringfence from a wheel, who has no scripts/ folder: say
+    # where the file comes from, not only which script of the checkout fetches it.
     raise EngineError(
         "Docker's default seccomp profile was not found "
-        f"(looked in {', '.join(str(c) for c in _CANDIDATES)}); run `bash scripts/ensure-packages.sh` "
-        f"or set {SOURCE_ENV}"
+        f"(looked in {', '.join(str(c) for c in _CANDIDATES)}). It is profiles/seccomp/default.json "
+        f"of Docker's source, shipped by the Debian package {DEBIAN_PACKAGE} at {_CANDIDATES[0]}: "
+        f"install that package, or set {SOURCE_ENV} to a copy of the file; from a ringfence checkout, "
+        "`bash scripts/ensure-packages.sh` extracts it into build/seccomp/ without installing the package"
     )
 
 

@@ -9,17 +9,24 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Mapping, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 class Served:
-    def __init__(self, config: Path, state: Path, *extra: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, config: Path | None, state: Path, *extra: str, env: dict[str, str] | None = None,
+                 command: Sequence[str] | None = None, cwd: Path | None = None,
+                 base_env: Mapping[str, str] | None = None) -> None:
+        """`config` None: the embedded defaults (no --config). `command` replaces
+        `python -m control.cli` (e.g. an installed `ringfence` script), `cwd` the checkout, and
+        `base_env` os.environ as what `env` is laid over."""
+        argv = list(command) if command is not None else [sys.executable, "-m", "control.cli"]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "control.cli", "serve", "--listen", "127.0.0.1:0",
-             "--config", str(config), "--state-dir", str(state), *extra],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            [*argv, "serve", "--listen", "127.0.0.1:0",
+             *(["--config", str(config)] if config is not None else []), "--state-dir", str(state), *extra],
+            cwd=cwd if cwd is not None else ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**(os.environ if base_env is None else base_env), "PYTHONUNBUFFERED": "1", **(env or {})},
         )
         self.lines: list[str] = []
         first = threading.Event()

@@ -40,6 +40,7 @@ class HealthMonitor:
         self._interval_s = interval_s
         self._timeout_s = timeout_s
         self._task: asyncio.Task | None = None
+        self._stopping = asyncio.Event()
         self.failing: dict[str, str] = {}
         """Probe name -> why it failed last time; empty while everything answers."""
 
@@ -66,19 +67,25 @@ class HealthMonitor:
         return not failing
 
     async def _loop(self) -> None:
-        while True:
+        while not self._stopping.is_set():
             await self.check_once()
-            await asyncio.sleep(self._interval_s)
+            try:
+                await asyncio.wait_for(self._stopping.wait(), self._interval_s)
+            except asyncio.TimeoutError:
+                pass
 
     async def start(self) -> None:
         await self.check_once()
         self._task = asyncio.create_task(self._loop(), name="rf-health")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        if self._task is None:
+            return
+        # Cancelling alone is not enough: before Python 3.12, asyncio.wait_for swallows a
+        # cancellation that arrives as its inner future completes (a probe answering just
+        # then), and the loop ran on while stop() waited for ever: `ringfence serve` stopped
+        # right after it started hung. The flag ends the loop at its next turn regardless.
+        self._stopping.set()
+        self._task.cancel()
+        await asyncio.wait({self._task})
+        self._task = None

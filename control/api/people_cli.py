@@ -844,7 +844,12 @@ def cmd_runs_list(args: argparse.Namespace, s: Settings, out: Output) -> int:
 
 def cmd_run_show(args: argparse.Namespace, s: Settings, out: Output) -> int:
     with connect(s) as client:
-        view = client.get_run(args.run_id)
+        if args.finish:
+            view = client.finish_run(args.run_id)
+        elif args.cancel:
+            view = client.cancel_run(args.run_id)
+        else:
+            view = client.get_run(args.run_id)
     if out.json:
         out.obj(jsonable(view))
     else:
@@ -994,9 +999,14 @@ def register(subparsers) -> None:
         subparsers, "run", common, help="one run as the server sees it: status, outcome, trajectory (gRPC)",
         description=("Ask the server (GetRun) for one run of this token's tenant: status, outcome, usage, "
                      "every call's observation and the pending approvals. To read a run's events from the "
-                     "event store itself, without a server, use `ringfence runs show RUN_ID`."),
-        examples="  ringfence run hello-1\n  ringfence run hello-1 --json")
+                     "event store itself, without a server, use `ringfence runs show RUN_ID`. --finish ends "
+                     "the run (completed, or uncertain when a call's effect could not be confirmed); "
+                     "--cancel ends it cancelled and kills its running containers."),
+        examples="  ringfence run hello-1\n  ringfence run hello-1 --json\n  ringfence run hello-1 --finish")
     p.add_argument("run_id", metavar="RUN_ID")
+    end = p.add_mutually_exclusive_group()
+    end.add_argument("--finish", action="store_true", help="finish the run first (FinishRun), then show it")
+    end.add_argument("--cancel", action="store_true", help="cancel the run first (CancelRun), then show it")
     p.set_defaults(func=_guarded("run", cmd_run_show))
 
     p = _parser(

@@ -129,7 +129,7 @@ def serve_command(args) -> int:
     from sandbox.errors import SandboxError
 
     try:
-        backend = DockerBackend(egress_settings=_egress_settings(config))
+        backend = DockerBackend(egress_settings=egress_settings(config))
         # A killed predecessor's containers go now; anything past its deadline label, while we run.
         backend.start_reaper(args.reap_every)
     except SandboxError as e:
@@ -173,11 +173,13 @@ async def _serve(listen: str, orchestrator, config, tls) -> int:
     server, port = await create_server(listen, orchestrator, config, tls=tls)
     await server.start()
     host = listen.rpartition(":")[0]
-    print(f"ringfence: serving ringfence.v1 on {host}:{port}{' (TLS)' if tls else ''}", flush=True)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
+    # The handlers go in before the address is announced: a supervisor that reads the line and
+    # stops us at once must find them (a SIGTERM in between was swallowed and the server hung).
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stopping.set)
+    print(f"ringfence: serving ringfence.v1 on {host}:{port}{' (TLS)' if tls else ''}", flush=True)
     try:
         await stopping.wait()
         # Nothing of ours outlives us unwatched: the running calls' containers are killed first
@@ -193,7 +195,7 @@ async def _serve(listen: str, orchestrator, config, tls) -> int:
     return 0
 
 
-def _egress_settings(config):
+def egress_settings(config):
     """The egress proxy's settings from the config's [egress] table (None: the defaults)."""
     if not config.egress.services and not config.egress.networks:
         return None

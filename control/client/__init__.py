@@ -8,6 +8,7 @@ and opentelemetry-api.
     TlsConfig       TLS, or mTLS with a client certificate                      (options.py)
     RetryPolicy     UNAVAILABLE retries of reads and of submit_batch (which carries its batch id)
     Approver        a thread deciding a tenant's pending approvals through a callable
+    ApprovalDecision   what that callable answers: approve?, reason, remember for the run
     control.client.agent   the agent loop: ModelClient, ScriptedModel, AgentLoop, AgentResult
 
 Errors are control.errors' one hierarchy, translated by control/api/status.py's table (they
@@ -24,7 +25,7 @@ DEADLINE_EXCEEDED and CANCELLED have no counterpart there and stay grpc.RpcError
 """
 
 from control.client.aio import AsyncClient, AsyncStream
-from control.client.approver import Approver
+from control.client.approver import ApprovalDecision, Approver
 from control.client.options import RetryPolicy, TlsConfig
 from control.client.sync import Client, Stream
 from control.errors import (
@@ -49,6 +50,7 @@ __all__ = [
     "TlsConfig",
     "RetryPolicy",
     "Approver",
+    "ApprovalDecision",
     "ControlError",
     "FieldViolation",
     "InvalidArgument",

@@ -41,7 +41,7 @@ import hashlib
 import logging
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import grpc
 
@@ -157,11 +157,14 @@ class AgentLoop:
         loop_threshold: int = 3,
         approval_timeout_s: float = 300.0,
         tools_query: str = "",
+        on_turn: Callable[[TurnRecord], None] | None = None,
     ) -> None:
         """`loop_threshold`: the same call (name + canonical arguments) proposed this many
         times in the run ends it loop_detected before the repeat is sent. `approval_timeout_s`:
         how long a turn waits for its ASK calls to be decided; a call still waiting is shown to
-        the model as pending_approval. `tools_query` narrows the catalogue (ListTools)."""
+        the model as pending_approval. `tools_query` narrows the catalogue (ListTools).
+        `on_turn` is called with each turn's calls and observations once they are settled
+        (progress for a person watching; an exception from it ends the loop)."""
         if max_turns < 1:
             raise ValueError("max_turns must be at least 1")
         if max_cost < 0 or cost_per_input_token < 0 or cost_per_output_token < 0:
@@ -179,6 +182,7 @@ class AgentLoop:
         self.loop_threshold = loop_threshold
         self.approval_timeout_s = approval_timeout_s
         self.tools_query = tools_query
+        self.on_turn = on_turn
 
     def run(self) -> AgentResult:
         return _Run(self).run()
@@ -230,7 +234,10 @@ class _Run:
             if repeated is not None:
                 return self.agent_ended(RunOutcome.LOOP_DETECTED, repeated)
             observations, view = self.submit(turn.tool_calls)
-            self.history.append(TurnRecord(self.turns, turn.tool_calls, tuple(observations)))
+            record = TurnRecord(self.turns, turn.tool_calls, tuple(observations))
+            self.history.append(record)
+            if loop.on_turn is not None:
+                loop.on_turn(record)
             self.trajectory.extend(observations)
             self.view = view
             if view.status is RunStatus.FINISHED:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import grpc
@@ -12,12 +13,33 @@ import grpc
 from control.errors import ControlError, FailedPrecondition, NotFound
 from control.model import Approval, ApprovalStatus
 
-__all__ = ["Approver", "Decide"]
+__all__ = ["Approver", "ApprovalDecision", "Decide"]
 
 log = logging.getLogger("control.client.approver")
 
-Decide = Callable[[Approval], "bool | tuple[bool, str]"]
-"""approval -> approve?, or (approve?, reason)."""
+
+@dataclass(frozen=True)
+class ApprovalDecision:
+    """What a `Decide` callable may answer when a yes/no is not enough."""
+
+    approve: bool
+    reason: str = ""
+    remember: bool = False
+    """Approve and remember for this run: the exact call (same digest) is not asked again in
+    the run; a call with other arguments still is. Ignored for a decline."""
+
+
+Decide = Callable[[Approval], "bool | tuple[bool, str] | ApprovalDecision"]
+"""approval -> approve?, (approve?, reason), or an ApprovalDecision."""
+
+
+def _as_decision(verdict: "bool | tuple[bool, str] | ApprovalDecision") -> ApprovalDecision:
+    if isinstance(verdict, ApprovalDecision):
+        return verdict
+    if isinstance(verdict, tuple):
+        approve, reason = verdict
+        return ApprovalDecision(bool(approve), reason)
+    return ApprovalDecision(bool(verdict))
 
 
 class _ApprovalClient(Protocol):
@@ -118,10 +140,11 @@ class Approver:
             log.warning("decide(%s) raised %r; left pending", approval.approval_id, e)
             self.errors.append(e)
             return None
-        approve, reason = verdict if isinstance(verdict, tuple) else (bool(verdict), "")
+        decision = _as_decision(verdict)
         try:
             # With the digest it judged: a decision never applies to a call it did not see.
-            decided = self.client.decide_approval(approval.approval_id, bool(approve), reason,
+            decided = self.client.decide_approval(approval.approval_id, decision.approve, decision.reason,
+                                                  remember=decision.approve and decision.remember,
                                                   digest=approval.digest)
         except (FailedPrecondition, NotFound) as e:
             # Decided by someone else, expired, or its run ended: nothing left to decide.

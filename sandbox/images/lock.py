@@ -15,9 +15,32 @@ from pathlib import Path
 from sandbox.errors import ImageError
 
 LOCK_ENV = "RINGFENCE_IMAGES_LOCK"
+IMAGES_DIR_ENV = "RINGFENCE_IMAGES_DIR"
 LOCK_VERSION = 1
+# The folder holding control/ and sandbox/: the checkout, or site-packages in an install.
 REPO_ROOT = Path(__file__).resolve().parents[2]
-IMAGES_DIR = REPO_ROOT / "images"
+# The wheel ships images/ (specs, rootfs/ overlays, lock; not the .build/ cache) as this folder
+# next to sandbox/ (setup.py says why there), so a spec's repository `files` resolve the same.
+SHIPPED_IMAGES_DIR = REPO_ROOT / "ringfence_images"
+
+
+def images_dir() -> Path:
+    """The image specs and lock: $RINGFENCE_IMAGES_DIR, else the checkout's images/ when running
+    from a checkout (an editable install included), else the copy shipped in the package.
+
+    A checkout without a lock yet (before its first `--update-lock`) still gets its images/:
+    the shipped copy is chosen only when it exists and there is no checkout lock."""
+    env = os.environ.get(IMAGES_DIR_ENV)
+    if env:
+        return Path(env)
+    checkout = REPO_ROOT / "images"
+    if (checkout / "images.lock").is_file() or not SHIPPED_IMAGES_DIR.is_dir():
+        return checkout
+    return SHIPPED_IMAGES_DIR
+
+
+# Fixed at import (other modules take it as a default argument): set the variable before.
+IMAGES_DIR = images_dir()
 _ID = re.compile(r"sha256:[0-9a-f]{64}")
 
 
@@ -85,7 +108,7 @@ class Lock:
         e = self.get(name)
         if e is None:
             where = self.path or "images.lock"
-            raise ImageError(f"image {name!r} is not pinned in {where}: run `make images`")
+            raise ImageError(f"image {name!r} is not pinned in {where}: run `make images` (or `ringfence images build`)")
         return e
 
     def image_id(self, name: str) -> str:
@@ -142,12 +165,13 @@ class Lock:
 
 
 def load_lock(path: str | os.PathLike | None = None) -> Lock:
-    """Read the lock (default: $RINGFENCE_IMAGES_LOCK, else <repo>/images/images.lock)."""
+    """Read the lock (default: $RINGFENCE_IMAGES_LOCK, else images.lock in images_dir())."""
     path = Path(path) if path is not None else default_lock_path()
     try:
         data = path.read_bytes()
     except FileNotFoundError as e:
-        raise ImageError(f"{path} does not exist: run `make images`") from e
+        raise ImageError(f"{path} does not exist: run `make images` (or `ringfence images build`), "
+                         f"or set {IMAGES_DIR_ENV} / {LOCK_ENV}") from e
     except OSError as e:
         raise ImageError(f"cannot read {path}: {e}") from e
     return Lock.from_bytes(data, path)

@@ -108,6 +108,10 @@ class Ledger(ServiceContainer):
         """The record applied under `key`, or None."""
         return self._get(f"/credits/{key}", allow_404=True)
 
+    def all_credits(self) -> list[dict]:
+        """Every credit on record, in the order applied (asked on the ledger's loopback)."""
+        return self._get("/credits")["credits"]
+
     def balance(self, account: str) -> dict:
         """{"account", "balance", "credits"}."""
         return self._get(f"/accounts/{account}")

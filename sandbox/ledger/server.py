@@ -14,6 +14,9 @@ HTTP/1.1, JSON bodies:
                                              account, amount or reason: nothing is applied
         400 {"error": "bad_request", ...}    no key, malformed body, bad account or amount
     GET /credits/<idempotency_key>           200 record | 404: the look-up reconciliation uses
+    GET /credits                             200 {"credits": [record, ...]} in the order applied;
+                                             on the container's loopback only (403 from the network):
+                                             the operator's view (the demo reads it), not a tool's
     GET /accounts/<account>                  200 {"account", "balance", "credits"}
     GET /stats                               200 {"credits", "replays", "conflicts", "rejected",
                                              "dropped_replies", "network": {"connections", "requests"}}
@@ -222,6 +225,12 @@ class LedgerStore:
         balance, credits = row if row is not None else ("0", 0)
         return {"account": account, "balance": _number(balance), "credits": credits}
 
+    def all(self) -> list[dict]:
+        with self._lock:
+            rows = self._db.execute("SELECT id, idempotency_key, account, amount, applied_at, reason "
+                                    "FROM credits ORDER BY id").fetchall()
+        return [self._record(row) for row in rows]
+
     def count(self) -> int:
         with self._lock:
             return self._db.execute("SELECT count(*) FROM credits").fetchone()[0]
@@ -308,6 +317,11 @@ class LedgerHandler(BaseHTTPRequestHandler):
             return self._reply(200, {"ok": True})
         if path == "/stats":
             return self._reply(200, self.server.stats())
+        if path == "/credits":
+            # Every customer's credits: for the operator on loopback, never for a tool.
+            if self.from_network:
+                return self._reply(403, {"error": "forbidden", "message": "/credits answers on loopback only"})
+            return self._reply(200, {"credits": store.all()})
         if path.startswith("/credits/"):
             key = path[len("/credits/"):]
             if not KEY.fullmatch(key):

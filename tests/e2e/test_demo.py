@@ -1,23 +1,87 @@
-"""`make demo` keeps working: the showcase runs end to end against the real engine."""
+"""`make demo` keeps working, and says what happened: the sandbox showcase and the reference demo
+run end to end as a user runs them (the `ringfence` command, real containers, a real server).
+
+The reference demo's claims are checked where they are made true, not only in its printout: the
+run's event log (which calls were dispatched, which were asked) is read from the store the demo
+kept (--workdir), and the ledger's own counts are what the demo printed from the ledger.
+"""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from control.store import SqliteEventStore
+
 pytestmark = pytest.mark.docker
 
+RINGFENCE = str(Path(sys.executable).with_name("ringfence"))
+THE_END = """\
+outcome     completed
+turns       7
+trajectory  read_file → fetch_url → issue_credit → write_file
+credits     ['acme-9:50.0']
+"""
 
-def test_the_demo_runs_end_to_end(pinned_images):
-    proc = subprocess.run([sys.executable, "-m", "control.demo"], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = proc.stdout
-    assert out.count("as expected") == 8 and "UNEXPECTED" not in out
-    assert "shadow     read_file  denied" in out
-    assert "pay-again  credit     deduplicated" in out
-    assert "outcome completed" in out
-    # The effect, counted at the receiver: one credit applied, never a second.
-    assert "ledger (the receiver): credits applied 1, replays 0, acme-9 balance 50" in out
-    assert out.rstrip().endswith("containers of the demo still present: 0")
+
+def ringfence(*args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([RINGFENCE, *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc
+
+
+def line(out: str, label: str) -> str:
+    [found] = [ln for ln in out.splitlines() if ln.startswith(label)]
+    return found
+
+
+def test_the_sandbox_showcase_runs_end_to_end(pinned_images):
+    out = ringfence("demo", "showcase").stdout
+    assert out.count("as expected") == 8 + 1 and "UNEXPECTED" not in out
+    assert out.rstrip().endswith("8 of 8 as expected; containers left behind: 0")
+
+
+def test_the_reference_demo_runs_end_to_end(pinned_images, tmp_path):
+    out = ringfence("demo", "--workdir", str(tmp_path)).stdout
+    # The four closing lines, byte for byte.
+    assert out.endswith(THE_END), out[-600:]
+    # The approver was asked twice ($500 declined, $50 approved), never for the repeat.
+    assert line(out, "approvals").startswith("approvals       asked 2: $500 declined, $50 approved; ")
+    # The ledger itself: one credit, and only one request ever reached it over the network.
+    assert line(out, "ledger") == "ledger          1 credit(s) applied, 0 replay(s), 1 request(s) over the network"
+    # Input tokens grow turn by turn: each turn's context holds every earlier result.
+    tokens = [int(n) for n in re.findall(r"\d+", line(out, "input tokens").split("(")[0])]
+    assert len(tokens) == 7 and all(a < b for a, b in zip(tokens, tokens[1:])), tokens
+    assert line(out, "containers left") == "containers left 0"
+
+    # The run's own log, from the store the demo kept.
+    run_id = line(out, "run  ").split()[1]
+    store = SqliteEventStore(tmp_path / "state" / "events.sqlite3")
+    try:
+        assert store.runs("demo") == [run_id]
+        events = store.read(run_id)
+    finally:
+        store.close()
+    of = lambda kind: [e.data["call_id"] for e in events if e.type == kind]  # noqa: E731
+    # Executed means dispatched to a sandbox: the denied, declined and deduplicated calls never were.
+    assert sorted(of("dispatch_started")) == ["t1.incident", "t1.runbook", "t4.refund", "t6.summary"]
+    assert of("approval_requested") == ["t3.goodwill", "t4.refund"]
+    assert [e.data["approved"] for e in events if e.type == "approval_decided"] == [False, True]
+    assert len([e for e in events if e.type == "grant_added"]) == 1
+    statuses = {e.data["call_id"]: e.data["status"] for e in events if e.type == "observation"}
+    assert statuses == {"t1.incident": "executed", "t1.runbook": "executed", "t2.users": "denied",
+                        "t3.goodwill": "declined", "t4.refund": "executed", "t5.refund-again": "deduplicated",
+                        "t6.summary": "executed"}
+    assert events[-1].type == "run_finished" and events[-1].data["outcome"] == "completed"
+    assert line(out, "events").startswith(f"events          {len(events)} in the run's log")
+
+    # The trace: one root; every execute_tool under a batch; turn 1's two tools ran at the same time.
+    tree = out.split("trace (", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    assert [ln for ln in tree if "invoke_agent" in ln] == [tree[0]] and tree[0].strip().startswith("invoke_agent")
+    assert sum("execute_tool" in ln for ln in tree) == 4
+    assert all(ln.startswith(("   │  ", "      ")) for ln in tree if "execute_tool" in ln)
+    assert "∥" in next(ln for ln in tree if f"{run_id}.t1 " in ln)

@@ -146,6 +146,17 @@ def test_a_turns_calls_go_as_one_batch(stack):
     assert [r["id"] for r in model.contexts[1].results()] == ["x", "y"]
 
 
+def test_on_turn_sees_each_settled_turn_once(stack):
+    seen = []
+    model = ScriptedModel([say("one"), say("two"), ModelTurn.answer("done")])
+    result = stack.loop(model, run_id="progress-1", on_turn=seen.append).run()
+    assert result.outcome is RunOutcome.COMPLETED
+    # One record per turn that sent calls (the final answer sends none), with its observations.
+    assert [(r.turn, [c.name for c in r.calls], [o.status.value for o in r.observations]) for r in seen] == [
+        (1, ["echo"], ["executed"]), (2, ["echo"], ["executed"])]
+    assert [o.content for r in seen for o in r.observations] == [{"text": "one"}, {"text": "two"}]
+
+
 def test_budget_exhausted_by_the_turn_ceiling(stack):
     model = ScriptedModel(distinct_echoes())
     loop = stack.loop(model, max_turns=2)

@@ -38,3 +38,47 @@ def test_health_follows_the_event_store(tmp_path):
         assert "event store" in s.server.monitor.failing
         broken["on"] = False
         assert wait_for(s.address, SERVING) == SERVING
+
+
+def test_the_monitor_stops_even_when_its_cancellation_is_swallowed():
+    # Before Python 3.12 asyncio.wait_for can swallow a cancellation (when its inner future
+    # completes at that moment); a monitor that relied on cancel() alone then never stopped,
+    # and `ringfence serve` hung on SIGTERM. This servicer swallows it on purpose, every time.
+    import asyncio
+
+    from control.api.health import HealthMonitor, Probe
+
+    class Swallowing:
+        def __init__(self) -> None:
+            self.sets = 0
+
+        async def set(self, name, status):
+            self.sets += 1
+            try:
+                await asyncio.sleep(0.01)
+            except asyncio.CancelledError:
+                pass  # what wait_for does in that race: the task goes on
+
+    async def scenario() -> int:
+        servicer = Swallowing()
+        flip = iter(range(10**6))
+
+        def check() -> None:  # alternates: every check is a transition, so set() is awaited each time
+            if next(flip) % 2:
+                raise OSError("down")
+
+        monitor = HealthMonitor(servicer, [""], [Probe("engine", check)], interval_s=0)
+        await monitor.start()
+        for _ in range(5):
+            await asyncio.sleep(0.005)
+        await asyncio.wait_for(monitor.stop(), 10)
+        return servicer.sets
+
+    # On a thread of its own: a monitor that does not stop must fail this test, not hang it.
+    import threading
+
+    done: list[int] = []
+    thread = threading.Thread(target=lambda: done.append(asyncio.run(scenario())), daemon=True)
+    thread.start()
+    thread.join(30)
+    assert done and done[0] >= 2, "the monitor did not stop"

@@ -28,6 +28,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from api_support import TOKENS, RealCore, StubOrchestrator, fake_backend, make_config
 from control.api.background import BackgroundServer
 from control.client import (
+    ApprovalDecision,
     Approver,
     AsyncClient,
     Client,
@@ -199,7 +200,7 @@ def test_public_exports_are_pinned():
     import control.client.agent
 
     assert sorted(control.client.__all__) == sorted([
-        "Client", "AsyncClient", "Stream", "AsyncStream", "TlsConfig", "RetryPolicy", "Approver",
+        "Client", "AsyncClient", "Stream", "AsyncStream", "TlsConfig", "RetryPolicy", "Approver", "ApprovalDecision",
         "ControlError", "FieldViolation", "InvalidArgument", "NotFound", "AlreadyExists", "FailedPrecondition",
         "Unauthenticated", "PermissionDenied", "ResourceExhausted", "Unavailable", "Internal"])
     assert sorted(control.client.agent.__all__) == sorted([
@@ -302,6 +303,29 @@ def test_the_approver_helper_declines_and_survives_a_failing_callable(agent, app
     trajectory = {o.call_id: o.status for o in agent.get_run(run.run_id).trajectory}
     assert trajectory == {"boom": ObservationStatus.PENDING_APPROVAL, "no": ObservationStatus.DECLINED}
     assert core.backend.starts == 0
+
+
+def test_the_approver_helper_can_approve_and_remember_for_the_run(agent, approver, core):
+    asked = []
+
+    def decide(approval):
+        asked.append(dict(approval.arguments))
+        return ApprovalDecision(True, "small and known", remember=True)
+
+    run = agent.start_run("pay acme-9 twice", "remember-1")
+    with Approver(approver, decide) as helper:
+        [first] = agent.submit_batch(run.run_id, [PAY])
+        assert first.status is ObservationStatus.PENDING_APPROVAL
+        wait_until(lambda: helper.decided, "the helper decided the approval")
+        # The exact call again: the session grant admits it without a second ask.
+        [again] = agent.submit_batch(run.run_id, [dict(PAY, call_id="pay-again")])
+    assert asked == [{"account": "acme-9", "amount": 50}]
+    assert again.status is ObservationStatus.DEDUPLICATED and again.executed is False
+    assert "grant:session" in " ".join(again.verdict_path), again.verdict_path
+    events = [e.type for e in core.store.read(run.run_id)]
+    assert events.count("approval_requested") == 1 and events.count("grant_added") == 1
+    assert core.backend.starts == 1
+    assert helper.errors == []
 
 
 # --- retries ------------------------------------------------------------------------------------

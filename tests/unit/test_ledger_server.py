@@ -240,3 +240,23 @@ def test_a_ledger_file_from_before_reasons_gets_the_column(tmp_path):
         assert store.apply("new", "acme-9", "5", "why")[0]["reason"] == "why"
     finally:
         store.close()
+
+
+def test_every_credit_is_listed_in_order_on_loopback(ledger):
+    ledger.credit(key="k1")
+    ledger.credit(amount=7.5, key="k2")
+    ledger.credit(key="k1")  # a replay is not a second credit
+    status, body = ledger.request("GET", "/credits")
+    assert status == 200
+    assert [(c["idempotency_key"], c["account"], c["amount"]) for c in body["credits"]] == [
+        ("k1", "acme-9", 50), ("k2", "acme-9", 7.5)]
+
+
+def test_the_list_of_credits_is_refused_from_the_network(ledger, monkeypatch):
+    # Every customer's credits are the operator's view, not a tool's: from the network, 403.
+    import sandbox.ledger.server as server
+
+    ledger.credit()
+    monkeypatch.setattr(server, "_from_network", lambda peer: True)
+    status, body = ledger.request("GET", "/credits")
+    assert status == 403 and body["error"] == "forbidden" and "credits" not in body

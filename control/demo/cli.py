@@ -1,0 +1,61 @@
+"""`ringfence demo [reference|showcase|all]`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+EPILOG = """\
+examples:
+  ringfence demo                    the reference incident-response agent (about a minute)
+  ringfence demo showcase           the sandbox alone: ordinary calls and attacks
+  ringfence demo --workdir ./demo   keep the run's event log, then: ringfence runs show RUN_ID \\
+                                      --state-dir ./demo/state
+
+Needs a Docker engine and the pinned images (`make images`, or `make demo` does it all)."""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "demo", help="run the reference agent demo (or the sandbox showcase) end to end",
+        description="Run a demo end to end on this machine's Docker engine: real containers, a real "
+                    "gRPC control plane on a loopback port, nothing mocked but the model.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("which", nargs="?", choices=("reference", "showcase", "all"), default="reference",
+                   help="reference (default): the seven-turn incident-response agent; showcase: the "
+                        "sandbox alone; all: both")
+    p.add_argument("--workdir", type=Path, default=None,
+                   help="keep the demo's state (event log, /input) here instead of a temporary folder")
+    p.set_defaults(func=demo_command)
+
+
+def demo_command(args) -> int:
+    if args.which == "showcase":
+        return _showcase()
+    if args.which == "all":
+        return run_all(args.workdir)
+    return _reference(args.workdir)
+
+
+def _showcase() -> int:
+    from control.demo.showcase import main
+
+    return main()
+
+
+def _reference(workdir: Path | None) -> int:
+    from control.demo.reference import run
+    from sandbox.errors import SandboxError
+
+    try:
+        return run(workdir)
+    except SandboxError as e:
+        print(f"error: {e}\n(is the Docker engine up, and are the images built? `make images`)", file=sys.stderr)
+        return 1
+
+
+def run_all(workdir: Path | None = None) -> int:
+    failed = _showcase()
+    print("\n" + "-" * 100 + "\n", flush=True)
+    return _reference(workdir) or failed

@@ -1,0 +1,158 @@
+"""Every command in the README's shell blocks works as written, tried as a new user would.
+
+Each line of every ```sh block is run (in a scratch folder holding a copy of `examples/`), in an
+order that lets later commands use what earlier ones printed: RUN_ID and APPROVAL_ID are the
+ids `submit` and `approvals` printed. A line this test does not know how to run fails it, so a
+new README command cannot go untested. What is changed, and why:
+
+- the servers listen on port 0 instead of the README's fixed ports (a busy port on a shared
+  machine is not the README's fault); the people commands reach the first one through
+  $RINGFENCE_SERVER, which the README documents;
+- `make demo` / `make test` are not run here: CI runs `make test`, and tests/e2e/test_demo.py
+  runs what `make demo` runs after building the images;
+- grpcurl is not part of ringfence: its lines run only where it is installed;
+- the wheel's two lines are what tests/e2e/test_wheel.py does offline (the build without
+  isolation, the install without the index, the dependencies from this venv).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from serve_support import ROOT, Served
+
+pytestmark = pytest.mark.docker
+
+RINGFENCE = str(Path(sys.executable).with_name("ringfence"))
+
+
+def readme_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    lines: list[str] = []
+    for block in re.findall(r"```sh\n(.*?)```", text, re.S):
+        pending = ""
+        for raw in block.splitlines():
+            line = pending + raw.strip()
+            if line.endswith("\\"):
+                pending = line[:-1] + " "
+                continue
+            pending = ""
+            line = re.sub(r"\s+#\s.*$", "", line).strip()  # a trailing comment
+            if line and not line.startswith("#"):
+                lines.append(line)
+    return lines
+
+
+def split(line: str) -> tuple[dict[str, str], list[str]]:
+    """VAR=value prefixes and the argv, with .venv/bin/ringfence made this venv's."""
+    words = shlex.split(line)
+    env = {}
+    while words and re.fullmatch(r"[A-Z_]+=.*", words[0]):
+        name, value = words.pop(0).split("=", 1)
+        env[name] = value
+    if words and words[0] == ".venv/bin/ringfence":
+        words[0] = RINGFENCE
+    return env, words
+
+
+class Session:
+    def __init__(self, workdir: Path, server: str) -> None:
+        self.workdir = workdir
+        self.env = {**os.environ, "RINGFENCE_SERVER": server}
+        self.env.pop("RINGFENCE_TOKEN", None)
+        self.ids: dict[str, str] = {}
+        self.ran: list[str] = []
+
+    def run(self, line: str) -> subprocess.CompletedProcess:
+        for name, value in self.ids.items():
+            line = line.replace(name, value)
+        env, argv = split(line)
+        proc = subprocess.run(argv, cwd=self.workdir, env={**self.env, **env}, capture_output=True, text=True,
+                              timeout=180)
+        assert proc.returncode == 0, f"{line}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+        self.ran.append(line)
+        return proc
+
+
+def serve_line(line: str, workdir: Path) -> None:
+    """A README `ringfence serve ...` line starts, serves and stops cleanly (port 0)."""
+    _, argv = split(line)
+    args = argv[2:]
+    for flag in ("--listen", "--metrics-listen"):
+        if flag in args:
+            i = args.index(flag)
+            del args[i:i + 2]
+    if "--metrics-listen" in argv:
+        args += ["--metrics-listen", "127.0.0.1:0"]
+    served = Served(None, workdir / ".state", *args, command=[RINGFENCE], cwd=workdir)
+    assert served.stop() == 0, served.lines
+
+
+def test_every_readme_command_works_as_written(pinned_images, tmp_path):
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    lines = readme_commands()
+    todo = list(lines)
+
+    def take(pattern: str) -> list[str]:
+        found = [ln for ln in todo if re.search(pattern, ln)]
+        for ln in found:
+            todo.remove(ln)
+        return found
+
+    take(r"^make (demo|test)$")
+    assert len(take(r"^python3 -m pip (wheel|install) ")) == 2 and (ROOT / "tests/e2e/test_wheel.py").is_file()
+    # The other ways to serve, one at a time (as a user would: they share ./.state).
+    for line in take(r"^\.venv/bin/ringfence serve "):
+        serve_line(line, tmp_path)
+    assert take(r"^\.venv/bin/ringfence serve$") == [".venv/bin/ringfence serve"]
+    served = Served(None, tmp_path / ".state", command=[RINGFENCE], cwd=tmp_path)
+    try:
+        s = Session(tmp_path, served.address)
+
+        # The people's commands, in the README's order, each with the ids the earlier ones printed.
+        [export] = take(r"^export RINGFENCE_TOKEN=")
+        s.env["RINGFENCE_TOKEN"] = export.split("=", 1)[1]
+        [submit] = take(r"ringfence submit ")
+        out = s.run(submit).stdout
+        s.ids["RUN_ID"] = re.match(r"run (\S+)", out).group(1)
+        assert "note         write_note   pending_approval" in out
+        [listing] = take(r"ringfence approvals$")
+        s.ids["APPROVAL_ID"] = re.search(r"^(apr-\S+)", s.run(listing).stdout, re.M).group(1)
+        [approve] = take(r"ringfence approvals approve ")
+        assert "approved" in s.run(approve).stdout
+        [finish] = take(r"ringfence run RUN_ID --finish")
+        shown = s.run(finish).stdout
+        assert "status finished, outcome completed" in shown and "write_note   executed" in shown
+        for line in take(r"ringfence (watch|runs$|tools)"):
+            s.run(line)
+
+        # The event store, read directly (./.state of this folder is the server's).
+        for line in take(r"ringfence runs (show|export|verify|prune)"):
+            s.run(line)
+
+        # The sandbox.
+        for line in take(r"ringfence sandbox "):
+            out = s.run(line).stdout
+            if " exec " in line:
+                result = json.loads(out)
+                assert result["outcome"] in ("ok", "output_limit"), (line, result)
+                if "HTTPS_PROXY" in line:
+                    assert result["stdout"].strip() == "127.0.0.1:3128"
+
+        # grpcurl, where it is installed.
+        for line in take(r"^grpcurl "):
+            if shutil.which("grpcurl"):
+                s.run(line.replace("127.0.0.1:50051", served.address))
+    finally:
+        assert served.stop() == 0
+    assert todo == [], f"README commands this test does not know how to run: {todo}"
+    assert {"RUN_ID", "APPROVAL_ID"} <= set(s.ids)
