@@ -37,6 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
         people_cli = None
     if people_cli is not None:
         people_cli.register(sub)
+    try:  # `ringfence trace RUN_ID`: a run's span tree, from the event store
+        from control.tracing import cli as trace_cli
+    except ImportError:
+        trace_cli = None
+    if trace_cli is not None:
+        trace_cli.register(sub)
     try:  # the demos run a server in-process
         from control.demo import cli as demo_cli
     except ImportError:

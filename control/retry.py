@@ -76,6 +76,10 @@ class Attempt:
     retry_after_s: float | None = None
     duration_ms: int = 0
     outcome: str = ""
+    setup_ms: int = 0
+    """The sandbox's start (create, attach, start) before the tool's `duration_ms`."""
+    image_id: str = ""
+    runtime: str = ""
 
     @property
     def ok(self) -> bool:

@@ -675,6 +675,7 @@ class DockerBackend:
             retry_after_s=retry_after,
             container_name=container.name,
             applied=applied,
+            setup_ms=int((run_started - started) * 1000),
         )
 
     @staticmethod

@@ -52,6 +52,9 @@ class SandboxResult:
     # Egress tools only: every decision the egress proxy took for this call (host, port,
     # allowed or denied and why, bytes), in order.
     egress_events: tuple[Mapping[str, Any], ...] = ()
+    # From the request to the container started (image look-up, create, attach, start): the
+    # sandbox's own cost, before `duration_ms` of the tool's time begins. 0 when nothing started.
+    setup_ms: int = 0
 
     @property
     def ok(self) -> bool:
@@ -66,6 +69,7 @@ class SandboxResult:
             "stdout_truncated": self.stdout_truncated,
             "stderr_truncated": self.stderr_truncated,
             "duration_ms": self.duration_ms,
+            "setup_ms": self.setup_ms,
             "image_id": self.image_id,
             "runtime": self.runtime,
             "error_class": self.error_class.value if self.error_class else None,

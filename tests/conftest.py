@@ -119,3 +119,22 @@ def ledger_backend(docker_client, pinned_images):
         settings = ProxySettings(services=ledger.services(), service_networks=(ledger.network,))
         with EgressProxy(docker_client, lock=pinned_images, settings=settings) as proxy:
             yield ledger, DockerBackend(docker_client, lock=pinned_images, egress_proxy=proxy)
+
+
+@pytest.fixture
+def spans():
+    """The spans of the global tracer provider (the orchestration's and the API's), kept in
+    memory for one test: an SDK provider is installed once per session if none is."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        trace.set_tracer_provider(TracerProvider())
+        provider = trace.get_tracer_provider()
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    yield exporter
+    exporter.shutdown()

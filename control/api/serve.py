@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import ipaddress
 import logging
 import signal
 import sys
@@ -52,6 +51,15 @@ def register(subparsers) -> None:
                         f"(default {REAP_INTERVAL_S:g})")
     p.add_argument("--metrics-listen", default=None, metavar="HOST:PORT",
                    help="also serve Prometheus metrics at http://HOST:PORT/metrics (off by default)")
+    p.add_argument("--otlp-endpoint", default=None, metavar="HOST:PORT",
+                   help="export traces over OTLP/gRPC to this collector (plaintext to a loopback HOST:PORT or "
+                        "http://..., TLS to any other host or https://...; off by default)")
+    p.add_argument("--trace-console", action="store_true",
+                   help="also print every finished span on stdout, one JSON object a line (for debugging)")
+    p.add_argument("--log-format", choices=("text", "json"), default="text",
+                   help="text (default), or json: one JSON object per log line on stderr, including one line "
+                        "per event of every run (run id, call id, trace id; sizes and digests, never arguments "
+                        "or tool output)")
     p.set_defaults(func=serve_command)
 
 
@@ -78,20 +86,18 @@ def _host_port(text: str, flag: str) -> tuple[str, int]:
 
 
 def _is_loopback(listen: str) -> bool:
-    host = listen.rpartition(":")[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    from control.netloc import is_loopback_host
+
+    return is_loopback_host(listen.rpartition(":")[0])
 
 
 def serve_command(args) -> int:
     from control.config import load_config
     from control.errors import ConfigError
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from control.eventlog import configure_logging
+
+    configure_logging(getattr(args, "log_format", "text"))
     try:
         config = load_config(args.config)
         if args.state_dir is not None:
@@ -103,6 +109,13 @@ def serve_command(args) -> int:
         listen = args.listen or config.listen
         tls = _tls(args)
         metrics_at = _host_port(args.metrics_listen, "--metrics-listen") if args.metrics_listen else None
+        otlp_endpoint = getattr(args, "otlp_endpoint", None)
+        if otlp_endpoint is not None and "://" not in otlp_endpoint:
+            try:
+                _host_port(otlp_endpoint, "--otlp-endpoint")
+            except ValueError:
+                raise ValueError(f"--otlp-endpoint must be HOST:PORT (e.g. 127.0.0.1:4317) or an http(s):// URL, "
+                                 f"not {otlp_endpoint!r}") from None
         from control.orchestration.crashpoints import configured as crash_point_configured
 
         if crash_point_configured():
@@ -135,8 +148,15 @@ def serve_command(args) -> int:
     except SandboxError as e:
         print(f"error: the sandbox engine is not usable: {e}", file=sys.stderr)
         return 1
-    store = orchestrator = metrics = None
+    store = orchestrator = metrics = tracing = None
     try:
+        from control.telemetry import configure_tracing
+
+        # Always recording, exporting only when asked: a run's trace id is then in its log and
+        # its JSON log lines whether or not a collector is configured.
+        tracing = configure_tracing(otlp_endpoint, getattr(args, "trace_console", False), record=True)
+        if otlp_endpoint:
+            print(f"ringfence: exporting traces to {otlp_endpoint} (OTLP/gRPC)", flush=True)
         where = config.database_url or config.db_path
         try:
             store = open_store(where)
@@ -144,15 +164,25 @@ def serve_command(args) -> int:
             print(f"error: cannot open the event log at {_redact_url(str(where))}: {e}", file=sys.stderr)
             return 1
         orchestrator = Orchestrator.from_config(config, backend, store)
-        # Runs whose writer (another instance) died mid-way are taken over when its lease expires.
-        orchestrator.start_adopting(config.limits.lease_ttl_s)
+        hooks = []
         if metrics_at is not None:
             from control.metrics import Metrics
 
             metrics = Metrics()
-            orchestrator.on_event = metrics.observe
+            hooks.append(metrics.observe)
             bound = metrics.serve(*metrics_at)
             print(f"ringfence: metrics on http://{metrics_at[0]}:{bound}/metrics", flush=True)
+        if getattr(args, "log_format", "text") == "json":
+            from control.eventlog import EventLogger
+
+            hooks.append(EventLogger().observe)
+        if hooks:
+            from control.eventlog import fan_out
+
+            orchestrator.on_event = hooks[0] if len(hooks) == 1 else fan_out(*hooks)
+        # Runs whose writer (another instance) died mid-way are taken over when its lease expires;
+        # after the hooks, so that what adoption appends is counted and logged too.
+        orchestrator.start_adopting(config.limits.lease_ttl_s)
         return asyncio.run(_serve(listen, orchestrator, config, tls))
     except OSError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -165,6 +195,10 @@ def serve_command(args) -> int:
         if store is not None:
             store.close()
         backend.close()
+        if tracing is not None:
+            from control.telemetry import shutdown_tracing
+
+            shutdown_tracing(tracing)  # after everything that may still end a span
 
 
 async def _serve(listen: str, orchestrator, config, tls) -> int:

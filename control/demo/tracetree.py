@@ -1,9 +1,13 @@
 """A run's spans as a tree in the terminal, from the spans the demo's own tracer provider kept.
 
-    invoke_agent  run demo-…                       the run's root
-    ├─ batch  demo-….t1  2 calls  ∥                one per batch; ∥ = its tools ran at the same time
-    │  ├─ execute_tool  read_file  t1.c1  412 ms
-    │  └─ execute_tool  fetch_url  t1.c2  530 ms
+    invoke_agent  run demo-…                            the run's root
+    ├─ batch  demo-….t1  2 call(s)  1486 ms             one per batch
+    │  ├─ admission  2 allow  2 ms                       every call judged before any runs
+    │  └─ parallel  2 reads  1477 ms  ∥                  ∥ = its tools ran at the same time
+    │     ├─ execute_tool  read_file  t1.c1  ok  412 ms
+    │     │  └─ attempt  1  ok  380 ms
+    │     │     ├─ container_start  250 ms
+    │     │     └─ tool  130 ms
 
 Parents are taken from the spans themselves (parent span id), never inferred from timing: a
 span whose parent is missing shows up as a second root, which is the bug this view exists to
@@ -30,11 +34,22 @@ def _label(span: ReadableSpan) -> str:
                                    if attrs.get("ringfence.resumed") else "?")))
         if "ringfence.calls" in attrs:
             parts.append(f"{attrs['ringfence.calls']} call(s)")
+    elif span.name == "admission":
+        verdicts = sorted((k.rsplit(".", 1)[1], v) for k, v in attrs.items() if k.startswith("ringfence.verdicts."))
+        parts.append(" ".join(f"{n} {verdict}" for verdict, n in verdicts))
+    elif span.name == "parallel":
+        parts.append(f"{attrs.get('ringfence.calls', '?')} reads")
+    elif span.name == "approval_wait":
+        parts += [str(attrs.get("gen_ai.tool.name", "?")), str(attrs.get("gen_ai.tool.call.id", "?")),
+                  str(attrs.get("ringfence.approval.decision", "?"))]
     elif span.name == "execute_tool":
-        parts += [str(attrs.get("gen_ai.tool.name", "?")), str(attrs.get("gen_ai.tool.call.id", "?"))]
+        parts += [str(attrs.get("gen_ai.tool.name", "?")), str(attrs.get("gen_ai.tool.call.id", "?")),
+                  str(attrs.get("ringfence.outcome", ""))]
+    elif span.name == "attempt":
+        parts += [str(attrs.get("ringfence.attempt", "?")), str(attrs.get("ringfence.outcome", ""))]
     if span.name != "invoke_agent" and span.end_time and span.start_time:
         parts.append(f"{(span.end_time - span.start_time) / 1e6:.0f} ms")
-    return "  ".join(parts)
+    return "  ".join(p for p in parts if p)
 
 
 def _overlap(spans: Sequence[ReadableSpan]) -> bool:

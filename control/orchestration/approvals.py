@@ -24,6 +24,7 @@ from control.model import (
     Principal,
     RunOutcome,
 )
+from control.orchestration import spans
 from control.orchestration.admission import Decision
 from control.orchestration.dispatch import Admitted, Dispatcher
 from control.orchestration.runs import BusyElsewhere, RunRepository
@@ -121,6 +122,7 @@ class ApprovalDesk:
             if approval.status is ApprovalStatus.PENDING and now >= approval.expires_at:
                 pending = state.pending.get(approval.call_id)
                 self.repo.append(state, EventType.APPROVAL_EXPIRED, {"approval_id": approval.approval_id})
+                spans.approval_wait(self._run_context(state), approval, "expired", now)
                 if pending is not None:
                     self.repo.observe(state, self.unresolved(pending, "approval expired", "approval_expired",
                                                              "approval:expired"))
@@ -182,6 +184,8 @@ class ApprovalDesk:
                     "tool": pending.tool, "arguments": dict(pending.arguments),
                     "signature": signature(pending.tool, pending.arguments), "by": p.subject,
                     "approval_id": approval_id})
+            spans.approval_wait(self._run_context(state), state.approvals[approval_id],
+                                "approved" if approve else "declined", self._clock())
             if not approve:
                 self.repo.observe(state, self.unresolved(
                     pending, f"declined by {p.subject}" + (f": {reason}" if reason else ""), None, "approval:declined"))
@@ -210,7 +214,9 @@ class ApprovalDesk:
         item = Admitted(pending.call_id, manifest, dict(pending.arguments), path + ("approval:approved", "admitted"),
                         approval_id=approval.approval_id, client_key=pending.client_key,
                         recorded_key=pending.idempotency_key)
+        # After the approval_wait span (same parent, later in time): admission, wait, execution.
         with _tracer.start_as_current_span("batch", context=self._run_context(state),
-                                           attributes={"ringfence.run_id": state.run_id, "ringfence.resumed": True}):
+                                           attributes={"ringfence.run_id": state.run_id, "ringfence.resumed": True,
+                                                       "ringfence.approval_id": approval.approval_id}):
             ctx = otel_context.get_current()
             return self._execute(state, [item], ctx)[pending.call_id]

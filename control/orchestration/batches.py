@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections import Counter
 from typing import Callable, Mapping, Sequence
 
 from opentelemetry import context as otel_context
@@ -27,7 +28,7 @@ from control.orchestration.crashpoints import crash_point
 from control.orchestration.dispatch import Admitted, Dispatcher
 from control.orchestration.runs import RUN_ID, RunRepository
 from control.orchestration.stops import RunStops
-from control.orchestration.values import plain
+from control.values import plain
 from control.state import EventType, RunState
 from control.validation import sha256_hex
 
@@ -137,21 +138,27 @@ class BatchRunner:
                 attributes={"ringfence.run_id": state.run_id, "ringfence.batch_id": batch_id,
                             "ringfence.calls": len(calls)}):
             batch_ctx = otel_context.get_current()
-            # Steps 1-6 for EVERY call before any runs (a pure function of the run's state).
-            decisions = admit_batch(calls, self._admission(state))
-            # The log never keeps a secret the scanner found: arguments are recorded redacted
-            # (a no-op for clean ones; only clean calls go further than the log).
-            self.repo.append(state, EventType.BATCH_STARTED, {
-                "batch_id": batch_id, "turn": state.turns + 1, "fingerprint": batch_fingerprint(calls),
-                "calls": [{"call_id": c.call_id, "tool": c.tool, "arguments": guardrails.redact(plain(c.arguments))}
-                          for c in calls]})
-            for d in decisions:
-                self.repo.append(state, EventType.CALL_DECIDED, {
-                    "call_id": d.call.call_id, "tool": d.call.tool,
-                    "arguments": guardrails.redact(plain(d.arguments if d.arguments is not None else d.call.arguments)),
-                    "signature": d.signature, "verdict": d.verdict.value, "verdict_path": list(d.path),
-                    "reason": d.reason, "proposed_by": proposed_by,
-                    "client_key": d.call.idempotency_key})
+            with _tracer.start_as_current_span("admission", context=batch_ctx,
+                                               attributes={"ringfence.calls": len(calls)}) as admission:
+                # Steps 1-6 for EVERY call before any runs (a pure function of the run's state).
+                decisions = admit_batch(calls, self._admission(state))
+                # The log never keeps a secret the scanner found: arguments are recorded redacted
+                # (a no-op for clean ones; only clean calls go further than the log).
+                self.repo.append(state, EventType.BATCH_STARTED, {
+                    "batch_id": batch_id, "turn": state.turns + 1, "fingerprint": batch_fingerprint(calls),
+                    "calls": [{"call_id": c.call_id, "tool": c.tool,
+                               "arguments": guardrails.redact(plain(c.arguments))} for c in calls]})
+                for d in decisions:
+                    self.repo.append(state, EventType.CALL_DECIDED, {
+                        "call_id": d.call.call_id, "tool": d.call.tool,
+                        "arguments": guardrails.redact(plain(d.arguments if d.arguments is not None
+                                                             else d.call.arguments)),
+                        "signature": d.signature, "verdict": d.verdict.value, "verdict_path": list(d.path),
+                        "reason": d.reason, "proposed_by": proposed_by,
+                        "client_key": d.call.idempotency_key})
+                verdicts = Counter(d.verdict.value for d in decisions)
+                for verdict, n in sorted(verdicts.items()):
+                    admission.set_attribute(f"ringfence.verdicts.{verdict}", n)
             crash_point("after_batch_admitted")
             halts = [d for d in decisions if d.verdict is AdmissionVerdict.HALT]
             if halts:

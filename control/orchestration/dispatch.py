@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
@@ -29,6 +30,7 @@ from control.state import EventType, RunState
 from control.store.base import KeyTaken
 from control.validation import signature
 from control.orchestration.crashpoints import crash_point
+from control.orchestration import spans
 from control.orchestration.runs import RunRepository
 from control.orchestration.stops import RunStops, sandbox_run_id
 from sandbox.backend import SandboxBackend, SandboxRequest
@@ -102,8 +104,12 @@ class Dispatcher:
         writes = [a for a in admitted if a.manifest.mutates]
         with self.stops.deadline_watch(state):
             if reads:
-                futures = [self._pool.submit(self.dispatch, state, a, ctx) for a in reads]
-                completions = [f.result() for f in futures]
+                with _tracer.start_as_current_span("parallel", context=ctx, attributes={
+                        "ringfence.run_id": state.run_id, "ringfence.calls": len(reads)}):
+                    # Handed to each worker explicitly: pool threads start with an empty context.
+                    group = otel_context.get_current()
+                    futures = [self._pool.submit(self.dispatch, state, a, group) for a in reads]
+                    completions = [f.result() for f in futures]
                 for a, completion in zip(reads, completions):
                     out[a.call_id] = self.repo.observe(state, completion)
             for a in writes:
@@ -121,6 +127,8 @@ class Dispatcher:
         key = a.recorded_key or self.key_for(state, manifest, a.arguments, a.client_key)
         if key is not None and key in state.completions:
             # 8 idempotency: recorded completion -> the stored result, no dispatch.
+            trace.get_current_span(ctx).add_event("idempotency.hit", {
+                "gen_ai.tool.name": manifest.name, "gen_ai.tool.call.id": a.call_id})
             return self._deduplicated(a, state.completions[key]["content"])
         claim: list[str] = []
         if a.client_key is not None and key is not None and not self._holds_client_key(state, a.call_id, key):
@@ -152,33 +160,49 @@ class Dispatcher:
                 return replace(earlier, call_id=a.call_id, verdict_path=a.path + earlier.verdict_path,
                                approval_id=a.approval_id)
             return self._deduplicated(a, earlier)
+        profile = self.profile(manifest)
+        # The parent is the argument, never the thread's current context: on a pool thread
+        # there is none, and the span would float free as a root of its own.
         with _tracer.start_as_current_span(
                 "execute_tool", context=ctx, kind=trace.SpanKind.INTERNAL,
                 attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": manifest.name,
-                            "gen_ai.tool.call.id": a.call_id, "ringfence.run_id": state.run_id}) as span:
+                            "gen_ai.tool.call.id": a.call_id, "ringfence.run_id": state.run_id,
+                            "ringfence.verdict_path": " > ".join(a.path),
+                            "ringfence.approval_id": a.approval_id or "",
+                            "ringfence.idempotency.hit": False,
+                            **spans.tool_attributes(manifest, profile, a.arguments)}) as span:
+            tool_ctx = otel_context.get_current()
             request_body = json.dumps({"tool": manifest.name, "arguments": a.arguments, "call_id": a.call_id,
                                        "idempotency_key": key}, separators=(",", ":")).encode()
-            profile = self.profile(manifest)
 
             def attempt(n: int) -> Attempt:
+                started_ns = time.time_ns()
                 if n > 1 and not breaker.allow():
                     result = Attempt(n, FailureClass.CIRCUIT_OPEN, message="circuit opened during retries")
                 else:
                     result = self._attempt(state, a, profile, request_body, n)
                     breaker.record(result.failure)
+                spans.attempt_span(tool_ctx, started_ns, time.time_ns(), result)
                 self.repo.append(state, EventType.ATTEMPT, {
                     "call_id": a.call_id, "attempt": n,
                     "failure_class": result.failure.value if result.failure else None,
                     "outcome": result.outcome, "message": guardrails.redact(result.message[:1000]),
-                    "retry_after_s": result.retry_after_s, "duration_ms": result.duration_ms})
+                    "retry_after_s": result.retry_after_s, "duration_ms": result.duration_ms,
+                    "setup_ms": result.setup_ms, "image_id": result.image_id, "runtime": result.runtime})
                 return result
 
             final = retry_call(attempt, self._retry, sleep=self._sleep, rng=self._rng)
             attempts = state.attempts.get(a.call_id, final.number)
             span.set_attribute("ringfence.attempts", attempts)
+            span.set_attribute("ringfence.outcome", final.outcome or "")
+            if final.image_id:
+                span.set_attribute("container.image.id", final.image_id)
+            if final.ok:
+                span.set_attribute("ringfence.result.bytes", spans.digest_of(final.content)[0])
             if final.failure:
                 span.set_attribute("error.type", final.failure.value)
-                span.set_status(trace.Status(trace.StatusCode.ERROR, final.message[:200]))
+                # The failure's class, not its message: a tool's message can quote its input.
+                span.set_status(trace.Status(trace.StatusCode.ERROR, final.failure.value))
         # 10 completion, after the tool returned. The result guardrail's verdict is computed first
         # so that the durable record (and any deduplicated replay of it) never holds the secret.
         guard = guardrails.check_result(final.content) if final.ok else None
@@ -282,6 +306,7 @@ class Dispatcher:
             # Every decision of the egress proxy becomes an event of the call.
             self.repo.append(state, EventType.EGRESS, {"call_id": a.call_id, "attempt": n,
                                                        "decisions": [dict(e) for e in result.egress_events]})
+        sandbox = {"setup_ms": result.setup_ms, "image_id": result.image_id, "runtime": result.runtime}
         failure = classify(result)
         if failure is FailureClass.UNCERTAIN and not a.manifest.mutates:
             # A read that may or may not have run had no effect either way: try it again.
@@ -294,12 +319,12 @@ class Dispatcher:
                     raise ValueError("not a runner success document")
             except (ValueError, IndexError, UnicodeDecodeError) as e:
                 return Attempt(n, FailureClass.FATAL, message=f"tool output is not the runner protocol: {e}",
-                               duration_ms=result.duration_ms, outcome=result.outcome.value)
+                               duration_ms=result.duration_ms, outcome=result.outcome.value, **sandbox)
             return Attempt(n, None, content=doc["content"], duration_ms=result.duration_ms,
-                           outcome=result.outcome.value)
+                           outcome=result.outcome.value, **sandbox)
         message = result.message or f"{result.outcome.value}"
         return Attempt(n, failure, message=message, retry_after_s=result.retry_after_s,
-                       duration_ms=result.duration_ms, outcome=result.outcome.value)
+                       duration_ms=result.duration_ms, outcome=result.outcome.value, **sandbox)
 
 
 def completion_observation(call_id: str, tool: str, completion: Mapping[str, Any],

@@ -184,7 +184,11 @@ class Orchestrator:
             except NotFound:
                 pass  # a new run
             now = self._clock()
+            # The run is a trace of its own (it outlives the RPC that started it, and its later
+            # batches come from other RPCs), linked to the caller's span when there is one.
+            caller = trace.get_current_span().get_span_context()
             with _tracer.start_as_current_span("invoke_agent", context=otel_context.Context(),
+                                               links=[trace.Link(caller)] if caller.is_valid else [],
                                                attributes={"gen_ai.operation.name": "invoke_agent",
                                                            "ringfence.run_id": run_id,
                                                            "ringfence.tenant": p.tenant}) as span:

@@ -16,13 +16,13 @@ from typing import Any
 
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_KEYS_NOTE = (
+KEYS_NOTE = (
     "RUN_ID is the run's key in the store: normally the run id a client used, but a run created "
     "while another tenant already had a run with the same id is stored as TENANT/RUN_ID."
 )
 
 
-class _Fail(Exception):
+class StoreCommandError(Exception):
     def __init__(self, message: str, code: int = 1) -> None:
         super().__init__(message)
         self.code = code
@@ -36,7 +36,8 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * _UNIT_S[m.group(2)]
 
 
-def register(subparsers) -> None:
+def store_options() -> argparse.ArgumentParser:
+    """The options that say which store to read (a parent parser): also `ringfence trace`'s."""
     common = argparse.ArgumentParser(add_help=False)
     where = common.add_argument_group("which store")
     where.add_argument("--state-dir", type=Path, default=None,
@@ -46,24 +47,29 @@ def register(subparsers) -> None:
                        help="ringfence.toml whose state_dir to use (as `ringfence serve --config`)")
     where.add_argument("--database-url", default=None, metavar="URL",
                        help="a PostgreSQL store instead: postgresql://user@host:port/dbname")
+    return common
+
+
+def register(subparsers) -> None:
+    common = store_options()
 
     p = subparsers.add_parser(
         "runs", help="show, export, verify or prune the runs in the event store",
         description="Inspect the event store directly: one run's events, its audit hash chain, and "
-                    "retention of finished runs. " + _KEYS_NOTE)
+                    "retention of finished runs. " + KEYS_NOTE)
     sub = p.add_subparsers(dest="runs_command", required=True, metavar="ACTION")
 
     show = sub.add_parser("show", parents=[common], help="a run's state and its events, one per line",
                           description="Print a run's tenant, status and outcome (the fold of its events), "
                                       "whether its hash chain is intact, and every event: seq, time (UTC), "
-                                      "type, data. " + _KEYS_NOTE)
+                                      "type, data. " + KEYS_NOTE)
     show.add_argument("run_id", metavar="RUN_ID")
     show.set_defaults(func=_show)
 
     export = sub.add_parser("export", parents=[common], help="a run's events as JSON lines, with their hashes",
                             description="Write a run's events to stdout, one JSON object per line in seq "
                                         "order: run_id, seq, type, data, schema_version, at, prev_hash, hash. "
-                                        + _KEYS_NOTE)
+                                        + KEYS_NOTE)
     export.add_argument("run_id", metavar="RUN_ID")
     export.set_defaults(func=_export)
 
@@ -72,7 +78,7 @@ def register(subparsers) -> None:
                                         "when every event links to its predecessor and matches its hash; exit 1 "
                                         "with the first bad seq and why (an edited, dropped, reordered event or a "
                                         "forged hash) otherwise. A cut-off tail can only be seen against a head "
-                                        "hash recorded elsewhere. " + _KEYS_NOTE)
+                                        "hash recorded elsewhere. " + KEYS_NOTE)
     verify.add_argument("run_id", metavar="RUN_ID")
     verify.set_defaults(func=_verify)
 
@@ -85,7 +91,7 @@ def register(subparsers) -> None:
     prune.set_defaults(func=_prune)
 
 
-def _run(args, action) -> int:
+def run_on_store(args, action) -> int:
     from control.errors import ConfigError
     from control.store import StoreError
 
@@ -93,7 +99,7 @@ def _run(args, action) -> int:
     try:
         store, where = _open(args)
         return action(args, store, where)
-    except _Fail as e:
+    except StoreCommandError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.code
     except ConfigError as e:
@@ -117,9 +123,9 @@ def _open(args):
 
     if args.database_url is not None:
         if args.state_dir is not None or args.config is not None:
-            raise _Fail("--database-url goes alone: not with --state-dir or --config", 2)
+            raise StoreCommandError("--database-url goes alone: not with --state-dir or --config", 2)
         if not is_database_url(args.database_url):
-            raise _Fail("--database-url must start with postgresql:// (or postgres://)", 2)
+            raise StoreCommandError("--database-url must start with postgresql:// (or postgres://)", 2)
         # The URL may carry a password: never echo it back.
         return open_store(args.database_url), "the PostgreSQL store"
     state_dir = args.state_dir
@@ -130,11 +136,11 @@ def _open(args):
     path = Path(state_dir) / SQLITE_FILENAME
     if not path.is_file():
         # Opening would create an empty log there: a typo must not look like "no runs".
-        raise _Fail(f"there is no event log at {path} (choose one with --state-dir, --config or --database-url)")
+        raise StoreCommandError(f"there is no event log at {path} (choose one with --state-dir, --config or --database-url)")
     return open_store(path), str(path)
 
 
-def _events(store, run_id: str, where: str):
+def run_events(store, run_id: str, where: str):
     events = store.read(run_id)
     if events:
         return events
@@ -142,7 +148,7 @@ def _events(store, run_id: str, where: str):
     namespaced = [key for _tenant, key in store.all_runs() if key.endswith("/" + run_id)]
     if namespaced:
         hint = f"; runs stored under a tenant-namespaced key: {', '.join(namespaced)}"
-    raise _Fail(f"no run {run_id!r} in {where}{hint}. RUN_ID is the key as stored (TENANT/RUN_ID when "
+    raise StoreCommandError(f"no run {run_id!r} in {where}{hint}. RUN_ID is the key as stored (TENANT/RUN_ID when "
                 "another tenant had already used the id)")
 
 
@@ -151,14 +157,14 @@ def _when(at: float) -> str:
 
 
 def _show(args) -> int:
-    return _run(args, _do_show)
+    return run_on_store(args, _do_show)
 
 
 def _do_show(args, store, where) -> int:
     from control.state import fold
     from control.store.audit import canonical_json, verify
 
-    events = _events(store, args.run_id, where)
+    events = run_events(store, args.run_id, where)
     try:
         state = fold(events)
         status = str(state.status) + (f" ({state.outcome})" if state.outcome else "")
@@ -177,13 +183,13 @@ def _do_show(args, store, where) -> int:
 
 
 def _export(args) -> int:
-    return _run(args, _do_export)
+    return run_on_store(args, _do_export)
 
 
 def _do_export(args, store, where) -> int:
     from control.store.audit import canonical_json
 
-    for e in _events(store, args.run_id, where):
+    for e in run_events(store, args.run_id, where):
         line: dict[str, Any] = {"run_id": e.run_id, "seq": e.seq, "type": e.type, "data": e.data,
                                 "schema_version": e.schema_version, "at": e.at, "prev_hash": e.prev_hash,
                                 "hash": e.hash}
@@ -192,13 +198,13 @@ def _do_export(args, store, where) -> int:
 
 
 def _verify(args) -> int:
-    return _run(args, _do_verify)
+    return run_on_store(args, _do_verify)
 
 
 def _do_verify(args, store, where) -> int:
     from control.store.audit import verify
 
-    report = verify(_events(store, args.run_id, where))
+    report = verify(run_events(store, args.run_id, where))
     if report.ok:
         print(f"ok: {report.events} events, chain intact")
         return 0
@@ -207,7 +213,7 @@ def _do_verify(args, store, where) -> int:
 
 
 def _prune(args) -> int:
-    return _run(args, _do_prune)
+    return run_on_store(args, _do_prune)
 
 
 def _do_prune(args, store, where) -> int:

@@ -79,9 +79,14 @@ def test_the_reference_demo_runs_end_to_end(pinned_images, tmp_path):
     assert events[-1].type == "run_finished" and events[-1].data["outcome"] == "completed"
     assert line(out, "events").startswith(f"events          {len(events)} in the run's log")
 
-    # The trace: one root; every execute_tool under a batch; turn 1's two tools ran at the same time.
+    # The trace: one root; every execute_tool under a batch; turn 1's two tools ran at the same
+    # time, in its parallel group; each approval a wait of its own; each try its container start.
     tree = out.split("trace (", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
     assert [ln for ln in tree if "invoke_agent" in ln] == [tree[0]] and tree[0].strip().startswith("invoke_agent")
     assert sum("execute_tool" in ln for ln in tree) == 4
     assert all(ln.startswith(("   │  ", "      ")) for ln in tree if "execute_tool" in ln)
-    assert "∥" in next(ln for ln in tree if f"{run_id}.t1 " in ln)
+    [group] = [ln for ln in tree if "parallel" in ln]
+    assert "2 reads" in group and group.endswith("∥")
+    assert [ln.split("approval_wait", 1)[1].split()[:3] for ln in tree if "approval_wait" in ln] == [
+        ["issue_credit", "t3.goodwill", "declined"], ["issue_credit", "t4.refund", "approved"]]
+    assert sum("container_start" in ln for ln in tree) == 4

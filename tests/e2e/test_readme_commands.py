@@ -136,7 +136,7 @@ def test_every_readme_command_works_as_written(pinned_images, tmp_path):
             s.run(line)
 
         # The event store, read directly (./.state of this folder is the server's).
-        for line in take(r"ringfence runs (show|export|verify|prune)"):
+        for line in take(r"ringfence (runs (show|export|verify|prune)|trace) "):
             s.run(line)
 
         # The sandbox.

@@ -1,4 +1,4 @@
-"""Runs: every terminal outcome forced, tenant isolation, plans, watchers, replay equality, spans."""
+"""Runs: every terminal outcome forced, tenant isolation, plans, watchers, replay equality (spans: test_tracing_spans.py)."""
 
 from __future__ import annotations
 
@@ -336,47 +336,6 @@ def test_watch_approvals_yields_pending_then_new(tmp_path):
 
 def test_live_state_equals_the_fold_of_every_prefix(tmp_path):
     replay_equals_live_at_every_prefix(tmp_path)
-
-
-# -- tracing --------------------------------------------------------------------------------
-
-
-@pytest.fixture()
-def spans():
-    from opentelemetry import trace
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
-        provider = trace.get_tracer_provider()
-    exporter = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    yield exporter
-    exporter.shutdown()
-
-
-
-def test_tool_spans_are_parented_to_their_batch_and_one_root_per_run(tmp_path, spans):
-    h = Harness(tmp_path)
-    run = h.run()
-    h.submit(run, ("echo", {"text": "1"}), ("echo", {"text": "2"}))
-    h.submit(run, ("write_note", {"name": "n", "text": "x"}))
-    finished = [s for s in spans.get_finished_spans() if s.attributes.get("ringfence.run_id") == run]
-    roots = [s for s in finished if s.name == "invoke_agent"]
-    batches = [s for s in finished if s.name == "batch"]
-    tools = [s for s in finished if s.name == "execute_tool"]
-    assert len(roots) == 1 and len(batches) == 2 and len(tools) == 3
-    root = roots[0]
-    assert {s.context.trace_id for s in finished} == {root.context.trace_id}
-    assert all(b.parent.span_id == root.context.span_id for b in batches)
-    batch_ids = {b.context.span_id for b in batches}
-    assert all(t.parent.span_id in batch_ids for t in tools)
-    assert sorted((t.attributes["gen_ai.tool.name"], t.attributes["gen_ai.tool.call.id"]) for t in tools) == [
-        ("echo", "c1"), ("echo", "c2"), ("write_note", "c3")]
 
 
 def test_watching_a_finished_run_past_its_end_returns(tmp_path):
