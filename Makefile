@@ -50,7 +50,13 @@ demo: venv images ## build the images, then the sandbox showcase and the referen
 	$(VENV)/bin/ringfence demo showcase
 	$(VENV)/bin/ringfence demo
 
-bench: venv images postgres ## run the benchmarks in bench/ (prints ratios against an in-run baseline)
+BENCH_STAMP := $(VENV)/.bench-stamp
+
+$(BENCH_STAMP): $(STAMP) pyproject.toml setup.py
+	$(PY) -m pip install -q -e '.[dev,bench]'
+	@touch $@
+
+bench: venv images postgres $(BENCH_STAMP) ## run the benchmarks in bench/ (ratios against an in-run baseline; results in bench/results/)
 	$(PY) -m bench
 
 lint: venv ## byte-compile everything and check the import rules

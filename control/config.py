@@ -79,7 +79,7 @@ class Limits:
     max_plan_steps: int = 100
     max_argument_bytes: int = 64 * 1024
     max_message_bytes: int = 1024 * 1024
-    max_concurrent_batches: int = 4
+    max_concurrent_batches: int = 32
     max_batch_calls: int = 32
     max_turns: int = 50
     max_cost: float = 100.0
@@ -106,6 +106,23 @@ class EgressConfig:
 
 
 @dataclass(frozen=True)
+class PoolConfig:
+    """Warm containers (sandbox.pool): started ahead of the calls, one per call, never reused."""
+
+    size: int = 2
+    """Ready containers per container shape (image + settings); 0 turns the pool off."""
+
+    idle_s: float = 300.0
+    """A ready container unused this long is replaced; a shape unused this long is let go."""
+
+    max_shapes: int = 8
+    """Shapes kept warm at once (least recently used let go first)."""
+
+    exclude: tuple[str, ...] = ()
+    """Tools that always get a container created for their call (opted out of the pool)."""
+
+
+@dataclass(frozen=True)
 class Config:
     state_dir: Path
     listen: str
@@ -117,6 +134,8 @@ class Config:
     """container root -> host directory, mounted read-only for tools whose roots name it."""
 
     egress: EgressConfig = field(default_factory=EgressConfig)
+
+    pool: PoolConfig = field(default_factory=PoolConfig)
 
     database_url: str = ""
     """postgresql://... to keep the event log in PostgreSQL (several instances may share it);
@@ -189,7 +208,7 @@ def _known(key: str, table: Mapping, allowed: set[str]) -> None:
 def parse_config(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> Config:
     base_dir = base_dir or Path.cwd()
     _known("", raw, {"state_dir", "listen", "tools_dir", "tenants", "policy", "limits", "inputs", "egress",
-                     "database_url"})
+                     "pool", "database_url"})
     state_dir = Path(_expect("state_dir", raw.get("state_dir", "./.state"), str, "a path"))
     if not state_dir.is_absolute():
         state_dir = base_dir / state_dir
@@ -220,6 +239,7 @@ def parse_config(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> Con
     policy = _parse_policy(_expect("policy", raw.get("policy", {}), Mapping, "a table"))
     limits = _parse_limits(_expect("limits", raw.get("limits", {}), Mapping, "a table"))
     egress = _parse_egress(_expect("egress", raw.get("egress", {}), Mapping, "a table"))
+    pool = _parse_pool(_expect("pool", raw.get("pool", {}), Mapping, "a table"))
     database_url = _expect("database_url", raw.get("database_url", ""), str, "a postgresql:// URL")
     if database_url and not database_url.startswith(("postgresql://", "postgres://")):
         raise ConfigError("database_url", "must be a postgresql:// URL (or empty for SQLite)")
@@ -232,8 +252,26 @@ def parse_config(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> Con
         limits=limits,
         inputs=inputs,
         egress=egress,
+        pool=pool,
         database_url=database_url,
     )
+
+
+def _parse_pool(raw: Mapping) -> PoolConfig:
+    _known("pool", raw, {"size", "idle_s", "max_shapes", "exclude"})
+    size = _expect("pool.size", raw.get("size", PoolConfig.size), int, "an integer")
+    if not 0 <= size <= 64:
+        raise ConfigError("pool.size", "must be 0 (off) to 64")
+    idle_s = float(_expect("pool.idle_s", raw.get("idle_s", PoolConfig.idle_s), (int, float), "seconds"))
+    if not 1 <= idle_s <= 86400:
+        raise ConfigError("pool.idle_s", "must be 1 to 86400 seconds")
+    max_shapes = _expect("pool.max_shapes", raw.get("max_shapes", PoolConfig.max_shapes), int, "an integer")
+    if not 1 <= max_shapes <= 64:
+        raise ConfigError("pool.max_shapes", "must be 1 to 64")
+    exclude = _expect("pool.exclude", raw.get("exclude", []), list, "a list of tool names")
+    if not all(isinstance(t, str) and t for t in exclude):
+        raise ConfigError("pool.exclude", "must be a list of tool names")
+    return PoolConfig(size=size, idle_s=idle_s, max_shapes=max_shapes, exclude=tuple(exclude))
 
 
 def _parse_egress(raw: Mapping) -> EgressConfig:

@@ -32,6 +32,9 @@ class SandboxRequest:
     run_id: str = "adhoc"
     call_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     stdin_limit: int = 4 * 1024 * 1024
+    warm: bool = True
+    """May run in a warm container of the backend's pool (when it has one); False: always a
+    container created for this call (a tool that opts out)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "argv", tuple(self.argv))

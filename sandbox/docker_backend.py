@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import hashlib
+import inspect
 import json
+import os
+import queue
 import select
 import socket
 import struct
@@ -32,15 +36,22 @@ from docker.models.containers import _create_container_args  # containers.create
 from docker.types import LogConfig, Mount, Ulimit
 
 from sandbox import labels as L
-from sandbox import etc_files, seccomp
+from sandbox import etc_files, launcher, seccomp
 from sandbox.backend import SandboxRequest
 from sandbox.errors import EngineError, ImageError, ProfileError
+from sandbox.pool import PoolSettings, Warm, WarmPool
 from sandbox.profile import ENGINE_RUNTIME, SandboxProfile
 from sandbox.result import Outcome, SandboxResult, ToolErrorClass, classify_exit
 from sandbox.witness import InitWitness
 
 # The runner (images/tool) exits with this status after writing a structured tool error.
 RUNNER_TOOL_ERROR_EXIT = 3
+# A warm container's command when the call's command or environment is not known ahead of it:
+# it reads one launch line on stdin and execs it (sandbox.launcher).
+LAUNCHER_ARGV = ["python3", "-I", "-S", "-B", "-c", inspect.getsource(launcher)]
+# How long a warm container may live past its pool's idle limit, for the reaper's deadline label:
+# the longest wall time a call may have (SandboxProfile caps timeout_s) and a margin.
+_POOL_DEADLINE_MARGIN_S = 3600 + 60
 _STDOUT, _STDERR = 1, 2
 _HOSTNAME = etc_files.HOSTNAME
 # DNS: a resolver on the sandbox's own loopback where nothing listens. Docker would otherwise
@@ -313,9 +324,13 @@ class DockerBackend:
     """Runs each request in a fresh container on the local engine."""
 
     def __init__(self, client: docker.DockerClient | None = None, *, lock: Any = None,
-                 egress_proxy: Any = None, on_egress_report: Any = None, egress_settings: Any = None) -> None:
+                 egress_proxy: Any = None, on_egress_report: Any = None, egress_settings: Any = None,
+                 pool: PoolSettings | None = None) -> None:
         try:
-            self._client = client or docker.from_env(timeout=60)
+            # max_pool_size: every concurrent call talks to the engine; past docker-py's default
+            # of 10 connections per URL, urllib3 drops connections, and docker-py's per-URL pool
+            # cache can close a pool another thread is using (seen at 20 concurrent calls).
+            self._client = client or docker.from_env(timeout=60, max_pool_size=64)
             self._client.ping()
         except docker.errors.DockerException as e:
             raise EngineError(f"cannot reach the Docker engine: {e}") from e
@@ -336,6 +351,15 @@ class DockerBackend:
         self._egress_settings = egress_settings
         self._egress_mutex = threading.Lock()
         self._on_egress_report = on_egress_report
+        # Warm containers (sandbox.pool): None unless asked for, and never for size 0.
+        self.pool: WarmPool | None = None
+        self._shape_digests: dict[str, str] = {}
+        # Warm containers are removed after their call off its critical path (drained on close).
+        self._removals: queue.SimpleQueue = queue.SimpleQueue()
+        self._remover: threading.Thread | None = None
+        if pool is not None and pool.size > 0:
+            self.pool = WarmPool(pool, shape=self._pool_shape, make=self._make_warm, discard=self._discard_warm,
+                                 alive=self._warm_alive, busy=self._busy)
 
     @property
     def client(self) -> docker.DockerClient:
@@ -347,6 +371,12 @@ class DockerBackend:
         return self._egress_proxy
 
     def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()  # before the proxy: warm egress containers hold its directories
+        if self._remover is not None:
+            self._removals.put(None)
+            self._remover.join(60)
+            self._remover = None
         if self._reaper is not None:
             self._reaper.stop()
             self._reaper = None
@@ -411,6 +441,11 @@ class DockerBackend:
         image_id = self._image_id(profile.image)
         if profile.runtime == "gvisor" and "runsc" not in self.runtimes():
             raise ProfileError("runtime", "the engine has no runsc runtime (run `make gvisor`)")
+        if self.pool is not None and self._stopping is None:
+            shaped = self._pool_shape(request, image_id)
+            warm = self.pool.claim(request, shaped) if shaped is not None else None
+            if warm is not None:
+                return self._run_warm(warm, request, reports)
         name = f"rf-{request.run_id[:24]}-{request.call_id[:24]}-{uuid.uuid4().hex[:6]}".replace(":", "_")
         container_labels = L.base_labels("call", deadline_s=profile.timeout_s + 60)
         container_labels.update({L.RUN_LABEL: request.run_id, L.CALL_LABEL: request.call_id})
@@ -486,6 +521,200 @@ class DockerBackend:
                 if self._on_egress_report is not None:
                     self._on_egress_report(request, report)
 
+    # -- warm containers (sandbox.pool) ------------------------------------------------------
+
+    def _busy(self) -> bool:
+        """Live calls first: the pool refills while fewer calls run than there are CPUs."""
+        with self._inflight_mutex:
+            running = sum(len(calls) for calls in self._inflight.values())
+        return running >= (os.cpu_count() or 1)
+
+    def _pool_shape(self, request: SandboxRequest, image_id: str | None = None) -> tuple[tuple, tuple] | None:
+        """The request's pool key and what a container of that shape is made from: everything
+        fixed at creation (image, runtime, the full container settings of the profile without
+        its per-call egress grant), and how the call is handed over (the runner reading its
+        request, or the launcher for a command or credentials known only at the claim)."""
+        profile = request.profile
+        if not request.warm or (profile.egress is not None and profile.runtime != "runc"):
+            return None
+        image_id = image_id or self._image_id(profile.image)
+        base = dataclasses.replace(profile, egress=None)
+        mode = "runner" if not request.argv and profile.egress is None else "launcher"
+        egress = profile.egress is not None
+        spec = (image_id, base, mode, egress)
+        # The settings' digest per shape, computed once (serialising them is not free per call).
+        memo = repr(base)  # the profile holds dicts: not hashable, but its repr is exact
+        fingerprint = self._shape_digests.get(memo)
+        if fingerprint is None:
+            settings = json.dumps(self._container_settings(base), sort_keys=True, default=repr)
+            fingerprint = hashlib.sha256(settings.encode()).hexdigest()
+            if len(self._shape_digests) < 256:
+                self._shape_digests[memo] = fingerprint
+        return (image_id, profile.runtime, mode, egress, fingerprint), spec
+
+    def _make_warm(self, key: tuple, spec: tuple) -> Warm:
+        """Create, attach and start one container of the shape: the same settings as a cold
+        call's (one code path, _container_settings), blocked reading its stdin."""
+        image_id, base, mode, egress = spec
+        kwargs = self._container_settings(base)
+        reserved = None
+        if egress:
+            from sandbox.egress.proxy import egress_mount
+
+            reserved = self._egress().reserve_call_dir()
+            kwargs = {**kwargs, "mounts": list(kwargs.get("mounts") or []) + [egress_mount(reserved[1])]}
+        command = self._default_command(image_id) if mode == "runner" else LAUNCHER_ARGV
+        assert self.pool is not None
+        labels = L.base_labels("pool", deadline_s=self.pool.settings.idle_s + _POOL_DEADLINE_MARGIN_S)
+        container = None
+        try:
+            container = self._create(image_id, command=command, name=f"rf-warm-{uuid.uuid4().hex[:12]}",
+                                     labels=labels, **kwargs)
+            applied = applied_settings(container.attrs)
+            attach, sock = self._attach(container)
+            try:
+                container.start()
+            except BaseException:
+                self._close_attach(attach, sock)
+                raise
+        except BaseException:
+            if container is not None:
+                self._remove(container)
+            if reserved is not None:
+                self._egress().release_call_dir(reserved[1])
+            raise
+        return Warm(key, container, attach, sock, applied, image_id,
+                    extra={"mode": mode, "egress_dir": reserved, "demux": _Demuxer(), "early": []})
+
+    def _discard_warm(self, warm: Warm) -> None:
+        self._close_attach(warm.attach, warm.sock)
+        self._remove(warm.container)
+        if warm.extra.get("egress_dir") is not None:
+            self._egress().release_call_dir(warm.extra["egress_dir"][1])
+
+    @staticmethod
+    def _warm_alive(warm: Warm) -> bool:
+        """Still blocked on its stdin: its stream has not ended. What it wrote meanwhile (the
+        init's report of its child) is kept for the call's streams, in order."""
+        sock = warm.sock
+        try:
+            sock.setblocking(False)
+            while select.select([sock], [], [], 0)[0]:
+                data = sock.recv(65536)
+                if not data:
+                    return False
+                warm.extra["early"].extend(warm.extra["demux"].feed(data))
+        except BlockingIOError:
+            return True
+        except (OSError, ValueError):
+            return False
+        return True
+
+    def _rename(self, container, name: str) -> None:
+        try:
+            container.rename(name)
+        except ENGINE_ERRORS:
+            pass  # it ended already; this instance still kills it by id while it runs
+
+    def _remove_later(self, container) -> None:
+        """Remove an ended call's container on the remover thread (close() waits for it)."""
+        with self._inflight_mutex:
+            if self._remover is None:
+                self._remover = threading.Thread(target=self._remove_queued, name="rf-remover", daemon=True)
+                self._remover.start()
+        self._removals.put(container)
+
+    def _remove_queued(self) -> None:
+        while (container := self._removals.get()) is not None:
+            self._remove(container)
+
+    def _remove(self, container) -> None:
+        try:
+            container.remove(force=True)
+        except docker.errors.NotFound:
+            pass
+        except ENGINE_ERRORS:
+            pass  # the reaper removes it later by label
+
+    def _run_warm(self, warm: Warm, request: SandboxRequest, reports: list[Any]) -> SandboxResult:
+        """The call in a container that was started before it: bound to the call now (its
+        name, its egress credentials, its command when it is not the runner), then the same
+        pump, wait and classification as a cold call, the wall time counted from here."""
+        profile = request.profile
+        started = time.monotonic()
+        container = warm.container
+        progress = _Progress()
+        egress_call = None
+        registered = False
+        try:
+            env: dict[str, str] = {}
+            if profile.egress is not None:
+                from sandbox.egress.channel import EgressError
+
+                try:
+                    egress_call = self._egress().open_call(request.call_id, profile.egress,
+                                                           reserved=warm.extra["egress_dir"])
+                except EgressError as e:
+                    return self._start_failed(profile, warm.image_id, started, f"egress: {e}")
+                finally:
+                    warm.extra["egress_dir"] = None  # the call's now: close_call removes it
+                env = dict(egress_call.env)
+            if warm.extra["mode"] == "launcher":
+                command = list(request.argv) or self._default_command(warm.image_id)
+                if egress_call is not None:
+                    command = egress_call.relay_argv() + command
+                payload = json.dumps({"argv": command, "env": env}).encode() + b"\n" + request.stdin
+            else:
+                payload = request.stdin
+            # Labels are fixed at creation; the name is not: it says whose call this is, so that
+            # kill_run finds it from any instance (_claimed_name). Renamed while the request goes
+            # in (not before: a round trip less on the call's path); this instance kills it by id
+            # meanwhile, another instance finds it once the rename is done (milliseconds).
+            renaming = threading.Thread(target=self._rename, args=(container, _claimed_name(request)), daemon=True)
+            renaming.start()
+            with self._inflight_mutex:
+                self._inflight.setdefault(request.run_id, {})[container.id] = progress
+                registered = True
+                if self._stopping is not None:
+                    progress.killed_reason = self._stopping
+            streams = _Streams(profile.stdout_limit, profile.stderr_limit, bytearray(), bytearray())
+            for stream, data in warm.extra["early"]:
+                streams.add(stream, data)
+            try:
+                if progress.killed_reason is not None:
+                    return self._failed(Outcome.KILLED, profile, warm.image_id, started,
+                                        f"not started: {progress.killed_reason}")
+                progress.start_issued = True  # the request's first byte may reach the tool now
+                run_started = time.monotonic()
+                deadline = run_started + profile.timeout_s
+                killed_for = self._pump(warm.sock, payload, streams, deadline, warm.extra["demux"])
+            finally:
+                self._close_attach(warm.attach, warm.sock)
+                renaming.join()
+            return self._conclude(container, request, warm.image_id, warm.applied, started, run_started, deadline,
+                                  progress, streams, killed_for)
+        except ENGINE_ERRORS as e:
+            if progress.start_issued:
+                return self._failed(Outcome.UNCERTAIN, profile, warm.image_id, started,
+                                    f"engine error after the tool could have started: {type(e).__name__}: {e}")
+            return self._start_failed(profile, warm.image_id, started, f"engine error: {type(e).__name__}: {e}")
+        finally:
+            if registered:
+                with self._inflight_mutex:
+                    calls = self._inflight.get(request.run_id, {})
+                    calls.pop(container.id, None)
+                    if not calls:
+                        self._inflight.pop(request.run_id, None)
+            self._close_attach(warm.attach, warm.sock)
+            self._remove_later(container)
+            if warm.extra.get("egress_dir") is not None:
+                self._egress().release_call_dir(warm.extra["egress_dir"][1])
+            if egress_call is not None:
+                report = self._egress().close_call(egress_call)
+                reports.append(report)
+                if self._on_egress_report is not None:
+                    self._on_egress_report(request, report)
+
     def ping(self) -> None:
         """Raise EngineError unless the engine answers /_ping within a few seconds (the client's
         own timeout is 60 s, far too long for a health check)."""
@@ -531,6 +760,10 @@ class DockerBackend:
         killed = 0
         try:
             found = self._client.containers.list(filters={"label": f"{L.RUN_LABEL}={run_id}"})
+            # Warm containers were created before their calls: their names say whose call they run.
+            prefix = _claimed_prefix(run_id)
+            found += [c for c in self._client.containers.list(filters={"name": prefix})
+                      if c.name.startswith(prefix)]
         except ENGINE_ERRORS as e:
             raise EngineError(f"cannot list the run's containers: {e}") from e
         for container in found:
@@ -557,7 +790,15 @@ class DockerBackend:
         if masked_paths is not None:
             create_kwargs["host_config"]["MaskedPaths"] = list(masked_paths)
         created = self._client.api.create_container(**create_kwargs)
-        return self._client.containers.get(created["Id"])
+        try:
+            return self._client.containers.get(created["Id"])
+        except BaseException:
+            # Created but not ours to hold: never left behind because its inspect failed.
+            try:
+                self._client.api.remove_container(created["Id"], force=True)
+            except ENGINE_ERRORS:
+                pass  # the reaper removes it by label
+            raise
 
     def _container_settings(self, profile: SandboxProfile) -> dict[str, Any]:
         # One place for the settings, so the escape battery can subclass and remove exactly one
@@ -583,16 +824,33 @@ class DockerBackend:
             message=message,
         )
 
+    def _attach(self, container) -> tuple[Any, socket.socket]:
+        attach = self._client.api.attach_socket(
+            container.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+        )
+        return attach, getattr(attach, "_sock", attach)
+
+    @staticmethod
+    def _close_attach(attach, sock: socket.socket) -> None:
+        # Close before killing: the engine will not finish a kill while its copy of the
+        # container's output is blocked on a socket nobody reads any more.
+        # shutdown, not only close: the HTTP response object still holds the fd open.
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        try:
+            attach.close()
+            sock.close()
+        except OSError:
+            pass
+
     def _attach_and_run(
         self, container, request: SandboxRequest, image_id: str, applied: dict, started: float,
         progress: _Progress,
     ) -> SandboxResult:
         profile = request.profile
-        api = self._client.api
-        attach = api.attach_socket(
-            container.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
-        )
-        sock: socket.socket = getattr(attach, "_sock", attach)
+        attach, sock = self._attach(container)
         streams = _Streams(profile.stdout_limit, profile.stderr_limit, bytearray(), bytearray())
         killed_for: Outcome | None = None
         try:
@@ -609,20 +867,17 @@ class DockerBackend:
                 self._kill(container)  # a kill_all that came between the check and the start
             run_started = time.monotonic()
             deadline = run_started + profile.timeout_s
-            killed_for = self._pump(sock, request.stdin, streams, deadline)
+            killed_for = self._pump(sock, request.stdin, streams, deadline, _Demuxer())
         finally:
-            # Close before killing: the engine will not finish a kill while its copy of the
-            # container's output is blocked on a socket nobody reads any more.
-            # shutdown, not only close: the HTTP response object still holds the fd open.
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            try:
-                attach.close()
-                sock.close()
-            except OSError:
-                pass
+            self._close_attach(attach, sock)
+        return self._conclude(container, request, image_id, applied, started, run_started, deadline, progress,
+                              streams, killed_for)
+
+    def _conclude(self, container, request: SandboxRequest, image_id: str, applied: dict, started: float,
+                  run_started: float, deadline: float, progress: _Progress, streams: _Streams,
+                  killed_for: Outcome | None) -> SandboxResult:
+        """After the tool's streams ended (or it was cut): its exit, classified."""
+        profile = request.profile
         if killed_for is None and progress.killed_reason is not None:
             killed_for = Outcome.KILLED  # we killed it (its 137 is not the OOM killer's)
         if killed_for is not None:
@@ -684,14 +939,14 @@ class DockerBackend:
         return witness.tool_ended
 
     @staticmethod
-    def _pump(sock: socket.socket, stdin: bytes, streams: _Streams, deadline: float) -> Outcome | None:
+    def _pump(sock: socket.socket, stdin: bytes, streams: _Streams, deadline: float,
+              demux: _Demuxer) -> Outcome | None:
         """Write stdin and read output until EOF, the deadline, or a cap. Returns why we must
         kill the container, or None when it ended on its own."""
         sock.setblocking(False)
         pending = memoryview(stdin)
         if not pending:
             sock.shutdown(socket.SHUT_WR)
-        demux = _Demuxer()
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -732,6 +987,17 @@ class DockerBackend:
             container.kill()
         except docker.errors.APIError:
             pass  # already exited
+
+
+def _claimed_prefix(run_id: str) -> str:
+    """The name prefix of a warm container claimed by one of `run_id`'s calls: a digest of the
+    whole run id (a container name cannot hold every character a run id may, and a prefix of
+    the id could match another run)."""
+    return f"rf-w-{hashlib.sha256(run_id.encode()).hexdigest()[:24]}-"
+
+
+def _claimed_name(request: SandboxRequest) -> str:
+    return _claimed_prefix(request.run_id) + uuid.uuid4().hex[:12]
 
 
 def _tool_error(request: SandboxRequest, exit_code: int | None, stdout: bytes):

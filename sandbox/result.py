@@ -90,8 +90,9 @@ def classify_exit(
 
     `killed_for` is set when *we* killed the container (deadline or output cap): that reason
     wins, because the exit status of a container we SIGKILLed says 137 like an OOM kill does.
-    Exit 137 that we did not cause is the kernel's OOM killer (cgroup v1 reports it reliably
-    only for PID 1, so the status code is the second witness).
+    Exit 137 that we did not cause, after PID 1 reported the tool's end, is the kernel's OOM
+    killer (cgroup v1 reports it reliably only for PID 1, so the status code is the second
+    witness); without that report the whole container was killed from outside: `killed`.
 
     `tool_ended` says whether PID 1 reported the tool's end (sandbox.witness). A failure
     status without that report is the runtime's (a gVisor sentry that died exits 2) or an
@@ -104,7 +105,10 @@ def classify_exit(
     if exit_code is None:
         return Outcome.KILLED
     if exit_code == 137:
-        return Outcome.OOM
+        # Not our kill. The OOM killer takes the tool, and PID 1 reports the tool's end; a kill
+        # of the whole container from outside (another instance's kill_run, `docker kill`)
+        # takes PID 1 with it, and nothing is reported: that is `killed`, not a memory limit.
+        return Outcome.OOM if tool_ended else Outcome.KILLED
     if exit_code == 0:
         return Outcome.OK
     if exit_code > 128 or not tool_ended:

@@ -142,7 +142,7 @@ def serve_command(args) -> int:
     from sandbox.errors import SandboxError
 
     try:
-        backend = DockerBackend(egress_settings=egress_settings(config))
+        backend = DockerBackend(egress_settings=egress_settings(config), pool=pool_settings(config))
         # A killed predecessor's containers go now; anything past its deadline label, while we run.
         backend.start_reaper(args.reap_every)
     except SandboxError as e:
@@ -227,6 +227,15 @@ async def _serve(listen: str, orchestrator, config, tls) -> int:
             loop.remove_signal_handler(sig)
     print("ringfence: stopped", flush=True)
     return 0
+
+
+def pool_settings(config):
+    """The warm pool's settings from the config's [pool] table (None: off)."""
+    if config.pool.size == 0:
+        return None
+    from sandbox.pool import PoolSettings
+
+    return PoolSettings(size=config.pool.size, idle_s=config.pool.idle_s, max_shapes=config.pool.max_shapes)
 
 
 def egress_settings(config):

@@ -67,7 +67,7 @@ class EdgeOptions:
     max_batch_calls: int = 32
     max_plan_steps: int = 100
     """A caller's max_steps above this is refused at the edge; the core checks it again."""
-    max_concurrent_batches: int = 4
+    max_concurrent_batches: int = 32
     """Per tenant: SubmitBatch and ExecutePlan in flight at once; past it RESOURCE_EXHAUSTED."""
     max_watch_streams: int = 16
     """Per tenant: WatchRun and WatchApprovals streams open at once; past it RESOURCE_EXHAUSTED."""

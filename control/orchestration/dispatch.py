@@ -75,7 +75,11 @@ class Dispatcher:
         self.stops = stops
         self._breakers: dict[str, CircuitBreaker] = {}
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=limits.max_parallel_reads, thread_name_prefix="rf-read")
+        # Shared by every run: wide enough that runs do not queue behind each other (the engine,
+        # not this pool, is the limit); each batch is held to max_parallel_reads by its own
+        # semaphore (execute). It was max_parallel_reads wide: 20 runs' reads went 4 at a time.
+        self._pool = ThreadPoolExecutor(max_workers=max(32, limits.max_parallel_reads),
+                                        thread_name_prefix="rf-read")
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -108,8 +112,18 @@ class Dispatcher:
                         "ringfence.run_id": state.run_id, "ringfence.calls": len(reads)}):
                     # Handed to each worker explicitly: pool threads start with an empty context.
                     group = otel_context.get_current()
-                    futures = [self._pool.submit(self.dispatch, state, a, group) for a in reads]
-                    completions = [f.result() for f in futures]
+                    if len(reads) == 1:
+                        # One read: no thread hand-off to pay for.
+                        completions = [self.dispatch(state, reads[0], group)]
+                    else:
+                        width = threading.BoundedSemaphore(self.config.limits.max_parallel_reads)
+
+                        def bounded(a: Admitted) -> Observation:
+                            with width:
+                                return self.dispatch(state, a, group)
+
+                        futures = [self._pool.submit(bounded, a) for a in reads]
+                        completions = [f.result() for f in futures]
                 for a, completion in zip(reads, completions):
                     out[a.call_id] = self.repo.observe(state, completion)
             for a in writes:
@@ -291,7 +305,7 @@ class Dispatcher:
 
     def _attempt(self, state: RunState, a: Admitted, profile: SandboxProfile, body: bytes, n: int) -> Attempt:
         request = SandboxRequest(profile=profile, argv=(), stdin=body, run_id=sandbox_run_id(state),
-                                 call_id=f"{a.call_id}.a{n}")
+                                 call_id=f"{a.call_id}.a{n}", warm=a.manifest.name not in self.config.pool.exclude)
         try:
             result = self.backend.run(request)
             crash_point("after_effect", a.manifest.name)

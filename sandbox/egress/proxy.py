@@ -150,6 +150,12 @@ class ProxySettings:
         return doc
 
 
+def egress_mount(socket_dir: str) -> Mount:
+    """A call's directory at SANDBOX_EGRESS_DIR, read-only (a warm container gets its directory
+    at creation, empty; the proxy's socket appears in it when a call claims the container)."""
+    return Mount(target=SANDBOX_EGRESS_DIR, source=socket_dir, type="bind", read_only=True)
+
+
 @dataclass(frozen=True)
 class CallEgress:
     """One call's way out: its own socket directory, the relay in front of its command, and the
@@ -169,7 +175,7 @@ class CallEgress:
 
     def mount(self) -> Mount:
         """The call's directory, and nothing above it, read-only in its sandbox."""
-        return Mount(target=SANDBOX_EGRESS_DIR, source=self.socket_dir, type="bind", read_only=True)
+        return egress_mount(self.socket_dir)
 
     def relay_argv(self) -> list[str]:
         """The command prefix that starts the relay and then execs the tool (sandbox.egress.relay)."""
@@ -408,17 +414,34 @@ class EgressProxy:
 
     # -- per-call sockets and credentials -----------------------------------------------
 
-    def open_call(self, call_id: str, grant: EgressGrant) -> CallEgress:
+    def reserve_call_dir(self) -> tuple[str, str]:
+        """(token, host path) of a fresh, empty call directory, for a warm container created
+        before its call: `open_call(..., reserved=...)` binds a call to it at the claim, and
+        `release_call_dir` removes one no call used."""
+        self.start()
+        try:
+            return self._make_call_dir()
+        except OSError as e:
+            raise EgressError(f"cannot make an egress directory: {e}") from e
+
+    def release_call_dir(self, path: str) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+
+    def open_call(self, call_id: str, grant: EgressGrant, reserved: tuple[str, str] | None = None) -> CallEgress:
         """The call's directory and credentials, registered with the proxy, which then listens
-        for this call alone on `<directory>/proxy.sock`."""
+        for this call alone on `<directory>/proxy.sock`. `reserved`: a directory from
+        reserve_call_dir (a warm container's), used instead of a new one."""
         if not isinstance(grant, EgressGrant):
             raise TypeError("grant must be an EgressGrant")
         self.start()
         assert self.channel is not None
-        try:
-            token, directory = self._make_call_dir()
-        except OSError as e:
-            raise EgressError(f"cannot make the egress directory of call {call_id}: {e}") from e
+        if reserved is not None:
+            token, directory = reserved
+        else:
+            try:
+                token, directory = self._make_call_dir()
+            except OSError as e:
+                raise EgressError(f"cannot make the egress directory of call {call_id}: {e}") from e
         username, password = "c" + secrets.token_hex(8), secrets.token_urlsafe(24)
         try:
             self.channel.grant(call_id=call_id, username=username, password=password, allow=list(grant.allow),

@@ -1,7 +1,11 @@
 """Fixtures for the escape and ceiling battery (../shared/ESCAPE-BATTERY.md).
 
 `attack(argv, runtime=..., **limits)` runs an attack inside a real sandbox, through the same
-DockerBackend the control plane uses, with the pinned tool image.
+DockerBackend the control plane uses, with the pinned tool image. It is parametrized: `[cold]`
+runs the attack in a container created for the call; `[warm]` runs it in a container of a warm
+pool (sandbox.pool), created and started before the call, and proves that it did (the pool's
+claim count grew by exactly one, else the test fails): everything a cold call guarantees must
+hold for a pooled one.
 
 `weakened(change)` returns a backend whose container settings have been changed by `change`
 (a function from the settings dict to a new dict): it is how each test proves that its
@@ -19,6 +23,7 @@ import pytest
 
 from sandbox.backend import SandboxRequest
 from sandbox.docker_backend import DockerBackend
+from sandbox.pool import PoolSettings
 from sandbox.profile import SandboxProfile
 from sandbox.result import SandboxResult
 from weaken import Settings, WeakenedBackend
@@ -34,10 +39,52 @@ def _runner(backend: DockerBackend):
     return run
 
 
-@pytest.fixture
-def attack(backend):
-    """Run argv in the real, fully hardened sandbox."""
-    return _runner(backend)
+def _pooled_runner(backend: DockerBackend):
+    """Like _runner, but each call must be served by a warm container of `backend`'s pool: its
+    shape is warmed first, and a call the pool did not serve fails the test."""
+    pool = backend.pool
+    assert pool is not None
+
+    def run(argv, *, runtime: str = "runc", stdin: bytes = b"", **limits) -> SandboxResult:
+        profile = SandboxProfile(runtime=runtime, **limits)
+        request = SandboxRequest(profile=profile, argv=tuple(argv), stdin=stdin, run_id="escape")
+        if not pool.prewarm(request):
+            pytest.fail(f"the call cannot be pooled: {request.profile}", pytrace=False)
+        if not pool.wait_filled(60):
+            pytest.fail(f"the pool did not fill within 60 s: {pool.stats()}", pytrace=False)
+        before = pool.stats()
+        result = backend.run(request)
+        after = pool.stats()
+        if after["claims"] != before["claims"] + 1:
+            pytest.fail(f"the call was not pooled: pool stats {before} -> {after}", pytrace=False)
+        return result
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def pooled_backend(docker_client, pinned_images):
+    """A DockerBackend with a warm pool (one ready container per shape), for the whole session.
+    Its own engine client: close() closes the backend's client, and the session's must outlive
+    it (it removes the session's leftovers after every other fixture is gone). Depends on
+    docker_client so that it is closed, and its pool drained, before that check runs."""
+    import docker
+
+    client = docker.from_env(timeout=120)
+    b = DockerBackend(client, lock=pinned_images, pool=PoolSettings(size=1, idle_s=600))
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+@pytest.fixture(params=["cold", "warm"])
+def attack(request, backend):
+    """Run argv in the real, fully hardened sandbox: a fresh container (`cold`) or a warm one
+    claimed from a pool (`warm`)."""
+    if request.param == "cold":
+        return _runner(backend)
+    return _pooled_runner(request.getfixturevalue("pooled_backend"))
 
 
 @pytest.fixture

@@ -200,8 +200,8 @@ class _EngineDropsAfterStart(DockerBackend):
     does not wrap): the real container was started and ran its command."""
 
     @staticmethod
-    def _pump(sock, stdin, streams, deadline):
-        DockerBackend._pump(sock, stdin, streams, deadline)
+    def _pump(sock, stdin, streams, deadline, demux):
+        DockerBackend._pump(sock, stdin, streams, deadline, demux)
         raise requests.exceptions.ConnectionError("connection to the engine reset")
 
 

@@ -18,7 +18,7 @@ def test_defaults_work_with_no_file():
     assert c.listen == "127.0.0.1:50051"
     assert c.state_dir == Path.cwd() / ".state"
     assert c.limits.max_steps == 10 and c.limits.max_argument_bytes == 64 * 1024
-    assert c.limits.max_message_bytes == 1024 * 1024 and c.limits.max_concurrent_batches == 4
+    assert c.limits.max_message_bytes == 1024 * 1024 and c.limits.max_concurrent_batches == 32
     assert c.policy.autonomy == "standard"
     assert [(r.tool, r.verdict) for r in c.policy.rules if r.tool == "credit"] == [("credit", "ask"), ("credit", "deny")]
     assert {t.role for t in c.tenants["demo"].tokens} == {Role.AGENT, Role.APPROVER, Role.ADMIN}
@@ -66,6 +66,12 @@ def test_a_user_file_merges_over_the_defaults(tmp_path):
     ("[policy.egress]\nfetch = ['10.0.0.1']\n", "policy.egress.fetch"),
     ("[policy.egress]\nfetch = ['*.com']\n", "policy.egress.fetch"),
     ("[policy.egress]\nfetch = 'api.example.com'\n", "policy.egress.fetch"),
+    ("[pool]\nsize = -1\n", "pool.size"),
+    ("[pool]\nsize = 'two'\n", "pool.size"),
+    ("[pool]\nidle_s = 0\n", "pool.idle_s"),
+    ("[pool]\nmax_shapes = 0\n", "pool.max_shapes"),
+    ("[pool]\nexclude = 'echo'\n", "pool.exclude"),
+    ("[pool]\nwarmth = 3\n", "pool.warmth"),
 ])
 def test_errors_name_the_key(tmp_path, text, key):
     f = tmp_path / "ringfence.toml"
@@ -92,3 +98,11 @@ def test_policy_egress_grants_per_tool_and_for_all(tmp_path):
     assert policy.egress_for("fetch") == ("api.example.com:443", "*.status.example.org")
     assert policy.egress_for("other") == ("*.status.example.org",)
     assert load_config().policy.egress_for("fetch") == ()  # the defaults grant no egress
+
+
+def test_the_pool_is_on_by_default_and_configurable(tmp_path):
+    assert load_config().pool.size == 2
+    f = tmp_path / "ringfence.toml"
+    f.write_text("[pool]\nsize = 0\nidle_s = 60\nexclude = ['fetch_url']\n")
+    pool = load_config(f).pool
+    assert (pool.size, pool.idle_s, pool.max_shapes, pool.exclude) == (0, 60.0, 8, ("fetch_url",))

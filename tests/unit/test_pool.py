@@ -1,0 +1,195 @@
+"""The warm pool's own rules (sandbox/pool.py), with containers stood in by plain objects:
+one container per claim, never handed out twice, the shape registered by a miss, expiry, the
+least recently used shape let go, a dead container never handed out, the refill waiting while
+the backend is busy, and close() removing everything. The real engine: tests/integration/
+test_pool_docker.py and the escape battery's [warm] cases."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+import pytest
+
+from sandbox.pool import PoolSettings, Warm, WarmPool
+
+
+class Engine:
+    """Makes and removes stand-in containers, and says which are alive."""
+
+    def __init__(self) -> None:
+        self.ids = itertools.count(1)
+        self.live: set[int] = set()
+        self.made: list[tuple] = []
+        self.removed: list[int] = []
+        self.dead: set[int] = set()
+        self.busy = False
+        self.fail = False
+        self.lock = threading.Lock()
+
+    def shape(self, request):
+        return (request, "shape") if request != "unpoolable" else None
+
+    def make(self, key, spec) -> Warm:
+        if self.fail:
+            raise RuntimeError("the engine said no")
+        with self.lock:
+            n = next(self.ids)
+            self.live.add(n)
+            self.made.append(key)
+        return Warm(key, container=n, attach=None, sock=None, applied={}, image_id="sha256:x")
+
+    def discard(self, warm: Warm) -> None:
+        with self.lock:
+            self.live.discard(warm.container)
+            self.removed.append(warm.container)
+
+    def alive(self, warm: Warm) -> bool:
+        return warm.container not in self.dead
+
+
+def pool_of(engine: Engine, **settings) -> WarmPool:
+    return WarmPool(PoolSettings(**settings), shape=engine.shape, make=engine.make, discard=engine.discard,
+                    alive=engine.alive, busy=lambda: engine.busy)
+
+
+@pytest.fixture
+def engine():
+    return Engine()
+
+
+def test_a_miss_registers_the_shape_and_the_next_call_claims(engine):
+    pool = pool_of(engine, size=2)
+    try:
+        assert pool.claim("a") is None  # nothing ready yet: the caller goes cold
+        assert pool.wait_filled(5)
+        first, second = pool.claim("a"), pool.claim("a")
+        assert first is not None and second is not None and first.container != second.container
+        assert pool.stats()["claims"] == 2 and pool.stats()["misses"] == 1
+    finally:
+        pool.close()
+
+
+def test_a_container_is_handed_out_once(engine):
+    pool = pool_of(engine, size=3)
+    pool.prewarm("a")
+    assert pool.wait_filled(5)
+    claimed = []
+    threads = [threading.Thread(target=lambda: claimed.append(pool.claim("a"))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    pool.close()
+    got = [w.container for w in claimed if w is not None]
+    assert len(got) == len(set(got)) >= 3  # every claim got its own; none twice
+    # Nothing claimed is removed by the pool (its call removes it); everything else is.
+    assert set(engine.removed).isdisjoint(got)
+    assert engine.live == set(got)
+
+
+def test_unpoolable_requests_are_never_claimed_nor_registered(engine):
+    pool = pool_of(engine, size=1)
+    try:
+        assert pool.claim("unpoolable") is None and pool.prewarm("unpoolable") is False
+        assert pool.stats()["shapes"] == 0 and pool.stats()["misses"] == 0
+    finally:
+        pool.close()
+
+
+def test_a_dead_container_is_discarded_not_handed_out(engine):
+    pool = pool_of(engine, size=1)
+    try:
+        pool.prewarm("a")
+        assert pool.wait_filled(5)
+        engine.dead.update(engine.live)
+        doomed = set(engine.live)
+        assert pool.claim("a") is None
+        assert doomed <= set(engine.removed)
+        assert pool.stats()["misses"] == 1 and pool.stats()["claims"] == 0
+    finally:
+        pool.close()
+
+
+def test_an_expired_container_is_replaced(engine):
+    pool = pool_of(engine, size=1, idle_s=0.2)
+    try:
+        pool.prewarm("a")
+        assert pool.wait_filled(5)
+        [old] = engine.live
+        time.sleep(0.3)
+        pool.prewarm("a")  # still wanted
+        deadline = time.monotonic() + 5
+        while old not in engine.removed and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert old in engine.removed
+        pool.prewarm("a")
+        assert pool.wait_filled(5)
+        claimed = pool.claim("a")
+        assert claimed is not None and claimed.container != old
+    finally:
+        pool.close()
+
+
+def test_the_least_recently_used_shape_is_let_go(engine):
+    pool = pool_of(engine, size=1, max_shapes=2)
+    try:
+        for shape in ("a", "b"):
+            pool.prewarm(shape)
+        assert pool.wait_filled(5)
+        a_containers = {w for w, k in zip(range(1, 100), engine.made) if k == ("a", "shape")}
+        pool.prewarm("c")  # a is the oldest: let go, its container removed
+        assert pool.wait_filled(5)
+        assert pool.stats()["shapes"] == 2
+        deadline = time.monotonic() + 5
+        while not a_containers <= set(engine.removed) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert a_containers <= set(engine.removed)
+    finally:
+        pool.close()
+
+
+def test_the_refill_waits_while_the_backend_is_busy(engine):
+    engine.busy = True
+    pool = pool_of(engine, size=2)
+    try:
+        pool.prewarm("a")
+        assert not pool.wait_filled(0.5) and engine.made == []
+        engine.busy = False
+        assert pool.wait_filled(5) and len(engine.made) == 2
+    finally:
+        pool.close()
+
+
+def test_a_failing_engine_is_counted_and_calls_go_cold(engine):
+    engine.fail = True
+    pool = pool_of(engine, size=1)
+    try:
+        pool.prewarm("a")
+        deadline = time.monotonic() + 5
+        while pool.stats()["failures"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pool.stats()["failures"] >= 1 and pool.claim("a") is None
+    finally:
+        pool.close()
+
+
+def test_close_removes_every_ready_container_and_stops_refilling(engine):
+    pool = pool_of(engine, size=3)
+    for shape in ("a", "b"):
+        pool.prewarm(shape)
+    assert pool.wait_filled(5)
+    pool.close()
+    assert engine.live == set() and len(engine.removed) == 6
+    assert pool.claim("a") is None
+    made = len(engine.made)
+    time.sleep(0.2)
+    assert len(engine.made) == made
+
+
+def test_settings_are_checked():
+    with pytest.raises(ValueError):
+        PoolSettings(size=-1)
+    with pytest.raises(ValueError):
+        PoolSettings(idle_s=0)
