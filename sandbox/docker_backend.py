@@ -334,6 +334,9 @@ class DockerBackend:
             self._client.ping()
         except docker.errors.DockerException as e:
             raise EngineError(f"cannot reach the Docker engine: {e}") from e
+        # Every container is made with our seccomp profile, derived from Docker's default: without
+        # that file nothing can run, so say so now, not as each call's transient failure.
+        seccomp.profile_json("runc")
         self._lock = lock
         self._runtimes: set[str] | None = None
         # run id -> {container id: progress} of the calls running now (for kill_run).

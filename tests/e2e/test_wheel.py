@@ -278,6 +278,15 @@ def _stopped(served: Served) -> None:
     assert served.lines[-1] == "ringfence: stopped"
 
 
+def test_serve_without_the_seccomp_profile_says_so_at_start(installed, tmp_path):
+    if _docker_error() is not None:
+        pytest.skip("no Docker engine answers")
+    proc = installed.ringfence("serve", "--listen", "127.0.0.1:0", "--state-dir", str(tmp_path / "state"),
+                               env={"RINGFENCE_SECCOMP_BASE": str(tmp_path / "no-such-profile.json")})
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "error: the sandbox engine is not usable" in proc.stderr and "seccomp" in proc.stderr
+
+
 def test_serve_on_the_embedded_defaults_lists_the_shipped_tools_and_stops_on_sigterm(installed, tmp_path):
     from control.client import Client
 
@@ -289,7 +298,13 @@ def test_serve_on_the_embedded_defaults_lists_the_shipped_tools_and_stops_on_sig
         assert "error: the sandbox engine is not usable" in proc.stderr and "Traceback" not in proc.stderr
         return
 
-    served = _serve(installed, tmp_path / "state")
+    seccomp = next((p for p in (SECCOMP_SYSTEM, ROOT / "build" / "seccomp" / "docker-default.json") if p.is_file()), None)
+    if seccomp is None:
+        # Without Docker's default seccomp profile nothing could run: serve says so at start.
+        proc = installed.ringfence("serve", "--listen", "127.0.0.1:0", "--state-dir", str(tmp_path / "state"))
+        assert proc.returncode == 1 and "seccomp profile was not found" in proc.stderr, proc.stderr
+        return
+    served = _serve(installed, tmp_path / "state", env={"RINGFENCE_SECCOMP_BASE": str(seccomp)})
     try:
         assert served.lines[0].startswith("ringfence: serving ringfence.v1 on 127.0.0.1:")
         with Client(served.address, DEMO_AGENT_TOKEN, timeout=30) as client:
