@@ -490,10 +490,7 @@ class DockerBackend:
             except docker.errors.APIError as e:
                 return self._start_failed(profile, image_id, started, f"create failed: {e}")
             applied = applied_settings(container.attrs)
-            with self._inflight_mutex:
-                self._inflight.setdefault(request.run_id, {})[container.id] = progress
-                if self._stopping is not None:
-                    progress.killed_reason = self._stopping
+            self._track(request.run_id, container.id, progress)
             return self._attach_and_run(container, request, image_id, applied, started, progress)
         except ENGINE_ERRORS as e:
             if progress.start_issued:
@@ -504,25 +501,32 @@ class DockerBackend:
             return self._start_failed(profile, image_id, started, f"engine error: {type(e).__name__}: {e}")
         finally:
             if container is not None:
-                with self._inflight_mutex:
-                    calls = self._inflight.get(request.run_id, {})
-                    calls.pop(container.id, None)
-                    if not calls:
-                        self._inflight.pop(request.run_id, None)
-                try:
-                    container.remove(force=True)
-                except docker.errors.NotFound:
-                    pass
-                except ENGINE_ERRORS:
-                    # The reaper removes it later by label; the result stands.
-                    pass
+                self._untrack(request.run_id, container.id)
+                self._remove(container)
             if egress_call is not None:
-                # After the container is gone: revoke the credentials, close the call's socket,
-                # remove its directory, and collect the proxy's decisions.
-                report = self._egress().close_call(egress_call)
-                reports.append(report)
-                if self._on_egress_report is not None:
-                    self._on_egress_report(request, report)
+                self._close_egress(request, egress_call, reports)
+
+    def _track(self, run_id: str, container_id: str, progress: _Progress) -> None:
+        """A call's container, running now: kill_run and kill_all find it here."""
+        with self._inflight_mutex:
+            self._inflight.setdefault(run_id, {})[container_id] = progress
+            if self._stopping is not None:
+                progress.killed_reason = self._stopping
+
+    def _untrack(self, run_id: str, container_id: str) -> None:
+        with self._inflight_mutex:
+            calls = self._inflight.get(run_id, {})
+            calls.pop(container_id, None)
+            if not calls:
+                self._inflight.pop(run_id, None)
+
+    def _close_egress(self, request: SandboxRequest, egress_call: Any, reports: list[Any]) -> None:
+        """After the container is gone: revoke the credentials, close the call's socket, remove
+        its directory, and collect the proxy's decisions."""
+        report = self._egress().close_call(egress_call)
+        reports.append(report)
+        if self._on_egress_report is not None:
+            self._on_egress_report(request, report)
 
     # -- warm containers (sandbox.pool) ------------------------------------------------------
 
@@ -675,11 +679,8 @@ class DockerBackend:
             # meanwhile, another instance finds it once the rename is done (milliseconds).
             renaming = threading.Thread(target=self._rename, args=(container, _claimed_name(request)), daemon=True)
             renaming.start()
-            with self._inflight_mutex:
-                self._inflight.setdefault(request.run_id, {})[container.id] = progress
-                registered = True
-                if self._stopping is not None:
-                    progress.killed_reason = self._stopping
+            self._track(request.run_id, container.id, progress)
+            registered = True
             streams = _Streams(profile.stdout_limit, profile.stderr_limit, bytearray(), bytearray())
             for stream, data in warm.extra["early"]:
                 streams.add(stream, data)
@@ -703,20 +704,13 @@ class DockerBackend:
             return self._start_failed(profile, warm.image_id, started, f"engine error: {type(e).__name__}: {e}")
         finally:
             if registered:
-                with self._inflight_mutex:
-                    calls = self._inflight.get(request.run_id, {})
-                    calls.pop(container.id, None)
-                    if not calls:
-                        self._inflight.pop(request.run_id, None)
+                self._untrack(request.run_id, container.id)
             self._close_attach(warm.attach, warm.sock)
             self._remove_later(container)
             if warm.extra.get("egress_dir") is not None:
                 self._egress().release_call_dir(warm.extra["egress_dir"][1])
             if egress_call is not None:
-                report = self._egress().close_call(egress_call)
-                reports.append(report)
-                if self._on_egress_report is not None:
-                    self._on_egress_report(request, report)
+                self._close_egress(request, egress_call, reports)
 
     def ping(self) -> None:
         """Raise EngineError unless the engine answers /_ping within a few seconds (the client's

@@ -9,13 +9,7 @@ tests/integration/test_demo_services.py.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import socket
-import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
@@ -25,9 +19,8 @@ from control.orchestration.admission import AdmissionContext, AdmissionVerdict, 
 from control.policy import PolicyEngine
 from control.resource_policy import check_resources
 from control.tools import load_builtin
+from scripted_proxy import PROXY_VARIABLES, load_runner, scripted_proxy
 
-ROOT = Path(__file__).resolve().parents[2]
-RUNNER = ROOT / "images/tool/rootfs/opt/ringfence/runner.py"
 KEY = "k" * 64
 RUNBOOK_URL = "http://runbooks.internal.corp/runbooks/credit-policy"
 RECORD = {"id": 1, "idempotency_key": KEY, "account": "acme-9", "amount": 50,
@@ -36,75 +29,16 @@ RECORD = {"id": 1, "idempotency_key": KEY, "account": "acme-9", "amount": 50,
 
 @pytest.fixture(scope="module")
 def runner():
-    spec = importlib.util.spec_from_file_location("ringfence_runner_demo_tools", RUNNER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("ringfence_tool", None)
-
-
-class Script:
-    """What the fake proxy answers next: (status, body bytes | JSON-able | None, headers), or
-    "reset" to drop the connection unanswered. Records every request it saw."""
-
-    def __init__(self) -> None:
-        self.answer: tuple | str = (200, {}, {})
-        self.seen: list[dict] = []
+    yield from load_runner("ringfence_runner_demo_tools")
 
 
 @pytest.fixture
 def proxy(monkeypatch):
-    script = Script()
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *a):
-            pass
-
-        def _answer(self):
-            length = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(length) if length else b""
-            script.seen.append({"method": self.command, "target": self.path,
-                                "auth": self.headers.get("Proxy-Authorization"),
-                                "accept": self.headers.get("Accept"),
-                                "body": json.loads(body) if body else None})
-            if script.answer == "reset":
-                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
-                self.close_connection = True
-                return
-            status, doc, headers = script.answer
-            if isinstance(doc, bytes):
-                data = doc
-            elif doc is None:
-                data = b""
-            else:
-                data = json.dumps(doc).encode()
-                headers = {"Content-Type": "application/json", **headers}
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(data)))
-            for name, value in headers.items():
-                self.send_header(name, value)
-            self.send_header("Connection", "close")
-            self.end_headers()
-            self.wfile.write(data)
-
-        do_GET = do_POST = _answer
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    url = f"http://u:secret@127.0.0.1:{server.server_address[1]}"
-    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy"):
-        monkeypatch.setenv(name, url)
-    monkeypatch.setenv("NO_PROXY", "")
-    yield script
-    server.shutdown()
-    server.server_close()
+    yield from scripted_proxy(monkeypatch)
 
 
 def no_route(monkeypatch):
-    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy"):
+    for name in PROXY_VARIABLES:
         monkeypatch.delenv(name, raising=False)
 
 

@@ -7,82 +7,25 @@ The real path (sandbox, relay, egress proxy, ledger) is tests/integration/test_l
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import socket
-import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-RUNNER = ROOT / "images/tool/rootfs/opt/ringfence/runner.py"
+from scripted_proxy import load_runner, scripted_proxy
+
 KEY = "k" * 64
 RECORD = {"id": 1, "idempotency_key": KEY, "account": "acme-9", "amount": 50, "applied_at": "2026-01-01T00:00:00+00:00"}
 
 
 @pytest.fixture(scope="module")
 def runner():
-    spec = importlib.util.spec_from_file_location("ringfence_runner_under_test", RUNNER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("ringfence_tool", None)
-
-
-class Script:
-    """What the fake proxy answers next: (status, JSON body or None, X-Ringfence-Reason or None),
-    or "reset" to drop the connection unanswered. Records every request it saw."""
-
-    def __init__(self) -> None:
-        self.answer: tuple | str = (200, {}, None)
-        self.seen: list[dict] = []
+    yield from load_runner("ringfence_runner_under_test")
 
 
 @pytest.fixture
 def proxy(monkeypatch):
-    script = Script()
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *a):
-            pass
-
-        def _answer(self):
-            length = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(length) if length else b""
-            script.seen.append({"method": self.command, "target": self.path,
-                                "auth": self.headers.get("Proxy-Authorization"),
-                                "body": json.loads(body) if body else None})
-            if script.answer == "reset":
-                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
-                self.close_connection = True
-                return
-            status, doc, reason = script.answer
-            data = json.dumps(doc).encode() if doc is not None else b"refused\n"
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(data)))
-            if reason:
-                self.send_header("X-Ringfence-Reason", reason)
-            self.send_header("Connection", "close")
-            self.end_headers()
-            self.wfile.write(data)
-
-        do_GET = do_POST = _answer
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    url = f"http://u:secret@127.0.0.1:{server.server_address[1]}"
-    for name in ("HTTP_PROXY", "http_proxy"):
-        monkeypatch.setenv(name, url)
-    monkeypatch.setenv("NO_PROXY", "")
-    yield script
-    server.shutdown()
-    server.server_close()
+    yield from scripted_proxy(monkeypatch)
 
 
 def run(runner, tool: str, arguments: dict, key: str | None = KEY) -> dict:
