@@ -46,9 +46,11 @@ test: venv images gvisor postgres ## run every test: unit, integration, escape b
 test-unit: venv ## the fast tests that need no Docker
 	$(VENV)/bin/pytest tests/unit
 
-demo: venv images ## build the images, then the sandbox showcase and the reference agent demo, end to end
+demo: venv images ## build the images, then the sandbox showcase, the reference agent demo, and the plan and routing demos, end to end
 	$(VENV)/bin/ringfence demo showcase
 	$(VENV)/bin/ringfence demo
+	$(VENV)/bin/ringfence demo plan
+	$(VENV)/bin/ringfence demo routing
 
 BENCH_STAMP := $(VENV)/.bench-stamp
 

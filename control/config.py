@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from control.errors import ConfigError
 from control.model import Role
+from control.routing.config import RoutingConfig, parse_routing
 from sandbox.egress.allowlist import PatternError, parse_patterns
 
 DEFAULT_CONFIG_PATH = Path(__file__).with_name("default_config.toml")
@@ -137,6 +138,9 @@ class Config:
 
     pool: PoolConfig = field(default_factory=PoolConfig)
 
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    """Supervisor routing of tickets to specialists (control.routing)."""
+
     database_url: str = ""
     """postgresql://... to keep the event log in PostgreSQL (several instances may share it);
     empty: SQLite under state_dir."""
@@ -208,7 +212,7 @@ def _known(key: str, table: Mapping, allowed: set[str]) -> None:
 def parse_config(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> Config:
     base_dir = base_dir or Path.cwd()
     _known("", raw, {"state_dir", "listen", "tools_dir", "tenants", "policy", "limits", "inputs", "egress",
-                     "pool", "database_url"})
+                     "pool", "database_url", "routing"})
     state_dir = Path(_expect("state_dir", raw.get("state_dir", "./.state"), str, "a path"))
     if not state_dir.is_absolute():
         state_dir = base_dir / state_dir
@@ -240,6 +244,7 @@ def parse_config(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> Con
     limits = _parse_limits(_expect("limits", raw.get("limits", {}), Mapping, "a table"))
     egress = _parse_egress(_expect("egress", raw.get("egress", {}), Mapping, "a table"))
     pool = _parse_pool(_expect("pool", raw.get("pool", {}), Mapping, "a table"))
+    routing = parse_routing(_expect("routing", raw.get("routing", {}), Mapping, "a table"))
     database_url = _expect("database_url", raw.get("database_url", ""), str, "a postgresql:// URL")
     if database_url and not database_url.startswith(("postgresql://", "postgres://")):
         raise ConfigError("database_url", "must be a postgresql:// URL (or empty for SQLite)")
@@ -254,6 +259,7 @@ def parse_config(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> Con
         egress=egress,
         pool=pool,
         database_url=database_url,
+        routing=routing,
     )
 
 

@@ -38,6 +38,7 @@ def _frozen_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
 class Role(enum.StrEnum):
     AGENT = "agent"
     APPROVER = "approver"
+    VERIFIER = "verifier"
     ADMIN = "admin"
 
 

@@ -26,22 +26,34 @@ __all__ = ["METHOD_ROLES", "Authenticator", "TokenEntry"]
 _ANY = frozenset(Role)
 _AGENT = frozenset({Role.AGENT, Role.ADMIN})
 _APPROVER = frozenset({Role.APPROVER, Role.ADMIN})
+_VERIFIER = frozenset({Role.VERIFIER, Role.ADMIN})
+_ACTORS = frozenset({Role.AGENT, Role.APPROVER, Role.ADMIN})
 
 # Who may call what. Approvers can read runs (to judge a request in context) and cancel them, but not act in
 # them; agents act but can never see or decide approvals, so an agent cannot approve itself.
+# Verifiers read runs and verify reports but never act in a run (no remediation, no cancel).
+# Evidence writes are open to agents and verifiers at the edge; which store each may write is
+# the core's check (control.plans.evidence.STORES), answered PERMISSION_DENIED all the same.
 METHOD_ROLES: Mapping[str, frozenset[Role]] = {
     "/ringfence.v1.ToolService/ListTools": _ANY,
     "/ringfence.v1.RunService/StartRun": _AGENT,
     "/ringfence.v1.RunService/GetRun": _ANY,
     "/ringfence.v1.RunService/ListRuns": _ANY,
     "/ringfence.v1.RunService/FinishRun": _AGENT,
-    "/ringfence.v1.RunService/CancelRun": _ANY,  # an approver may stop a run it distrusts
+    "/ringfence.v1.RunService/CancelRun": _ACTORS,  # an approver may stop a run it distrusts
     "/ringfence.v1.RunService/SubmitBatch": _AGENT,
     "/ringfence.v1.RunService/ExecutePlan": _AGENT,
     "/ringfence.v1.RunService/WatchRun": _ANY,
     "/ringfence.v1.ApprovalService/ListApprovals": _APPROVER,
     "/ringfence.v1.ApprovalService/WatchApprovals": _APPROVER,
     "/ringfence.v1.ApprovalService/DecideApproval": _APPROVER,
+    "/ringfence.v1.PlanService/RunEvidencePlan": _AGENT,
+    "/ringfence.v1.PlanService/VerifyReport": _VERIFIER,
+    "/ringfence.v1.PlanService/GetPlan": _ANY,
+    "/ringfence.v1.EvidenceService/PutEvidence": _ANY,
+    "/ringfence.v1.EvidenceService/GetEvidence": _ANY,
+    "/ringfence.v1.RoutingService/RouteTicket": _AGENT,
+    "/ringfence.v1.RoutingService/GetRouting": _ANY,
 }
 
 # Bearer tokens are opaque; this only bounds the work an absurd header can cause.

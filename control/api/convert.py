@@ -430,3 +430,8 @@ def step_to_proto(step: PlanStep | Mapping[str, Any]) -> types_pb2.PlanStep:
     if isinstance(step, Mapping):
         step = PlanStep(step["key"], step["tool"], step.get("arguments", {}))
     return types_pb2.PlanStep(key=step.key, tool=step.tool, arguments_json=dump_json(dict(step.arguments)))
+
+
+# Public names for the feature modules' own converters (control/api/plans_convert.py, routing_convert.py).
+to_timestamp = _ts
+from_timestamp = _seconds

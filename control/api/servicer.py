@@ -40,17 +40,21 @@ from control.api import convert
 from control.api.auth import Authenticator
 from control.api.gen.ringfence.v1 import (
     approvals_pb2,
+    plans_pb2,
+    routing_pb2,
     runs_pb2,
     tools_pb2,
     types_pb2,
 )
+from control.api.plan_methods import PlanMethods
+from control.api.routing_methods import RoutingMethods
 from control.api.status import code_for, to_grpc_status
 from control.errors import FieldViolation, InvalidArgument, ResourceExhausted, Unavailable
 from control.model import Principal
 
 log = logging.getLogger(__name__)
 
-PROTO_MODULES = (tools_pb2, runs_pb2, approvals_pb2)
+PROTO_MODULES = (tools_pb2, runs_pb2, approvals_pb2, plans_pb2, routing_pb2)
 SERVICE_NAMES = tuple(
     service.full_name for module in PROTO_MODULES for service in module.DESCRIPTOR.services_by_name.values()
 )
@@ -260,6 +264,8 @@ class Edge:
         self.watches = TenantLimiter(options.max_watch_streams, "watch streams")
         self.unexpected_errors = 0
         self.methods = RingfenceMethods(self)
+        # Each service's bodies live with their feature; the handler table looks them up by name.
+        self.method_sets = (self.methods, PlanMethods(self), RoutingMethods(self))
 
     def close(self, wait: bool = False) -> None:
         """Refuse new work; with `wait`, block until the Orchestrator calls already running
@@ -342,7 +348,7 @@ class Edge:
                 table = {}
                 for m in service.methods:
                     full = f"/{service.full_name}/{m.name}"
-                    impl = getattr(self.methods, m.name)
+                    impl = next(getattr(s, m.name) for s in self.method_sets if hasattr(s, m.name))
                     request_class = message_factory.GetMessageClass(m.input_type)
                     response_class = message_factory.GetMessageClass(m.output_type)
                     kwargs = dict(

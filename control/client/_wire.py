@@ -15,7 +15,19 @@ from opentelemetry import propagate
 from tenacity import RetryCallState, retry_if_exception_type, wait_exponential_jitter
 
 from control.api import convert
-from control.api.gen.ringfence.v1 import approvals_pb2, runs_pb2, tools_pb2
+from control.api import plans_convert, routing_convert
+from control.api.gen.ringfence.v1 import (
+    approvals_pb2,
+    approvals_pb2_grpc,
+    plans_pb2,
+    plans_pb2_grpc,
+    routing_pb2,
+    routing_pb2_grpc,
+    runs_pb2,
+    runs_pb2_grpc,
+    tools_pb2,
+    tools_pb2_grpc,
+)
 from control.api.status import from_rpc_error
 from control.errors import Unavailable
 from control.model import Approval, Event, Observation, PlanStep, ProposedCall, RunView, ToolView
@@ -25,7 +37,19 @@ log = logging.getLogger("control.client")
 
 T = TypeVar("T")
 
-TOOLS, RUNS, APPROVALS = "tools", "runs", "approvals"
+TOOLS, RUNS, APPROVALS, PLANS, EVIDENCE, ROUTING = "tools", "runs", "approvals", "plans", "evidence", "routing"
+
+
+def make_stubs(channel: Any) -> dict[str, Any]:
+    """One stub per service on `channel` (a grpc or a grpc.aio channel: the stubs are the same)."""
+    return {
+        TOOLS: tools_pb2_grpc.ToolServiceStub(channel),
+        RUNS: runs_pb2_grpc.RunServiceStub(channel),
+        APPROVALS: approvals_pb2_grpc.ApprovalServiceStub(channel),
+        PLANS: plans_pb2_grpc.PlanServiceStub(channel),
+        EVIDENCE: plans_pb2_grpc.EvidenceServiceStub(channel),
+        ROUTING: routing_pb2_grpc.RoutingServiceStub(channel),
+    }
 
 
 @dataclass(frozen=True)
@@ -132,6 +156,48 @@ def decide_approval(approval_id: str, approve: bool, reason: str, remember: bool
     request = approvals_pb2.DecideApprovalRequest(approval_id=approval_id, decision=decision, reason=reason,
                                                   remember=remember, digest=digest or "")
     return Unary(APPROVALS, "DecideApproval", request, convert.approval_from_proto)
+
+
+def run_evidence_plan(steps: Sequence[tuple[str, str]], max_steps: int, plan_id: str | None) -> Unary[Any]:
+    # Retry-safe: the plan id is fixed here, and a resent plan id resumes or returns its report.
+    request = plans_pb2.RunEvidencePlanRequest(
+        max_steps=max_steps, plan_id=plan_id or "plan-" + uuid.uuid4().hex[:20],
+        steps=[plans_pb2.EvidenceStep(key=k, evidence_ref=r) for k, r in steps])
+    return Unary(PLANS, "RunEvidencePlan", request, plans_convert.report_from_proto, retryable=True)
+
+
+def verify_report(plan_id: str, claims: Sequence[Any]) -> Unary[Any]:
+    request = plans_pb2.VerifyReportRequest(plan_id=plan_id, claims=[plans_convert.claim_to_proto(c) for c in claims])
+    return Unary(PLANS, "VerifyReport", request, plans_convert.verdict_from_proto)
+
+
+def get_plan(plan_id: str) -> Unary[Any]:
+    return Unary(PLANS, "GetPlan", plans_pb2.GetPlanRequest(plan_id=plan_id), plans_convert.plan_from_proto,
+                 retryable=True)
+
+
+def put_evidence(store: str, ref: str, value: str) -> Unary[Any]:
+    request = plans_pb2.PutEvidenceRequest(store=store, evidence_ref=ref, value=value)
+    return Unary(EVIDENCE, "PutEvidence", request, plans_convert.evidence_from_proto)
+
+
+def get_evidence(store: str, ref: str) -> Unary[list[Any]]:
+    return Unary(EVIDENCE, "GetEvidence", plans_pb2.GetEvidenceRequest(store=store, evidence_ref=ref),
+                 lambda r: [plans_convert.evidence_from_proto(x) for x in r.revisions], retryable=True)
+
+
+def route_ticket(ticket_id: str, incident: str, service: str, symptom: str, correlation_id: str | None,
+                 reclassify: bool) -> Unary[Any]:
+    # Retry-safe without reclassify: a resent ticket id gets the decision recorded for it.
+    request = routing_pb2.RouteTicketRequest(
+        ticket=routing_pb2.Ticket(id=ticket_id, incident=incident, service=service, symptom=symptom),
+        correlation_id=correlation_id or "", reclassify=reclassify)
+    return Unary(ROUTING, "RouteTicket", request, routing_convert.decision_from_proto, retryable=not reclassify)
+
+
+def get_routing(ticket_id: str) -> Unary[list[Any]]:
+    return Unary(ROUTING, "GetRouting", routing_pb2.GetRoutingRequest(ticket_id=ticket_id),
+                 lambda r: [routing_convert.decision_from_proto(d) for d in r.decisions], retryable=True)
 
 
 # -- what every call carries --------------------------------------------------------------------

@@ -7,9 +7,10 @@ from typing import Any, Callable, Generic, Iterator, Mapping, Sequence, TypeVar
 import grpc
 from tenacity import Retrying
 
-from control.api.gen.ringfence.v1 import approvals_pb2_grpc, runs_pb2_grpc, tools_pb2_grpc
 from control.client import _wire as W
 from control.client.options import RetryPolicy, TlsConfig
+from control.plans.values import Claim, EvidenceRecord, PlanView, Report, Verdict
+from control.routing.values import Decision
 from control.model import Approval, Event, Observation, PlanStep, ProposedCall, RunView, ToolView
 
 __all__ = ["Client", "Stream"]
@@ -83,11 +84,7 @@ class Client:
         self.stream_timeout = stream_timeout
         self.retry_policy = retry
         self.extra_metadata = tuple(metadata)
-        self._stubs = {
-            W.TOOLS: tools_pb2_grpc.ToolServiceStub(self.channel),
-            W.RUNS: runs_pb2_grpc.RunServiceStub(self.channel),
-            W.APPROVALS: approvals_pb2_grpc.ApprovalServiceStub(self.channel),
-        }
+        self._stubs = W.make_stubs(self.channel)
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -175,3 +172,38 @@ class Client:
         `digest`: the Approval.digest you judged; the server refuses the decision
         (FailedPrecondition) if the pending call no longer has it."""
         return self._send(W.decide_approval(approval_id, approve, reason, remember, digest), timeout)
+
+    # -- PlanService and EvidenceService ----------------------------------------------------
+
+    def run_evidence_plan(self, steps: Sequence[tuple[str, str]], max_steps: int, plan_id: str | None = None, *,
+                          timeout: float | None = None) -> Report:
+        """Run a plan of (key, evidence_ref) steps as the executor; the report keeps each step's
+        key and reference beside its claim. Resending `plan_id` returns the same report."""
+        return self._send(W.run_evidence_plan(steps, max_steps, plan_id), timeout)
+
+    def verify_report(self, plan_id: str, claims: Sequence[Claim], *, timeout: float | None = None) -> Verdict:
+        """As the verifier (role verifier): a new assessment of `claims` against the verifier's own evidence."""
+        return self._send(W.verify_report(plan_id, claims), timeout)
+
+    def get_plan(self, plan_id: str, *, timeout: float | None = None) -> PlanView:
+        return self._send(W.get_plan(plan_id), timeout)
+
+    def put_evidence(self, store: str, ref: str, value: str, *, timeout: float | None = None) -> EvidenceRecord:
+        """The next revision of `ref` in `store` ("executor": agents; "verifier": verifiers)."""
+        return self._send(W.put_evidence(store, ref, value), timeout)
+
+    def get_evidence(self, store: str, ref: str, *, timeout: float | None = None) -> list[EvidenceRecord]:
+        return self._send(W.get_evidence(store, ref), timeout)
+
+    # -- RoutingService ---------------------------------------------------------------------
+
+    def route_ticket(self, ticket_id: str, incident: str, service: str, symptom: str, *,
+                     correlation_id: str | None = None, reclassify: bool = False,
+                     timeout: float | None = None) -> Decision:
+        """Route a ticket to one specialist; a resent ticket id returns its recorded decision
+        (`replayed`) unless `reclassify`."""
+        return self._send(W.route_ticket(ticket_id, incident, service, symptom, correlation_id, reclassify),
+                                 timeout)
+
+    def get_routing(self, ticket_id: str, *, timeout: float | None = None) -> list[Decision]:
+        return self._send(W.get_routing(ticket_id), timeout)

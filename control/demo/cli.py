@@ -1,4 +1,4 @@
-"""`ringfence demo [reference|showcase|all]`."""
+"""`ringfence demo [reference|showcase|plan|routing|all]`."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ EPILOG = """\
 examples:
   ringfence demo                    the reference incident-response agent (about a minute)
   ringfence demo showcase           the sandbox alone: ordinary calls and attacks
+  ringfence demo plan               plan, execute, verify: steps=1 verified=true remediation=none
+  ringfence demo routing            supervisor routing: status=review route=latency evidence=fixture:L1
   ringfence demo --workdir ./demo   keep the run's event log, then: ringfence runs show RUN_ID \\
                                       --state-dir ./demo/state
 
@@ -22,9 +24,11 @@ def register(subparsers) -> None:
         description="Run a demo end to end on this machine's Docker engine: real containers, a real "
                     "gRPC control plane on a loopback port, nothing mocked but the model.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("which", nargs="?", choices=("reference", "showcase", "all"), default="reference",
+    p.add_argument("which", nargs="?", choices=("reference", "showcase", "plan", "routing", "all"),
+                   default="reference",
                    help="reference (default): the seven-turn incident-response agent; showcase: the "
-                        "sandbox alone; all: both")
+                        "sandbox alone; plan: an evidence plan checked by an independent verifier; "
+                        "routing: a ticket routed to a specialist; all: every one")
     p.add_argument("--workdir", type=Path, default=None,
                    help="keep the demo's state (event log, /input) here instead of a temporary folder")
     p.set_defaults(func=demo_command)
@@ -35,6 +39,8 @@ def demo_command(args) -> int:
         return _showcase()
     if args.which == "all":
         return run_all(args.workdir)
+    if args.which in ("plan", "routing"):
+        return _feature(args.which, args.workdir)
     return _reference(args.workdir)
 
 
@@ -55,7 +61,22 @@ def _reference(workdir: Path | None) -> int:
         return 1
 
 
+def _feature(which: str, workdir: Path | None) -> int:
+    from control.demo import features
+    from sandbox.errors import SandboxError
+
+    try:
+        return getattr(features, which)(workdir)
+    except SandboxError as e:
+        print(f"error: {e}\n(is the Docker engine up, and are the images built? `make images`)", file=sys.stderr)
+        return 1
+
+
 def run_all(workdir: Path | None = None) -> int:
     failed = _showcase()
     print("\n" + "-" * 100 + "\n", flush=True)
-    return _reference(workdir) or failed
+    failed = _reference(workdir) or failed
+    for which in ("plan", "routing"):
+        print("\n" + "-" * 100 + "\n", flush=True)
+        failed = _feature(which, None) or failed
+    return failed

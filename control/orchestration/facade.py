@@ -44,8 +44,10 @@ from control.orchestration.dispatch import Dispatcher
 from control.orchestration.recovery import needs_recovery, recover_run
 from control.orchestration.runs import RUN_ID, BusyElsewhere, RunRepository
 from control.orchestration.stops import RunStops
+from control.plans.service import PlanVerification
 from control.policy import PolicyEngine
 from control.registry import Registry
+from control.routing.service import TicketRouter
 from control.state import EventType, RunState
 from control.store.base import EventStore, SeqConflict
 from control.validation import signature, validate_arguments
@@ -54,7 +56,8 @@ from sandbox.backend import SandboxBackend
 _tracer = trace.get_tracer("ringfence.control")
 log = logging.getLogger(__name__)
 
-_READ_ROLES = (Role.AGENT, Role.APPROVER, Role.ADMIN)
+_READ_ROLES = (Role.AGENT, Role.APPROVER, Role.VERIFIER, Role.ADMIN)
+_CANCEL_ROLES = (Role.AGENT, Role.APPROVER, Role.ADMIN)  # a verifier judges; it never acts on a run
 _AGENT_ROLES = (Role.AGENT, Role.ADMIN)
 _APPROVER_ROLES = (Role.APPROVER, Role.ADMIN)
 
@@ -114,6 +117,10 @@ class Orchestrator:
         self.batches = BatchRunner(repo=self.runs, desk=self.desk, dispatcher=self.dispatcher, limits=self.limits,
                                    admission=self._admission_context, clock=clock, run_context=self._run_context,
                                    stops=self.stops)
+        # Two features over runs and the store, with boundaries of their own (control.plans,
+        # control.routing); the edge calls them as `core.plans` and `core.routing`.
+        self.plans = PlanVerification(self, store, clock)
+        self.routing = TicketRouter(self, store, config.routing)
         self.runs.load_unfinished()
         if recover:
             self.recover()
@@ -230,7 +237,7 @@ class Orchestrator:
     def cancel_run(self, p: Principal, run_id: str) -> RunView:
         """The kill switch: no call of the run is dispatched after this, and the sandboxes it
         has running are killed at once (their calls end `killed`, with this reason)."""
-        self._require(p, _READ_ROLES)
+        self._require(p, _CANCEL_ROLES)
         state = self.runs.get(p.tenant, run_id)
         if not state.finished:
             self.stops.stop(state, RunOutcome.CANCELLED, f"cancelled by {p.subject}")

@@ -45,6 +45,7 @@ Errors:
     ├── SeqConflict            the run's log moved on since the caller read it
     ├── LeaseLost              the append's lease is not (or no longer) the run's current one
     ├── KeyTaken               a key the append claims is held by another event
+    ├── RevisionConflict       a record was revised since the caller read it
     ├── SchemaVersionError     the database's schema is newer than this code, or unknown
     └── StoreUnavailable       the database cannot be reached (also a control.errors.Unavailable)
 """
@@ -58,10 +59,11 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 from control.errors import FailedPrecondition, Unavailable
 from control.model import Event
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The store schema this code writes. 1: events only (SQLite, no meta table). 2: schema_meta,
-the audit hash chain (prev_hash, hash), leases, sanctioned pruning. Each event records the
-schema version it was written under."""
+the audit hash chain (prev_hash, hash), leases, sanctioned pruning. 3: keys. 4: records
+(revisioned documents outside any run: evidence, assessments, routing decisions). Each event
+records the schema version it was written under."""
 
 FINISHED = "run_finished"
 """The event type that ends a run: only runs whose last event has it can be pruned."""
@@ -112,6 +114,27 @@ class KeyTaken(StoreError):
         super().__init__(f"key {name!r} is already held by {where}")
         self.name = name
         self.holder = holder
+
+
+class RevisionConflict(StoreError):
+    """A record's latest revision is not the one the caller expected (another writer won)."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """One revision of a keyed record. Records are append-only like events: a revision is never
+    changed or deleted; a new revision supersedes it and both stay readable."""
+
+    tenant: str
+    kind: str
+    """What the record is, e.g. `evidence:verifier`, `assessment`, `routing`."""
+    key: str
+    revision: int
+    """1, 2, 3, ... per (tenant, kind, key)."""
+    body: Mapping[str, Any]
+    written_by: str
+    at: float
+    """When it was written, epoch seconds (the store's clock)."""
 
 
 class SchemaVersionError(StoreError):
@@ -188,6 +211,13 @@ def check_lease(run_id: str, lease: Lease | None, current: tuple[str, int, bool]
         raise LeaseLost(f"run {run_id}: lease {lease.token} of {lease.owner!r} has expired")
 
 
+def next_revision(tenant: str, kind: str, key: str, latest: int, expected: int | None) -> int:
+    """The revision an append_record writes after `latest` (0: none), or RevisionConflict."""
+    if expected is not None and expected != latest:
+        raise RevisionConflict(f"{kind} {key!r} of tenant {tenant!r} is at revision {latest}, not {expected}")
+    return latest + 1
+
+
 @runtime_checkable
 class EventStore(Protocol):
     def append(self, run_id: str, type: str, data: Mapping[str, Any], expected_seq: int | None = None,
@@ -224,6 +254,20 @@ class EventStore(Protocol):
     def prune(self, older_than_s: float) -> list[str]: ...
 
     def subscribe(self, callback: Callable[[Event], None]) -> Callable[[], None]: ...
+
+    def append_record(self, tenant: str, kind: str, key: str, body: Mapping[str, Any], written_by: str,
+                      expected_revision: int | None = None) -> Record:
+        """Write the next revision of (tenant, kind, key). With `expected_revision` (0: none yet)
+        raise RevisionConflict unless that is still the latest."""
+        ...
+
+    def read_records(self, tenant: str, kind: str, key: str) -> list[Record]:
+        """Every revision of (tenant, kind, key), oldest first; [] when there is none."""
+        ...
+
+    def list_record_keys(self, tenant: str, kind: str) -> list[str]:
+        """The keys of a tenant's records of one kind, in the order they were first written."""
+        ...
 
     def ping(self) -> None:
         """Raise StoreUnavailable unless the store answers now (the server's health checks)."""

@@ -36,6 +36,8 @@ from control.store.base import (
     SCHEMA_VERSION,
     KeyTaken,
     Lease,
+    Record,
+    RevisionConflict,
     SeqConflict,
     StoreError,
     StoreUnavailable,
@@ -43,6 +45,7 @@ from control.store.base import (
     check_lease,
     check_lease_args,
     next_event,
+    next_revision,
 )
 from control.store.postgres_schema import open_schema
 
@@ -233,6 +236,39 @@ class PostgresEventStore:
         with self._conn() as conn:
             row = conn.execute("SELECT tenant FROM events WHERE run_id = %s AND seq = 1", (run_id,)).fetchone()
         return row[0] if row else None
+
+    # ------------------------------------------------------------------ records
+
+    def append_record(self, tenant: str, kind: str, key: str, body: Mapping[str, Any], written_by: str,
+                      expected_revision: int | None = None) -> Record:
+        payload = canonical_json(body)
+        at = float(self._clock())
+        try:
+            with self._conn() as conn, conn.transaction():
+                # One writer per record key at a time: the revision read and its insert are atomic.
+                conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 7))",
+                             (json.dumps([tenant, kind, key]),))
+                latest = conn.execute("SELECT MAX(revision) FROM records WHERE tenant = %s AND kind = %s "
+                                      "AND key = %s", (tenant, kind, key)).fetchone()[0] or 0
+                revision = next_revision(tenant, kind, key, int(latest), expected_revision)
+                conn.execute("INSERT INTO records (tenant, kind, key, revision, body, written_by, at) "
+                             "VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                             (tenant, kind, key, revision, payload, written_by, at))
+        except psycopg.errors.UniqueViolation as e:  # cannot happen under the lock
+            raise RevisionConflict(f"{kind} {key!r}: revision {revision} was taken") from e
+        return Record(tenant, kind, key, revision, json.loads(payload), written_by, at)
+
+    def read_records(self, tenant: str, kind: str, key: str) -> list[Record]:
+        with self._conn() as conn:
+            rows = conn.execute("SELECT revision, body, written_by, at FROM records WHERE tenant = %s AND "
+                                "kind = %s AND key = %s ORDER BY revision", (tenant, kind, key)).fetchall()
+        return [Record(tenant, kind, key, int(r), json.loads(b), w, float(a)) for r, b, w, a in rows]
+
+    def list_record_keys(self, tenant: str, kind: str) -> list[str]:
+        with self._conn() as conn:
+            rows = conn.execute("SELECT key FROM records WHERE tenant = %s AND kind = %s AND revision = 1 "
+                                "ORDER BY at, key", (tenant, kind)).fetchall()
+        return [r[0] for r in rows]
 
     def lookup_key(self, name: str) -> tuple[str, int] | None:
         """(run id, seq) of the event that holds `name`, or None."""

@@ -2,7 +2,7 @@
 
 Version numbers are shared with the SQLite store (control.store.base.SCHEMA_VERSION); the
 PostgreSQL store first appeared at version 2, so there is no earlier PostgreSQL layout to
-migrate from; version 3 adds the `keys` table. Creation and migration run in one transaction under
+migrate from; version 3 adds the `keys` table, version 4 `records`. Creation and migration run in one transaction under
 an advisory lock, so instances starting together on an empty database create it once.
 
 `data` is TEXT, not JSONB: the audit chain hashes the exact canonical JSON that was written, and
@@ -91,7 +91,36 @@ def _v2_to_v3(conn: Any) -> None:
         conn.execute(statement)
 
 
-MIGRATIONS: dict[int, Callable[[Any], None]] = {2: _v2_to_v3}
+# Version 4: revisioned records that belong to no run (evidence, assessments, routing decisions).
+# Never updated, deleted or truncated: a correction is a new revision.
+_V4 = [
+    """CREATE TABLE records (
+        tenant TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        key TEXT NOT NULL,
+        revision BIGINT NOT NULL CHECK (revision >= 1),
+        body TEXT NOT NULL,
+        written_by TEXT NOT NULL,
+        at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (tenant, kind, key, revision)
+    )""",
+    """CREATE FUNCTION ringfence_records_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        RAISE EXCEPTION 'records are append-only';
+    END $$""",
+    """CREATE TRIGGER records_append_only BEFORE UPDATE OR DELETE ON records
+    FOR EACH ROW EXECUTE FUNCTION ringfence_records_append_only()""",
+    """CREATE TRIGGER records_no_truncate BEFORE TRUNCATE ON records
+    FOR EACH STATEMENT EXECUTE FUNCTION ringfence_records_append_only()""",
+]
+
+
+def _v3_to_v4(conn: Any) -> None:
+    for statement in _V4:
+        conn.execute(statement)
+
+
+MIGRATIONS: dict[int, Callable[[Any], None]] = {2: _v2_to_v3, 3: _v3_to_v4}
 """version -> the step that takes a database from it to version + 1."""
 
 
@@ -132,6 +161,7 @@ def open_schema(conn: Any) -> int:
             for statement in _V2:
                 conn.execute(statement)
             _v2_to_v3(conn)
+            _v3_to_v4(conn)
         else:
             for version in range(found, SCHEMA_VERSION):
                 if version not in MIGRATIONS:

@@ -28,6 +28,7 @@ from control.store.base import (
     SCHEMA_VERSION,
     Lease,
     KeyTaken,
+    Record,
     SeqConflict,
     StoreUnavailable,
     Subscribers,
@@ -35,6 +36,7 @@ from control.store.base import (
     check_lease,
     check_lease_args,
     next_event,
+    next_revision,
 )
 from control.store.sqlite_schema import DB_NOW, open_schema
 
@@ -201,6 +203,32 @@ class SqliteEventStore:
         with self._lock:
             row = self._db.execute("SELECT tenant FROM events WHERE run_id = ? AND seq = 1", (run_id,)).fetchone()
         return row[0] if row else None
+
+    # ------------------------------------------------------------------ records
+
+    def append_record(self, tenant: str, kind: str, key: str, body: Mapping[str, Any], written_by: str,
+                      expected_revision: int | None = None) -> Record:
+        payload = canonical_json(body)
+        at = float(self._clock())
+        with self._lock, self._write() as cur:
+            latest = cur.execute("SELECT MAX(revision) FROM records WHERE tenant = ? AND kind = ? AND key = ?",
+                                 (tenant, kind, key)).fetchone()[0] or 0
+            revision = next_revision(tenant, kind, key, latest, expected_revision)
+            cur.execute("INSERT INTO records (tenant, kind, key, revision, body, written_by, at) "
+                        "VALUES (?,?,?,?,?,?,?)", (tenant, kind, key, revision, payload, written_by, at))
+        return Record(tenant, kind, key, revision, json.loads(payload), written_by, at)
+
+    def read_records(self, tenant: str, kind: str, key: str) -> list[Record]:
+        with self._lock:
+            rows = self._db.execute("SELECT revision, body, written_by, at FROM records WHERE tenant = ? AND "
+                                    "kind = ? AND key = ? ORDER BY revision", (tenant, kind, key)).fetchall()
+        return [Record(tenant, kind, key, int(r), json.loads(b), w, float(a)) for r, b, w, a in rows]
+
+    def list_record_keys(self, tenant: str, kind: str) -> list[str]:
+        with self._lock:
+            rows = self._db.execute("SELECT key FROM records WHERE tenant = ? AND kind = ? AND revision = 1 "
+                                    "ORDER BY rowid", (tenant, kind)).fetchall()
+        return [r[0] for r in rows]
 
     def lookup_key(self, name: str) -> tuple[str, int] | None:
         """(run id, seq) of the event that holds `name`, or None."""

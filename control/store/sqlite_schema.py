@@ -2,7 +2,7 @@
 
 Version 1 (the first release) had only the `events` table and no meta table: a database with
 `events` and no `schema_meta` is version 1. Version 2 adds `schema_meta`, the audit chain
-columns, leases and sanctioned pruning; version 3 the `keys` table (unique names held by events). A migration runs in one write transaction (SQLite DDL
+columns, leases and sanctioned pruning; version 3 the `keys` table (unique names held by events); version 4 `records`. A migration runs in one write transaction (SQLite DDL
 is transactional), so a failure leaves the file exactly as it was.
 
 The statements are run one by one, never with `executescript`: that COMMITs a pending
@@ -122,7 +122,32 @@ def _v2_to_v3(db: sqlite3.Connection) -> None:
         db.execute(statement)
 
 
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3}
+# Version 4: revisioned records that belong to no run (evidence, assessments, routing decisions).
+# Never updated, never deleted: a correction is a new revision.
+_V4 = [
+    """CREATE TABLE records (
+    tenant TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    key TEXT NOT NULL,
+    revision INTEGER NOT NULL CHECK (revision >= 1),
+    body TEXT NOT NULL,
+    written_by TEXT NOT NULL,
+    at REAL NOT NULL,
+    PRIMARY KEY (tenant, kind, key, revision)
+)""",
+    """CREATE TRIGGER records_append_only_u BEFORE UPDATE ON records
+    BEGIN SELECT RAISE(ABORT, 'records are append-only'); END""",
+    """CREATE TRIGGER records_append_only_d BEFORE DELETE ON records
+    BEGIN SELECT RAISE(ABORT, 'records are append-only'); END""",
+]
+
+
+def _v3_to_v4(db: sqlite3.Connection) -> None:
+    for statement in _V4:
+        db.execute(statement)
+
+
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
 """version -> the step that takes a database from it to version + 1."""
 
 
@@ -141,6 +166,7 @@ def open_schema(db: sqlite3.Connection) -> int:
         if found == 0:
             _create(db)
             _v2_to_v3(db)
+            _v3_to_v4(db)
         else:
             for version in range(found, SCHEMA_VERSION):
                 MIGRATIONS[version](db)

@@ -22,29 +22,11 @@ from control.model import ApprovalStatus, ObservationStatus, RunOutcome
 from control.store import SqliteEventStore
 from sandbox.ledger.container import LEDGER_HOST
 
+from recording_backend import RecordingBackend
+
 pytestmark = pytest.mark.docker
 
 AGENT, APPROVER = "e2e-agent-token", "e2e-approver-token"
-
-
-class RecordingBackend:
-    """The real backend, with a record of every request it was handed (the containers run)."""
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-        self.call_ids: list[str] = []
-        self._lock = threading.Lock()
-
-    def run(self, request):
-        with self._lock:
-            self.call_ids.append(request.call_id)
-        return self.inner.run(request)
-
-    def close(self) -> None:  # the fixture owns the real backend
-        pass
-
-    def __getattr__(self, name):  # ping, kill_run, kill_all: the real backend's
-        return getattr(self.inner, name)
 
 
 @pytest.fixture

@@ -90,3 +90,23 @@ def test_the_reference_demo_runs_end_to_end(pinned_images, tmp_path):
     assert [ln.split("approval_wait", 1)[1].split()[:3] for ln in tree if "approval_wait" in ln] == [
         ["issue_credit", "t3.goodwill", "declined"], ["issue_credit", "t4.refund", "approved"]]
     assert sum("container_start" in ln for ln in tree) == 4
+
+
+@pytest.mark.parametrize("which, line", [
+    ("plan", "steps=1 verified=true remediation=none"),
+    ("routing", "status=review route=latency evidence=fixture:L1"),
+])
+def test_the_plan_and_routing_demos_print_their_line_exactly(pinned_images, tmp_path, which, line):
+    proc = ringfence("demo", which, "--workdir", str(tmp_path))
+    assert proc.stdout == line + "\n"
+    # The state is real: the demo's runs are in its event log, every one finished.
+    store = SqliteEventStore(tmp_path / "state" / "events.sqlite3")
+    try:
+        runs = store.runs("demo")
+        assert runs and all(store.read(r)[-1].type == "run_finished" for r in runs)
+        tools = {e.data.get("tool") for r in runs for e in store.read(r) if e.type == "dispatch_started"}
+    finally:
+        store.close()
+    expected = {"plan": {"assess_evidence", "check_evidence"},
+                "routing": {"route_symptom", "latency_specialist"}}[which]
+    assert tools == expected

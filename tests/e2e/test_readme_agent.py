@@ -1,5 +1,6 @@
-"""The README's first agent runs as written: the code block under "A first agent", unchanged,
-against `ringfence serve` on its embedded defaults (a real process, real containers)."""
+"""The README's Python examples run as written: the code blocks under "A first agent", "Plans an
+independent verifier checks" and "Routing tickets to specialists", unchanged, against `ringfence
+serve` on its embedded defaults (a real process, real containers)."""
 
 from __future__ import annotations
 
@@ -16,27 +17,44 @@ from serve_support import ROOT, Served
 pytestmark = pytest.mark.docker
 
 
-def readme_agent() -> str:
+def readme_example(heading: str) -> str:
+    """The one ```python block of the README section `heading`, as written."""
     text = (ROOT / "README.md").read_text()
-    section = text.split("## A first agent", 1)[1].split("\n## ", 1)[0]
+    section = text.split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
     [code] = re.findall(r"```python\n(.*?)```", section, re.S)
     return code
 
 
-def test_the_readme_agent_runs_as_written(pinned_images, tmp_path):
+def run_against_serve(code: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    """`code` as a script against `ringfence serve` on its embedded defaults (the demo tenant)."""
     config = tmp_path / "empty.toml"
-    config.write_text("")  # the embedded defaults: the demo tenant and its rules
+    config.write_text("")
     served = Served(config, tmp_path / "state")
     try:
-        script = tmp_path / "agent.py"
-        script.write_text(readme_agent())
+        script = tmp_path / "example.py"
+        script.write_text(code)
         proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
                               timeout=120, env={**os.environ, "RINGFENCE_SERVER": served.address,
                                                 "PYTHONPATH": str(ROOT)})
     finally:
         assert served.stop() == 0
+    return proc
+
+
+def test_the_readme_agent_runs_as_written(pinned_images, tmp_path):
+    proc = run_against_serve(readme_example("A first agent"), tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     first, tokens = proc.stdout.splitlines()
     assert first == "completed [('echo', 'executed'), ('read_file', 'denied')]"
     counts = [int(n) for n in re.findall(r"\d+", tokens)]
     assert len(counts) == 2 and counts[1] > counts[0]  # the second turn's context holds the results
+
+
+@pytest.mark.parametrize("heading, printed", [
+    ("Plans an independent verifier checks", "steps=1 verified=true remediation=none"),
+    ("Routing tickets to specialists", "status=review route=latency evidence=fixture:L1"),
+])
+def test_the_readme_plan_and_routing_examples_run_as_written(pinned_images, tmp_path, heading, printed):
+    proc = run_against_serve(readme_example(heading), tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout == printed + "\n"

@@ -21,6 +21,7 @@ from control.store import (
     EventStore,
     KeyTaken,
     LeaseLost,
+    RevisionConflict,
     SchemaVersionError,
     SeqConflict,
     StoreError,
@@ -476,3 +477,67 @@ def test_a_lease_of_a_dead_owner_can_be_broken_and_only_its_own(target):
     with pytest.raises(LeaseLost):
         s.append("r1", "x", {}, lease=held)  # the broken lease fences its old holder off
     assert s.acquire_lease("r1", "successor", 60) is not None
+
+
+# -- records (revisioned documents outside any run) -------------------------------------------
+
+
+def test_records_are_revisioned_per_tenant_kind_and_key(target):
+    now = [1_000.0]
+    s = target.open(clock=lambda: now[0])
+    r1 = s.append_record("acme", "evidence:verifier", "checkout/p99", {"value": "high"}, "vera")
+    now[0] = 1_001.5
+    r2 = s.append_record("acme", "evidence:verifier", "checkout/p99", {"value": "normal"}, "vera")
+    other = s.append_record("globex", "evidence:verifier", "checkout/p99", {"value": "low"}, "gus")
+    assert (r1.revision, r2.revision, other.revision) == (1, 2, 1)
+    history = s.read_records("acme", "evidence:verifier", "checkout/p99")
+    assert [(r.revision, dict(r.body), r.written_by, r.at) for r in history] == [
+        (1, {"value": "high"}, "vera", 1_000.0), (2, {"value": "normal"}, "vera", 1_001.5)]
+    # Another tenant's record of the same key is invisible, as is another kind.
+    assert [dict(r.body) for r in s.read_records("globex", "evidence:verifier", "checkout/p99")] == [{"value": "low"}]
+    assert s.read_records("acme", "evidence:executor", "checkout/p99") == []
+    s.append_record("acme", "evidence:verifier", "search/p99", {"value": "high"}, "vera")
+    assert s.list_record_keys("acme", "evidence:verifier") == ["checkout/p99", "search/p99"]
+
+
+def test_expected_revision_refuses_a_writer_that_lost_the_race(target):
+    s = target.open()
+    assert s.append_record("acme", "routing", "T1", {"status": "review"}, "a", expected_revision=0).revision == 1
+    with pytest.raises(RevisionConflict):
+        s.append_record("acme", "routing", "T1", {"status": "escalate"}, "b", expected_revision=0)
+    assert s.append_record("acme", "routing", "T1", {"status": "escalate"}, "b", expected_revision=1).revision == 2
+    assert [r.body["status"] for r in s.read_records("acme", "routing", "T1")] == ["review", "escalate"]
+
+
+def test_concurrent_record_writers_get_distinct_revisions(target):
+    stores = [target.open() for _ in range(4)]
+    errors: list[BaseException] = []
+
+    def write(store) -> None:
+        try:
+            for _ in range(10):
+                store.append_record("acme", "verdict", "plan-1", {"verified": True}, "v")
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=write, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert [r.revision for r in stores[0].read_records("acme", "verdict", "plan-1")] == list(range(1, 41))
+
+
+def test_the_database_refuses_to_change_or_delete_a_record(target):
+    s = target.open()
+    s.append_record("acme", "verdict", "plan-1", {"verified": True}, "v")
+    raw = target.raw()
+    with pytest.raises(target.refused, match="append-only"):
+        raw.execute("UPDATE records SET body = '{\"verified\":false}'")
+    with pytest.raises(target.refused, match="append-only"):
+        raw.execute("DELETE FROM records")
+    if target.kind == "postgres":
+        with pytest.raises(target.refused, match="append-only"):
+            raw.execute("TRUNCATE records")
+    assert [dict(r.body) for r in s.read_records("acme", "verdict", "plan-1")] == [{"verified": True}]

@@ -235,7 +235,7 @@ def test_a_version_1_file_is_migrated_and_its_chain_computed(tmp_path):
 
     s = SqliteEventStore(path)
     try:
-        assert s.schema_version() == SCHEMA_VERSION == 3
+        assert s.schema_version() == SCHEMA_VERSION == 4
         old = s.read("r1")
         assert [(e.seq, e.type, e.schema_version, e.at) for e in old] == [
             (1, "run_started", 1, 101.25), (2, "observation", 1, 102.0), (3, "run_finished", 1, 103.0)]
@@ -249,11 +249,14 @@ def test_a_version_1_file_is_migrated_and_its_chain_computed(tmp_path):
         e4 = s.append("r1", "note", {})
         assert (e4.seq, e4.prev_hash, e4.schema_version) == (4, old[2].hash, SCHEMA_VERSION)
         assert verify(s.read("r1")).ok
+        # Version 4's records table came with the migration.
+        assert s.append_record("acme", "verdict", "p", {"ok": True}, "v").revision == 1
     finally:
         s.close()
     tables = _tables(path)
     assert {"events", "schema_meta", "leases", "prune_allowed", "events_append_only_u",
-            "events_append_only_d", "events_tenant_first"} <= set(tables)
+            "events_append_only_d", "events_tenant_first", "records", "records_append_only_u",
+            "records_append_only_d"} <= set(tables)
     assert "events_v1" not in tables
     raw = sqlite3.connect(path)
     try:

@@ -64,7 +64,9 @@ def test_every_rpc_has_a_role_entry_and_nothing_else_does():
         for m in service.methods
     }
     assert methods == set(auth.METHOD_ROLES)
-    assert set(SERVICE_NAMES) == {"ringfence.v1.ToolService", "ringfence.v1.RunService", "ringfence.v1.ApprovalService"}
+    assert set(SERVICE_NAMES) == {"ringfence.v1.ToolService", "ringfence.v1.RunService", "ringfence.v1.ApprovalService",
+                                  "ringfence.v1.PlanService", "ringfence.v1.EvidenceService",
+                                  "ringfence.v1.RoutingService"}
 
 
 def test_status_table_codes_agree_with_google_rpc_code():

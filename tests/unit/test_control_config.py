@@ -21,7 +21,7 @@ def test_defaults_work_with_no_file():
     assert c.limits.max_message_bytes == 1024 * 1024 and c.limits.max_concurrent_batches == 32
     assert c.policy.autonomy == "standard"
     assert [(r.tool, r.verdict) for r in c.policy.rules if r.tool == "credit"] == [("credit", "ask"), ("credit", "deny")]
-    assert {t.role for t in c.tenants["demo"].tokens} == {Role.AGENT, Role.APPROVER, Role.ADMIN}
+    assert {t.role for t in c.tenants["demo"].tokens} == {Role.AGENT, Role.APPROVER, Role.ADMIN, Role.VERIFIER}
 
 
 def test_the_documented_dev_tokens_are_the_stored_hashes():

@@ -15,8 +15,9 @@ RISK_WORDS = ("mutates", "reversible", "irreversible", "paths", "egress", "cost"
 
 def test_the_builtin_tools():
     r = load_builtin()
-    assert r.names == ("credit", "credit_lookup", "echo", "fail", "fetch_url", "issue_credit", "read_file", "sleep",
-                       "write_file", "write_note")
+    assert r.names == ("assess_evidence", "check_evidence", "crash", "credit", "credit_lookup", "echo", "fail",
+                       "fetch_url", "issue_credit", "latency_specialist", "read_file", "route_symptom", "sleep",
+                       "stall", "write_file", "write_note")
     credit = r.get("credit")
     assert credit.mutates and credit.irreversible
     # credit reaches the ledger (through the egress proxy, when policy grants it) and says how
