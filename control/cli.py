@@ -49,6 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
         demo_cli = None
     if demo_cli is not None:
         demo_cli.register(sub)
+    try:  # `ringfence eval SUITE`: scripted agents on a real stack, scored, compared with a baseline
+        from control.evals import cli as eval_cli
+    except ImportError:
+        eval_cli = None
+    if eval_cli is not None:
+        eval_cli.register(sub)
     return parser
 
 

@@ -46,6 +46,7 @@ from typing import Any, Callable, Protocol, Sequence
 import grpc
 
 from control.client._wire import is_wire_id
+from control.client.context import ContextAssembler, MemoryRecall, Summarizer
 from control.client.turns import (
     AgentContext,
     ModelClient,
@@ -107,6 +108,10 @@ class AgentResult:
     run: RunView | None = None
     """The server's last view of the run. After an agent-decided stop it says `cancelled`:
     the loop cancels the run (no RPC records a client's reason), and `outcome` says why."""
+    context_tokens: tuple[int, ...] = ()
+    """The estimated size of each turn's context as sent (after any compaction)."""
+    compactions: int = 0
+    """How many times older turns were folded into the summary (control.client.context)."""
 
 
 class _Client(Protocol):
@@ -158,13 +163,21 @@ class AgentLoop:
         approval_timeout_s: float = 300.0,
         tools_query: str = "",
         on_turn: Callable[[TurnRecord], None] | None = None,
+        context_budget_tokens: int | None = None,
+        summarizer: Summarizer | None = None,
+        memory: MemoryRecall | None = None,
+        keep_recent_turns: int = 2,
     ) -> None:
         """`loop_threshold`: the same call (name + canonical arguments) proposed this many
         times in the run ends it loop_detected before the repeat is sent. `approval_timeout_s`:
         how long a turn waits for its ASK calls to be decided; a call still waiting is shown to
         the model as pending_approval. `tools_query` narrows the catalogue (ListTools).
         `on_turn` is called with each turn's calls and observations once they are settled
-        (progress for a person watching; an exception from it ends the loop)."""
+        (progress for a person watching; an exception from it ends the loop).
+        `context_budget_tokens`: past it, all but the last `keep_recent_turns` turns are folded
+        into a summary by `summarizer` (default: heads and tails kept); the goal never is.
+        `memory`: recalled for the goal each turn and shown as labelled data
+        (control.client.context)."""
         if max_turns < 1:
             raise ValueError("max_turns must be at least 1")
         if max_cost < 0 or cost_per_input_token < 0 or cost_per_output_token < 0:
@@ -183,6 +196,10 @@ class AgentLoop:
         self.approval_timeout_s = approval_timeout_s
         self.tools_query = tools_query
         self.on_turn = on_turn
+        self.context_budget_tokens = context_budget_tokens
+        self.summarizer = summarizer
+        self.memory = memory
+        self.keep_recent_turns = keep_recent_turns
 
     def run(self) -> AgentResult:
         return _Run(self).run()
@@ -205,6 +222,9 @@ class _Run:
         self.proposals: Counter[tuple[str, str]] = Counter()
         self.next_seq = 1
         self.view: RunView | None = None
+        self.context_tokens: list[int] = []
+        self.assembler = ContextAssembler(loop.context_budget_tokens, summarizer=loop.summarizer,
+                                          memory=loop.memory, keep_recent=loop.keep_recent_turns)
 
     def run(self) -> AgentResult:
         loop = self.loop
@@ -223,8 +243,9 @@ class _Run:
                 return self.agent_ended(RunOutcome.BUDGET_EXHAUSTED,
                                         f"cost ceiling reached ({self.cost:g} >= {loop.max_cost:g})")
             # -- the turn ----------------------------------------------------------------------
-            context = AgentContext(loop.goal, self.run_id, self.turns + 1, tools, tuple(self.history))
+            context = self.assembler.assemble(loop.goal, self.run_id, self.turns + 1, tools, self.history)
             estimated = estimate_tokens(context.render())
+            self.context_tokens.append(estimated)
             turn = loop.model.next_turn(context)
             self.turns += 1
             self.account(turn, estimated)
@@ -312,7 +333,8 @@ class _Run:
         return AgentResult(
             outcome=outcome, reason=reason, ended_by=ended_by, run_id=self.run_id, turns=self.turns,
             input_tokens=tuple(self.input_tokens), output_tokens=tuple(self.output_tokens), total_cost=self.cost,
-            trajectory=tuple(self.trajectory), final_answer=final_answer, run=self.view)
+            trajectory=tuple(self.trajectory), final_answer=final_answer, run=self.view,
+            context_tokens=tuple(self.context_tokens), compactions=self.assembler.compactions)
 
     def finish(self, answer: str) -> AgentResult:
         self.view = view = self.client.finish_run(self.run_id)

@@ -41,6 +41,8 @@ APPROVER_LIMIT = 100.0
 RUNBOOK_URL = "http://runbooks.internal.corp/runbooks/payment-failed"
 REFUND = {"account": "acme-9", "amount": 50, "reason": "INC-4471: refund of the double charge"}
 SUMMARY_PATH = "/output/incident-summary.md"
+CONTEXT_BUDGET = 2_400
+"""The agent's context budget in tokens (control.client.context): past it, older turns are folded."""
 
 
 def _summary(context: AgentContext) -> ModelTurn:
@@ -173,6 +175,7 @@ def _install_span_memory():
 
 
 def run(workdir: Path | None = None, out=sys.stdout) -> int:
+    from control.demo.skills_scene import run_skill_scene
     from control.demo.stack import DemoStack
     from control.demo.tracetree import render, run_spans
 
@@ -191,10 +194,15 @@ def run(workdir: Path | None = None, out=sys.stdout) -> int:
                 with Approver(approver_client, approve) as helper:
                     loop = AgentLoop(agent, Narrated(reference_model(), out), goal=GOAL, max_turns=10, max_cost=1.0,
                                      cost_per_input_token=3e-6, cost_per_output_token=1.5e-5,
-                                     approval_timeout_s=120, on_turn=lambda r: _show_turn(r, out))
+                                     approval_timeout_s=120, on_turn=lambda r: _show_turn(r, out),
+                                     context_budget_tokens=CONTEXT_BUDGET)
                     result = loop.run()
                 print(file=out)
                 events, by_type = _count_events(agent, result.run_id)
+                # A skill the agent proposes is not reusable until a reviewer's fixtures pass it
+                # in fresh sandboxes (control.client.skills).
+                skill_ok = run_skill_scene(agent, where / "skills.sqlite3", lambda line: print(line, file=out))
+                print(file=out)
             credits = stack.ledger.all_credits()
             ledger_stats = stack.ledger.stats()
             print("trace (this process's spans of the run; ∥ = tools that ran at the same time)", file=out)
@@ -204,8 +212,11 @@ def run(workdir: Path | None = None, out=sys.stdout) -> int:
             if workdir is not None:
                 print(f"                its log: ringfence runs show {result.run_id} --state-dir {where / 'state'}",
                       file=out)
-            tokens = " → ".join(str(n) for n in result.input_tokens)
-            print(f"input tokens    {tokens}  (each turn's context holds every earlier result)", file=out)
+            tokens = " → ".join(str(n) for n in result.context_tokens)
+            print(f"context tokens  {tokens}  (each turn's context holds every earlier result, until compacted)",
+                  file=out)
+            print(f"compactions     {result.compactions} (budget {CONTEXT_BUDGET} tokens; older turns folded into a "
+                  "summary, the goal kept byte for byte)", file=out)
             print(f"cost            ${result.total_cost:.4f} at $3/M input, $15/M output tokens", file=out)
             print(f"events          {events} in the run's log ({by_type.get('approval_requested', 0)} "
                   f"approval_requested, {by_type.get('grant_added', 0)} grant_added)", file=out)
@@ -222,7 +233,7 @@ def run(workdir: Path | None = None, out=sys.stdout) -> int:
     for line in summary_lines(result, credits):
         print(line, file=out)
     out.flush()
-    return 0 if _as_expected(result, credits, approve) and not left else 1
+    return 0 if _as_expected(result, credits, approve) and skill_ok and not left else 1
 
 
 def _left_behind(run_id: str, names: set[str]) -> list[str]:

@@ -53,16 +53,27 @@ def test_the_reference_demo_runs_end_to_end(pinned_images, tmp_path):
     assert line(out, "approvals").startswith("approvals       asked 2: $500 declined, $50 approved; ")
     # The ledger itself: one credit, and only one request ever reached it over the network.
     assert line(out, "ledger") == "ledger          1 credit(s) applied, 0 replay(s), 1 request(s) over the network"
-    # Input tokens grow turn by turn: each turn's context holds every earlier result.
-    tokens = [int(n) for n in re.findall(r"\d+", line(out, "input tokens").split("(")[0])]
-    assert len(tokens) == 7 and all(a < b for a, b in zip(tokens, tokens[1:])), tokens
+    # The context grows turn by turn (each holds every earlier result) until it passes the
+    # demo's budget before turn 7: one compaction folds the oldest turns, and the context shrinks.
+    tokens = [int(n) for n in re.findall(r"\d+", line(out, "context tokens").split("(")[0])]
+    assert len(tokens) == 7 and all(a < b for a, b in zip(tokens[:6], tokens[1:6])), tokens
+    assert tokens[6] < tokens[5], tokens
+    assert line(out, "compactions").startswith("compactions     1 (budget 2400 tokens;")
     assert line(out, "containers left") == "containers left 0"
+    # The skill the agent proposed was not retrievable until the reviewer's trials passed in the sandbox.
+    skill = out[out.index("skill proposed"):out.index("trace (")]
+    assert skill.index("retrieve('incident') -> nothing") < skill.index("refused") < skill.index("promoted;")
+    assert skill.count(" passed  fresh run ") == 2 and "UNEXPECTED" not in skill
 
     # The run's own log, from the store the demo kept.
     run_id = line(out, "run  ").split()[1]
     store = SqliteEventStore(tmp_path / "state" / "events.sqlite3")
     try:
-        assert store.runs("demo") == [run_id]
+        # The agent's run, and the two fresh runs of the skill's trials.
+        runs = store.runs("demo")
+        assert run_id in runs and len(runs) == 3
+        trial_tools = [e.data["tool"] for r in runs if r != run_id for e in store.read(r) if e.type == "dispatch_started"]
+        assert trial_tools == ["read_file", "read_file"]
         events = store.read(run_id)
     finally:
         store.close()

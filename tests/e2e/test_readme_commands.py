@@ -10,6 +10,8 @@ new README command cannot go untested. What is changed, and why:
   $RINGFENCE_SERVER, which the README documents;
 - `make demo` / `make test` are not run here: CI runs `make test`, and tests/e2e/test_demo.py
   runs what `make demo` runs after building the images;
+- `ringfence eval contract` (with and without `--repeat 2`) is what tests/e2e/test_eval_contract.py
+  runs, with its table and comparison checked;
 - grpcurl is not part of ringfence: its lines run only where it is installed;
 - the wheel's two lines are what tests/e2e/test_wheel.py does offline (the build without
   isolation, the install without the index, the dependencies from this venv).
@@ -109,6 +111,7 @@ def test_every_readme_command_works_as_written(pinned_images, tmp_path):
         return found
 
     take(r"^make (demo|test)$")
+    assert len(take(r"ringfence eval contract")) == 2 and (ROOT / "tests/e2e/test_eval_contract.py").is_file()
     assert len(take(r"^python3 -m pip (wheel|install) ")) == 2 and (ROOT / "tests/e2e/test_wheel.py").is_file()
     # The other ways to serve, one at a time (as a user would: they share ./.state).
     for line in take(r"^\.venv/bin/ringfence serve "):

@@ -114,7 +114,8 @@ def test_completed_the_observations_feed_the_next_turn(stack):
     def second(ctx):
         # What turn 1's tool returned is in turn 2's context, under the model's own call id.
         assert ctx.results() == [{"id": "call_0", "name": "echo", "status": "executed", "executed": True,
-                                  "content": {"text": "hello"}, "error": None, "error_class": None}]
+                                  "content": {"text": "hello"}, "error": None, "error_class": None,
+                                  "trust": "data"}]
         return say("hello again")  # the same call id again: the loop keeps wire ids unique
 
     model = ScriptedModel([say("hello"), second, ModelTurn.answer("I said hello twice.")])
