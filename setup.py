@@ -55,6 +55,8 @@ setup(
         # In every package: the embedded config (control/default_config.toml), the built-in
         # tool manifests (control/tools/*.json), the generated protobuf modules' stubs.
         "": ["*.toml", "*.json", "*.pyi"],
+        # The contract suite's stored baseline (`ringfence eval contract` compares with it).
+        "control.evals": ["baselines/*.json"],
         "ringfence_images": image_files(),
     },
     # A second guard: image_files() already leaves these out.
