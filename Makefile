@@ -40,7 +40,7 @@ images: venv docker packages ## build the pinned images (only what is missing or
 protos: venv ## regenerate the protobuf/gRPC modules from protos/
 	$(PY) -m control.api.protos_gen
 
-test: venv images gvisor postgres ## run every test: unit, integration, escape battery, end to end
+test: venv lint images gvisor postgres ## lint, then run every test: unit, integration, escape battery, end to end
 	$(VENV)/bin/pytest tests
 
 test-unit: venv ## the fast tests that need no Docker
@@ -61,9 +61,10 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml setup.py
 bench: venv images postgres $(BENCH_STAMP) ## run the benchmarks in bench/ (ratios against an in-run baseline; results in bench/results/)
 	$(PY) -m bench
 
-lint: venv ## byte-compile everything and check the import rules
-	$(PY) -m compileall -q control sandbox tests bench
-	$(PY) -m pytest -q tests/unit/test_architecture.py
+lint: venv ## ruff (lint, import order) on everything, mypy --strict on sandbox/ and control/, the import rules
+	$(VENV)/bin/ruff check control sandbox tests bench
+	$(VENV)/bin/mypy
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit/test_architecture.py
 
 gc: venv ## remove containers and networks left by dead ringfence instances
 	$(VENV)/bin/ringfence sandbox gc

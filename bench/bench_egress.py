@@ -16,17 +16,22 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import docker
 
 from sandbox.backend import SandboxRequest
 from sandbox.docker_backend import DockerBackend
-from sandbox.egress.grant import GiB, MiB, EgressGrant
-from sandbox.egress.testing import EgressTestbed
+from sandbox.egress.grant import EgressGrant, GiB, MiB
 from sandbox.images import load_lock
 from sandbox.profile import SandboxProfile
+
+# The egress testbed (decoys on the bench's own networks) is test harness: it lives in tests/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from egress_support import EgressTestbed  # noqa: E402 - importable only once tests/ is on the path
 
 CLIENT = r'''
 import base64, json, os, socket, ssl, statistics, sys, time, urllib.parse
@@ -122,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=100, help="small requests per variant (default 100)")
     parser.add_argument("--mib", type=int, default=64, help="download size for throughput (default 64 MiB)")
-    parser.add_argument("--calls", type=int, default=10, help="whole calls per variant for the per-call cost (default 10)")
+    parser.add_argument("--calls", type=int, default=10,
+                        help="whole calls per variant for the per-call cost (default 10)")
     args = parser.parse_args(argv)
     os.environ.setdefault("RINGFENCE_TEST_SESSION", "bench-egress")
     client = docker.from_env(timeout=120)
@@ -146,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     for proto in ("http", "https"):
         d, p = direct[proto], proxied[proto]
         print(f"{proto:8}{d['median_ms']:11.2f}{p['median_ms']:10.2f}{p['median_ms'] - d['median_ms']:10.2f}"
-              f"{p['median_ms'] / d['median_ms']:7.2f}   {d['mb_s']:12.1f}{p['mb_s']:11.1f}{p['mb_s'] / d['mb_s']:7.2f}")
+              f"{p['median_ms'] / d['median_ms']:7.2f}   {d['mb_s']:12.1f}{p['mb_s']:11.1f}"
+              f"{p['mb_s'] / d['mb_s']:7.2f}")
     print("(latency = median per request; p90 direct/proxy: "
           + ", ".join(f"{k} {direct[k]['p90_ms']:.2f}/{proxied[k]['p90_ms']:.2f} ms" for k in ("http", "https")) + ")")
     print(f"whole call running `true`, median of {args.calls}: without egress {plain_call:.0f} ms, "

@@ -40,14 +40,14 @@ ROOT = Path(__file__).resolve().parents[1]
 # The test harness's process and cluster helpers (a real `ringfence serve`, a real PostgreSQL).
 sys.path.insert(0, str(ROOT / "tests"))
 
-from control.api.client import RingfenceClient  # noqa: E402
-from control.config import token_digest  # noqa: E402
-from control.errors import ControlError  # noqa: E402
-from control.model import ApprovalStatus, ObservationStatus  # noqa: E402
-from control.state import fold  # noqa: E402
-from control.store import open_store  # noqa: E402
-from sandbox.images import load_lock  # noqa: E402
-from sandbox.ledger.container import LEDGER_HOST, Ledger  # noqa: E402
+from control.api.client import RingfenceClient  # noqa: E402 - importable only after the sys.path insert above
+from control.config import token_digest  # noqa: E402 - importable only after the sys.path insert above
+from control.errors import ControlError  # noqa: E402 - importable only after the sys.path insert above
+from control.model import ApprovalStatus, ObservationStatus  # noqa: E402 - importable only after the sys.path insert above
+from control.state import fold  # noqa: E402 - importable only after the sys.path insert above
+from control.store import open_store  # noqa: E402 - importable only after the sys.path insert above
+from sandbox.images import load_lock  # noqa: E402 - importable only after the sys.path insert above
+from sandbox.ledger.container import LEDGER_HOST, Ledger  # noqa: E402 - importable only after the sys.path insert above
 
 AGENT, APPROVER = "bench-agent-token", "bench-approver-token"
 
@@ -138,7 +138,7 @@ class Client(threading.Thread):
                       "arguments": {"account": f"acme-{self.n}", "amount": turn}}]
             sends = [0]
 
-            def submit(client, batch=batch, turn=turn):
+            def submit(client, batch=batch, turn=turn, sends=sends):
                 sends[0] += 1
                 return client.submit_batch(self.run_id, batch, batch_id=f"t{turn}")
 
@@ -280,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
                 "leaked_containers": leaked,
                 "client_errors": sum(len(c.errors) for c in faulty["clients"] + base["clients"]),
             }
-            ratio = report["turns_faulty_per_s"] / report["turns_baseline_per_s"] if report["turns_baseline_per_s"] else 0
+            baseline = report["turns_baseline_per_s"]
+            ratio = report["turns_faulty_per_s"] / baseline if baseline else 0
             print(json.dumps(report, indent=2))
             print(f"throughput with faults: x{ratio:.2f} of the fault-free baseline measured in this run")
             bad = report["ledger_duplicates"] or report["lost_acknowledged"] or report["leaked_containers"]

@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def hardened(runtime: str):
         def call():
-            result = backend.run(SandboxRequest(profile=SandboxProfile(runtime=runtime), argv=("true",), run_id="bench"))
+            request = SandboxRequest(profile=SandboxProfile(runtime=runtime), argv=("true",), run_id="bench")
+            result = backend.run(request)
             assert result.ok, result
         return call
 

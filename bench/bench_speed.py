@@ -60,11 +60,12 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 AGENT_TOKEN = "demo-agent-token"  # the embedded demo tenant's public dev token (loopback only)
@@ -208,8 +209,12 @@ def _markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str
 
 
 def _text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
-    line = lambda row: "  ".join(str(c).ljust(w) for c, w in zip(row, widths))  # noqa: E731
+    # Not strict: a short row just leaves its last columns out, as it always has.
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=False)]
+
+    def line(row: Sequence[str]) -> str:
+        return "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False))
+
     return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 
@@ -315,8 +320,9 @@ def finalize(results: dict) -> dict:
     out["throughput_ratio"] = _round(_ratio(out["throughput_cold_calls_per_s"], out["throughput_engine_calls_per_s"]))
     out["throughput_ratio_warm"] = _round(_ratio(out["throughput_warm_calls_per_s"],
                                                  out["throughput_engine_calls_per_s"]))
-    out["concurrency_ratio_max"] = _round(_ratio(out.get("concurrency_ours_max_ms"), out.get("concurrency_bare_max_ms")))
-    out["concurrency_ratio_p50"] = _round(_ratio(out.get("concurrency_ours_p50_ms"), out.get("concurrency_bare_p50_ms")))
+    for which in ("max", "p50"):
+        ours, bare = out.get(f"concurrency_ours_{which}_ms"), out.get(f"concurrency_bare_{which}_ms")
+        out[f"concurrency_ratio_{which}"] = _round(_ratio(ours, bare))
     out["concurrency_wide_ratio_max"] = _round(_ratio(out.get("concurrency_wide_max_ms"),
                                                       out.get("concurrency_bare_max_ms")))
     out["targets"] = evaluate_targets(out)
@@ -365,8 +371,8 @@ def plot(results: dict, path: Path) -> None:
                         va="bottom", ha="right")
     ax.set_ylabel("latency per call, ms (log)")
     machine = results.get("machine") or {}
-    ax.set_title(f"ringfence call latency ({machine.get('cpus', '?')} CPUs, Docker {machine.get('docker_version', '?')},"
-                 f" {results.get('when', '')[:16]})", fontsize=9)
+    ax.set_title(f"ringfence call latency ({machine.get('cpus', '?')} CPUs, "
+                 f"Docker {machine.get('docker_version', '?')}, {results.get('when', '')[:16]})", fontsize=9)
     ax.grid(True, axis="y", which="both", alpha=0.3)
     plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
     fig.tight_layout()
@@ -525,7 +531,8 @@ def timed_sequence(n: int, call: Callable[[int], None], before: Callable[[int], 
     return samples
 
 
-def timed_concurrent(total: int, workers: int, make_worker: Callable[[int], Callable[[int], None]]) -> tuple[float, list[float]]:
+def timed_concurrent(total: int, workers: int,
+                     make_worker: Callable[[int], Callable[[int], None]]) -> tuple[float, list[float]]:
     """`total` calls taken from a shared counter by `workers` threads released together;
     `make_worker(k)` (untimed) returns worker k's call(i). Returns (wall seconds, each call's latency)."""
     items: queue.SimpleQueue[int] = queue.SimpleQueue()
@@ -864,12 +871,12 @@ class Bench:
 
         try:
             version = self.client.version().get("Version")
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - the report only notes the version when it can
             version = None
         try:
             others = [c for c in self.client.containers.list()
                       if c.labels.get(L.INSTANCE_LABEL) != L.instance_id()]
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - the report only notes other load when it can
             others = []
         return {"cpus": os.cpu_count(), "docker_version": version, "kernel": platform.release(),
                 "python": platform.python_version(), "loadavg": [round(x, 2) for x in os.getloadavg()],
@@ -967,7 +974,7 @@ def main(argv: list[str] | None = None) -> int:
         "leftover_containers": leftover,
         "samples_ms": bench.samples,
         "machine": machine,
-        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "seconds": round(time.monotonic() - started, 1),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "memory_child"},
         "notes": bench.notes,

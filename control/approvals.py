@@ -10,7 +10,8 @@ used once; their lifecycle lives in the run's events (see control.state).
 from __future__ import annotations
 
 import uuid
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from control.validation import canonical_json, sha256_hex
 

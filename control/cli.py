@@ -28,32 +28,32 @@ def build_parser() -> argparse.ArgumentParser:
     try:
         from control.api import serve
     except ImportError:
-        serve = None
-    if serve is not None:
+        pass
+    else:
         serve.register(sub)
     try:  # submit, watch, approvals, run, tools, and `runs` with no action: over gRPC
         from control.api import people_cli
     except ImportError:
-        people_cli = None
-    if people_cli is not None:
+        pass
+    else:
         people_cli.register(sub)
     try:  # `ringfence trace RUN_ID`: a run's span tree, from the event store
         from control.tracing import cli as trace_cli
     except ImportError:
-        trace_cli = None
-    if trace_cli is not None:
+        pass
+    else:
         trace_cli.register(sub)
     try:  # the demos run a server in-process
         from control.demo import cli as demo_cli
     except ImportError:
-        demo_cli = None
-    if demo_cli is not None:
+        pass
+    else:
         demo_cli.register(sub)
     try:  # `ringfence eval SUITE`: scripted agents on a real stack, scored, compared with a baseline
         from control.evals import cli as eval_cli
     except ImportError:
-        eval_cli = None
-    if eval_cli is not None:
+        pass
+    else:
         eval_cli.register(sub)
     return parser
 

@@ -8,12 +8,14 @@ default demo tenant entirely (the dev tokens are public).
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from control.errors import ConfigError
 from control.model import Role
@@ -24,7 +26,17 @@ DEFAULT_CONFIG_PATH = Path(__file__).with_name("default_config.toml")
 BUILTIN_TOOLS_DIR = Path(__file__).with_name("tools")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-VERDICTS = ("allow", "ask", "deny")
+
+
+class Verdict(enum.StrEnum):
+    """A policy rule's verdict, and the contextual policy's decision (control.policy)."""
+
+    ALLOW = "allow"
+    ASK = "ask"
+    DENY = "deny"
+
+
+VERDICTS = tuple(v.value for v in Verdict)
 AUTONOMY = ("supervised", "standard", "autonomous")
 PREDICATES = ("eq", "ne", "lt", "lte", "gt", "gte", "in", "not_in", "matches", "prefix")
 
@@ -47,9 +59,12 @@ class TenantConfig:
 class RuleConfig:
     tool: str
     """A tool name, or "*" for every tool."""
-    verdict: str
+    verdict: Verdict
     when: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """argument name -> {predicate: operand}; every predicate must hold for the rule to match."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "verdict", Verdict(self.verdict))
 
 
 @dataclass(frozen=True)
@@ -76,24 +91,56 @@ class PolicyConfig:
 
 @dataclass(frozen=True)
 class Limits:
+    """Ceilings of the core, from `[limits]`; every value must be positive. The edge applies the
+    request-shaped ones again before decoding (control.api.servicer.EdgeOptions.from_config)."""
+
     max_steps: int = 10
+    """Steps of an ExecutePlan that does not name max_steps; a longer plan is INVALID_ARGUMENT."""
     max_plan_steps: int = 100
+    """Hard cap on a plan's max_steps (at least max_steps); a higher value is INVALID_ARGUMENT."""
     max_argument_bytes: int = 64 * 1024
+    """Bytes of one call's arguments (and of a run's goal). Over gRPC a larger one makes the
+    request INVALID_ARGUMENT and nothing runs; in the core a call whose canonical arguments are
+    larger is observed denied (invalid_arguments)."""
     max_message_bytes: int = 1024 * 1024
+    """Bytes of one gRPC request (at least max_argument_bytes); grpc refuses a larger one with
+    RESOURCE_EXHAUSTED before any of our code reads it."""
     max_concurrent_batches: int = 32
+    """SubmitBatch/ExecutePlan (and evidence plans, verifications, routings at the edge) in
+    flight per tenant; one more is refused at once with RESOURCE_EXHAUSTED, never queued."""
     max_batch_calls: int = 32
+    """Calls in one batch; a larger batch is refused whole (RESOURCE_EXHAUSTED) and nothing runs."""
     max_turns: int = 50
+    """Batches per run; the batch that would exceed it is halted and the run ends budget_exhausted."""
     max_cost: float = 100.0
+    """Summed tool cost per run; once reached, the next batch is halted and the run ends
+    budget_exhausted."""
     run_deadline_s: float = 3600.0
+    """Wall-clock seconds a run may live from its start; then its running sandboxes are killed,
+    the next batch is halted and the run ends deadline_exceeded."""
     approval_ttl_s: float = 900.0
+    """Seconds an approval request stays decidable; then it expires and its call is observed
+    unresolved (approval_expired), never run."""
     loop_threshold: int = 3
+    """The same canonical call proposed this many times in a run (at least 2) halts its whole
+    batch before anything runs, and the run ends loop_detected."""
     max_attempts: int = 4
+    """Tries of one call (at most 10), retrying transient failures only; the last failure is the result."""
     backoff_initial_s: float = 0.5
+    """First retry's backoff ceiling; it doubles per attempt, with equal jitter (control.retry)."""
     backoff_max_s: float = 30.0
+    """Largest backoff ceiling between tries; a tool's retry-after hint may wait up to 4x this."""
     breaker_threshold: int = 5
+    """Consecutive failures of a tool that open its circuit; while open its calls are denied
+    (circuit_open) without a sandbox."""
     breaker_cooldown_s: float = 30.0
+    """Seconds an open circuit waits before letting one probe call through (success closes it)."""
     max_parallel_reads: int = 4
+    """Non-mutating calls of one batch run at once; the rest wait their turn (mutating calls run
+    one by one)."""
     lease_ttl_s: float = 15.0
+    """Seconds a run's write lease lives unrenewed (renewed every third of it); past it another
+    instance may take the run over and recover it. Also how often orphaned runs are adopted."""
 
 
 @dataclass(frozen=True)
@@ -149,7 +196,7 @@ class Config:
     def db_path(self) -> Path:
         return self.state_dir / "events.sqlite3"
 
-    def principal_for_token(self, token: str):
+    def principal_for_token(self, token: str) -> tuple[str, TokenConfig] | None:
         """Convenience for the edge and tests: the (tenant, TokenConfig) of a plaintext token."""
         import hmac
 
@@ -161,7 +208,7 @@ class Config:
         return None
 
 
-def _merge(base: dict, over: Mapping) -> dict:
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in over.items():
         if key == "tenants":
@@ -173,7 +220,7 @@ def _merge(base: dict, over: Mapping) -> dict:
     return out
 
 
-def _load_toml(path: Path) -> dict:
+def _load_toml(path: Path) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
@@ -203,7 +250,7 @@ def _expect(key: str, value: Any, types: type | tuple[type, ...], what: str) -> 
     return value
 
 
-def _known(key: str, table: Mapping, allowed: set[str]) -> None:
+def _known(key: str, table: Mapping[str, Any], allowed: set[str]) -> None:
     for k in table:
         if k not in allowed:
             raise ConfigError(f"{key}.{k}" if key else k, "unknown key")
@@ -263,7 +310,7 @@ def parse_config(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> Con
     )
 
 
-def _parse_pool(raw: Mapping) -> PoolConfig:
+def _parse_pool(raw: Mapping[str, Any]) -> PoolConfig:
     _known("pool", raw, {"size", "idle_s", "max_shapes", "exclude"})
     size = _expect("pool.size", raw.get("size", PoolConfig.size), int, "an integer")
     if not 0 <= size <= 64:
@@ -280,7 +327,7 @@ def _parse_pool(raw: Mapping) -> PoolConfig:
     return PoolConfig(size=size, idle_s=idle_s, max_shapes=max_shapes, exclude=tuple(exclude))
 
 
-def _parse_egress(raw: Mapping) -> EgressConfig:
+def _parse_egress(raw: Mapping[str, Any]) -> EgressConfig:
     _known("egress", raw, {"services", "networks"})
     services: dict[str, tuple[str, ...]] = {}
     for name, addresses in _expect("egress.services", raw.get("services", {}), Mapping, "a table").items():
@@ -296,7 +343,8 @@ def _parse_egress(raw: Mapping) -> EgressConfig:
         raise ConfigError("egress.networks", "must be a list of Docker network names")
     if services:
         # The proxy's own rules (exact names, private addresses only, ...), reported here.
-        from sandbox.egress.server import ConfigError as ProxyConfigError, parse_services
+        from sandbox.egress.server import ConfigError as ProxyConfigError
+        from sandbox.egress.server import parse_services
 
         try:
             parse_services({k: list(v) for k, v in services.items()})
@@ -305,7 +353,7 @@ def _parse_egress(raw: Mapping) -> EgressConfig:
     return EgressConfig(services=services, networks=tuple(networks))
 
 
-def _parse_tenants(raw: Mapping) -> dict[str, TenantConfig]:
+def _parse_tenants(raw: Mapping[str, Any]) -> dict[str, TenantConfig]:
     tenants = {}
     seen_digests: set[str] = set()
     for name, table in raw.items():
@@ -334,7 +382,7 @@ def _parse_tenants(raw: Mapping) -> dict[str, TenantConfig]:
     return tenants
 
 
-def _parse_policy(raw: Mapping) -> PolicyConfig:
+def _parse_policy(raw: Mapping[str, Any]) -> PolicyConfig:
     _known("policy", raw, {"autonomy", "rules", "grants", "egress"})
     autonomy = raw.get("autonomy", "standard")
     if autonomy not in AUTONOMY:
@@ -370,7 +418,7 @@ def _parse_policy(raw: Mapping) -> PolicyConfig:
                         re.compile(operand)
                     except re.error as e:
                         raise ConfigError(f"{pkey}.{op}", f"bad regular expression: {e}") from e
-        rules.append(RuleConfig(tool, verdict, {k: dict(v) for k, v in when.items()}))
+        rules.append(RuleConfig(tool, Verdict(verdict), {k: dict(v) for k, v in when.items()}))
     grants = []
     for i, grant in enumerate(_expect("policy.grants", raw.get("grants", []), list, "an array")):
         key = f"policy.grants[{i}]"
@@ -390,7 +438,7 @@ def _parse_policy(raw: Mapping) -> PolicyConfig:
     return PolicyConfig(autonomy=autonomy, rules=tuple(rules), grants=tuple(grants), egress=egress)
 
 
-def _parse_limits(raw: Mapping) -> Limits:
+def _parse_limits(raw: Mapping[str, Any]) -> Limits:
     names = {f.name: f for f in fields(Limits)}
     _known("limits", raw, set(names))
     values = {}

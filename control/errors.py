@@ -19,8 +19,8 @@ core knows about gRPC.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 __all__ = [
     "FieldViolation",

@@ -20,10 +20,13 @@ import hashlib
 import json
 import logging
 import sys
-from datetime import datetime, timezone
-from typing import IO, Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import IO, Any
 
 from control import guardrails
+from control.model import Event, RunOutcome
+from control.state import AdmissionVerdict, EventType, RunState
 from control.values import plain
 
 LOGGER = "ringfence.events"
@@ -35,7 +38,7 @@ log = logging.getLogger("ringfence.eventlog")
 
 
 def iso_utc(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _text(value: Any, limit: int = _MAX_TEXT) -> str | None:
@@ -70,61 +73,62 @@ def _fields(type_: str, d: Mapping[str, Any]) -> dict[str, Any]:
         out["signature_sha256"] = hashlib.sha256(str(d["signature"]).encode()).hexdigest()
     if "tool" in d:
         out["tool"] = _text(d["tool"], 100)  # the agent names it: an unknown tool's name is its text
-    if type_ == "run_started":
+    if type_ == EventType.RUN_STARTED:
         keep("policy_version", "deadline_at", "by")
         measure("goal", d.get("goal"))
-    elif type_ == "batch_started":
+    elif type_ == EventType.BATCH_STARTED:
         keep("batch_id", "turn", "fingerprint")
         calls = d.get("calls") or []
         out["calls"] = len(calls)
         out["tools"] = [_text(c.get("tool"), 100) for c in calls]
-    elif type_ == "call_decided":
+    elif type_ == EventType.CALL_DECIDED:
         keep("verdict", "verdict_path")
         measure("arguments", d.get("arguments"))
-    elif type_ == "approval_requested":
+    elif type_ == EventType.APPROVAL_REQUESTED:
         keep("approval_id", "digest", "expires_at", "kind", "mutates", "proposed_by")
         measure("arguments", d.get("arguments"))
-    elif type_ == "approval_decided":
+    elif type_ == EventType.APPROVAL_DECIDED:
         keep("approval_id", "approved", "by", "remember")
         out["reason"] = _text(d.get("reason"))
-    elif type_ in ("approval_expired", "approval_used"):
+    elif type_ in (EventType.APPROVAL_EXPIRED, EventType.APPROVAL_USED):
         keep("approval_id")
-    elif type_ == "grant_added":
+    elif type_ == EventType.GRANT_ADDED:
         keep("by", "approval_id")
-    elif type_ == "dispatch_started":
+    elif type_ == EventType.DISPATCH_STARTED:
         keep("mutates", "approval_id", "verdict_path")
         measure("arguments", d.get("arguments"))
-    elif type_ == "attempt":
+    elif type_ == EventType.ATTEMPT:
         keep("attempt", "outcome", "failure_class", "retry_after_s", "duration_ms")
-    elif type_ == "egress":
+    elif type_ == EventType.EGRESS:
         decisions = d.get("decisions") or []
         keep("attempt")
         out["decisions"] = len(decisions)
         out["denied"] = sum(1 for e in decisions if isinstance(e, Mapping) and e.get("decision") != "allowed")
-    elif type_ == "call_completed":
+    elif type_ == EventType.CALL_COMPLETED:
         keep("ok", "mutates", "error_class", "attempts", "cost")
         measure("content", d.get("content"))
         guard = d.get("guard")
         if isinstance(guard, Mapping):
             out["guard"] = {"action": guard.get("action"), "redacted": list(guard.get("redacted") or ())}
-    elif type_ == "observation":
+    elif type_ == EventType.OBSERVATION:
         keep("status", "executed", "error_class", "attempts", "approval_id", "verdict_path")
         measure("content", d.get("content"))
-    elif type_ == "run_finished":
+    elif type_ == EventType.RUN_FINISHED:
         keep("outcome")
         out["reason"] = _text(d.get("reason"))
     return out
 
 
-_WARN_VERDICTS = {"deny", "block", "halt", "invalid", "unknown"}
+_WARN_VERDICTS = {AdmissionVerdict.DENY, AdmissionVerdict.BLOCK, AdmissionVerdict.HALT, AdmissionVerdict.INVALID,
+                  AdmissionVerdict.UNKNOWN}
 
 
 def _level(type_: str, d: Mapping[str, Any]) -> int:
-    if (type_ == "call_decided" and d.get("verdict") in _WARN_VERDICTS) \
-            or (type_ == "attempt" and d.get("failure_class")) \
-            or (type_ == "call_completed" and not d.get("ok")) \
-            or (type_ == "observation" and d.get("error_class")) \
-            or (type_ == "run_finished" and d.get("outcome") != "completed"):
+    if (type_ == EventType.CALL_DECIDED and d.get("verdict") in _WARN_VERDICTS) \
+            or (type_ == EventType.ATTEMPT and d.get("failure_class")) \
+            or (type_ == EventType.CALL_COMPLETED and not d.get("ok")) \
+            or (type_ == EventType.OBSERVATION and d.get("error_class")) \
+            or (type_ == EventType.RUN_FINISHED and d.get("outcome") != RunOutcome.COMPLETED):
         return logging.WARNING
     return logging.INFO
 
@@ -135,11 +139,11 @@ class EventLogger:
     def __init__(self, logger: logging.Logger | None = None) -> None:
         self.logger = logger or logging.getLogger(LOGGER)
 
-    def line(self, state: Any, event: Any) -> dict[str, Any]:
+    def line(self, state: RunState, event: Event) -> dict[str, Any]:
         """The fields of `event`'s line (`state`: its run's state, the event applied)."""
         d = event.data if isinstance(event.data, Mapping) else {}
         trace = getattr(state, "trace", None) or {}
-        if event.type == "run_started" and not trace:
+        if event.type == EventType.RUN_STARTED and not trace:
             trace = d.get("trace") or {}
         doc: dict[str, Any] = {
             "ts": iso_utc(event.at),
@@ -159,7 +163,7 @@ class EventLogger:
         doc.update(_fields(event.type, d))
         return doc
 
-    def observe(self, state: Any, event: Any) -> None:
+    def observe(self, state: RunState, event: Event) -> None:
         """The orchestrator's on_event hook. Never raises: a log line is not worth a failed call."""
         try:
             doc = self.line(state, event)
@@ -170,15 +174,19 @@ class EventLogger:
                           getattr(event, "run_id", "?"))
 
 
-def fan_out(*hooks: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
+EventHook = Callable[[RunState, Event], None]
+"""An on_event hook (control.orchestration.runs): called with a run's state after each append."""
+
+
+def fan_out(*hooks: EventHook) -> EventHook:
     """One on_event callable calling each hook in turn; a hook that raises is logged and the
     others still run (the event is durable already when the hooks are called)."""
 
-    def observe(state: Any, event: Any) -> None:
+    def observe(state: RunState, event: Event) -> None:
         for hook in hooks:
             try:
                 hook(state, event)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - a failing observer must not fail the append it observes
                 log.exception("on_event hook %r failed", hook)
 
     return observe

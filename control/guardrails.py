@@ -13,8 +13,9 @@ import enum
 import math
 import re
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, overload
 
 
 class Action(enum.StrEnum):
@@ -87,7 +88,17 @@ def _redact_text(text: str) -> str:
     return _TOKEN.sub(lambda m: "[REDACTED:high_entropy]" if _looks_random(m.group(0)) else m.group(0), text)
 
 
+@overload
+def redact(value: str) -> str: ...
+
+
+@overload
+def redact(value: Any) -> Any: ...
+
+
 def redact(value: Any) -> Any:
+    """`value` with the secrets in its text replaced: a string, or the keys and values of a dict
+    or list/tuple, copied (a tuple becomes a list); anything else is returned as is."""
     if isinstance(value, str):
         return _redact_text(value)
     if isinstance(value, dict):

@@ -13,7 +13,8 @@ can deduplicate too: that is the only defence for a crash between the effect and
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from control.validation import sha256_hex, signature
 

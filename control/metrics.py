@@ -9,9 +9,12 @@ runs per terminal outcome. Each Metrics has its own registry, so two servers in 
 
 from __future__ import annotations
 
-from typing import Any
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+
+from control.model import Event
+from control.state import EventType, RunState
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -19,7 +22,7 @@ _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        self._server: Any = None
+        self._server: WSGIServer | None = None
         self.verdicts = Counter(
             "ringfence_policy_verdicts", "Admission verdicts per tool (allow, ask, deny, block, halt, ...).",
             ["tool", "verdict"], registry=self.registry)
@@ -36,19 +39,21 @@ class Metrics:
             "ringfence_runs_finished", "Runs that ended, per terminal outcome.",
             ["outcome"], registry=self.registry)
 
-    def observe(self, state: Any, event: Any) -> None:
+    def observe(self, state: RunState, event: Event) -> None:
         """The orchestrator's on_event hook: called once for every appended event."""
         data = event.data
-        if event.type == "call_decided":
+        if event.type == EventType.CALL_DECIDED:
             self.verdicts.labels(str(data.get("tool")), str(data.get("verdict"))).inc()
-        elif event.type == "attempt":
-            tool = str((state.inflight.get(data.get("call_id")) or {}).get("tool", "unknown"))
+        elif event.type == EventType.ATTEMPT:
+            call_id = data.get("call_id")
+            started = state.inflight.get(call_id) if isinstance(call_id, str) else None
+            tool = str((started or {}).get("tool", "unknown"))
             self.attempts.labels(tool, str(data.get("outcome"))).inc()
             if data.get("duration_ms") is not None:
                 self.latency.labels(tool).observe(float(data["duration_ms"]) / 1000)
-        elif event.type == "observation":
+        elif event.type == EventType.OBSERVATION:
             self.observations.labels(str(data.get("status"))).inc()
-        elif event.type == "run_finished":
+        elif event.type == EventType.RUN_FINISHED:
             self.runs.labels(str(data.get("outcome"))).inc()
 
     def serve(self, host: str, port: int) -> int:

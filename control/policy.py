@@ -16,21 +16,16 @@ resources are inside their roots and allowlists, and cannot overturn a resource 
 
 from __future__ import annotations
 
-import enum
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
-from control.config import PolicyConfig, RuleConfig
+from control.config import PolicyConfig, RuleConfig, Verdict
 from control.registry import ToolManifest
 from control.validation import canonical_json, sha256_hex, signature
 
-
-class Verdict(enum.StrEnum):
-    ALLOW = "allow"
-    ASK = "ask"
-    DENY = "deny"
-
+__all__ = ["Verdict", "PolicyDecision", "PolicyEngine", "rule_matches"]
 
 _RANK = {Verdict.ALLOW: 0, Verdict.ASK: 1, Verdict.DENY: 2}
 
@@ -55,14 +50,14 @@ def _holds(op: str, operand: Any, present: bool, value: Any) -> bool:
         # true is not 1 here, whatever Python says.
         if isinstance(value, bool) or isinstance(operand, bool):
             return value is operand
-        return value == operand
+        return bool(value == operand)
     if op == "ne":
         return not _holds("eq", operand, True, value)
     if op in ("lt", "lte", "gt", "gte"):
         if not _number(value):
             return False
-        return {"lt": value < operand, "lte": value <= operand, "gt": value > operand,
-                "gte": value >= operand}[op]
+        return bool({"lt": value < operand, "lte": value <= operand, "gt": value > operand,
+                     "gte": value >= operand}[op])
     if op == "in":
         return any(_holds("eq", o, True, value) for o in operand)
     if op == "not_in":
@@ -103,7 +98,7 @@ class PolicyEngine:
         self._config_grants = frozenset(signature(g.tool, g.arguments) for g in config.grants)
         doc = {
             "autonomy": config.autonomy,
-            "rules": [{"tool": r.tool, "verdict": r.verdict, "when": r.when} for r in config.rules],
+            "rules": [{"tool": r.tool, "verdict": r.verdict.value, "when": r.when} for r in config.rules],
             "grants": sorted(self._config_grants),
         }
         # Part of every approval digest: a policy change invalidates approvals given under the old one.
@@ -120,7 +115,7 @@ class PolicyEngine:
         path: list[str] = []
         for i, rule in enumerate(self._config.rules):
             if rule_matches(rule, manifest.name, arguments):
-                v = Verdict(rule.verdict)
+                v = rule.verdict
                 path.append(f"rule[{i}]:{v}")
                 if verdict is None or _RANK[v] > _RANK[verdict]:
                     verdict = v

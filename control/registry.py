@@ -11,9 +11,10 @@ import json
 import posixpath
 import re
 import tomllib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
@@ -150,7 +151,15 @@ def parse_manifest(doc: Mapping[str, Any], source: str = "<manifest>") -> ToolMa
             raise _err(source, f"limits.{key}", "unknown limit")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise _err(source, f"limits.{key}", "must be a positive number")
-    limits = ToolLimits(**{k: (float(v) if k in ("cpus", "timeout_s") else int(v)) for k, v in limits_raw.items()})
+    defaults = ToolLimits()
+    limits = ToolLimits(
+        memory_bytes=int(limits_raw.get("memory_bytes", defaults.memory_bytes)),
+        cpus=float(limits_raw.get("cpus", defaults.cpus)),
+        pids=int(limits_raw.get("pids", defaults.pids)),
+        timeout_s=float(limits_raw.get("timeout_s", defaults.timeout_s)),
+        stdout_limit=int(limits_raw.get("stdout_limit", defaults.stdout_limit)),
+        stderr_limit=int(limits_raw.get("stderr_limit", defaults.stderr_limit)),
+    )
     runtime = doc.get("runtime", "runc")
     if runtime not in ("runc", "gvisor"):
         raise _err(source, "runtime", "must be runc or gvisor")
@@ -254,7 +263,7 @@ class Registry:
                 _check_reconcile(m, self._tools)
 
     @classmethod
-    def from_dir(cls, directory: str | Path) -> "Registry":
+    def from_dir(cls, directory: str | Path) -> Registry:
         from control.tools import manifest_files
 
         return cls(load_manifest_file(p) for p in manifest_files(directory))

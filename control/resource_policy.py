@@ -11,8 +11,9 @@ from __future__ import annotations
 import ipaddress
 import os
 import posixpath
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 from control.registry import ToolManifest

@@ -17,10 +17,11 @@ import enum
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-from tenacity import Retrying, retry_if_result, stop_after_attempt
+from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_attempt
 
 from sandbox.result import Outcome, SandboxResult
 
@@ -96,7 +97,7 @@ class RetryPolicy:
 def backoff_s(policy: RetryPolicy, attempt_number: int, retry_after_s: float | None, rng: random.Random) -> float:
     """Exponential backoff with equal jitter, never shorter than the tool's retry-after hint."""
     ceiling = min(policy.max_s, policy.initial_s * 2 ** (attempt_number - 1))
-    wait = ceiling / 2 + rng.uniform(0, ceiling / 2)
+    wait: float = ceiling / 2 + rng.uniform(0, ceiling / 2)
     if retry_after_s is not None:
         wait = max(wait, min(float(retry_after_s), policy.max_s * 4))
     return wait
@@ -113,9 +114,14 @@ def retry_call(
     rng = rng or random.Random()
     counter = iter(range(1, policy.max_attempts + 1))
 
-    def wait(retry_state) -> float:
-        last: Attempt = retry_state.outcome.result()
-        return backoff_s(policy, retry_state.attempt_number, last.retry_after_s, rng)
+    def last_attempt(retry_state: RetryCallState) -> Attempt:
+        # tenacity calls `wait` and the error callback only after an attempt ended.
+        assert retry_state.outcome is not None
+        result: Attempt = retry_state.outcome.result()
+        return result
+
+    def wait(retry_state: RetryCallState) -> float:
+        return backoff_s(policy, retry_state.attempt_number, last_attempt(retry_state).retry_after_s, rng)
 
     retrying = Retrying(
         stop=stop_after_attempt(policy.max_attempts),
@@ -123,7 +129,7 @@ def retry_call(
         wait=wait,
         sleep=sleep,
         # Out of attempts: the last failed attempt is the answer, not a RetryError.
-        retry_error_callback=lambda retry_state: retry_state.outcome.result(),
+        retry_error_callback=last_attempt,
         reraise=True,
     )
     return retrying(lambda: attempt(next(counter)))

@@ -9,8 +9,8 @@ clock, no randomness, no lookups.
 Event types and their data:
     run_started       run_id, tenant, goal, created_at, deadline_at, policy_version, trace
     batch_started     batch_id, turn, calls[{call_id, tool, arguments}], fingerprint (of the client's batch)
-    call_decided      call_id, tool, arguments (canonical or raw), signature|null, verdict, verdict_path, reason,
-                      proposed_by, client_key
+    call_decided      call_id, tool, arguments (canonical or raw), signature|null, verdict (AdmissionVerdict),
+                      verdict_path, reason, proposed_by, client_key
     approval_requested approval_id, call_id, tool, arguments, digest, created_at, expires_at,
                       mutates, idempotency_key, image_digest, policy_version, proposed_by,
                       client_key, kind (call | reconcile)
@@ -30,8 +30,9 @@ from __future__ import annotations
 import copy
 import enum
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from control.model import (
     Approval,
@@ -45,6 +46,19 @@ from control.model import (
     RunView,
     Usage,
 )
+
+
+class AdmissionVerdict(enum.StrEnum):
+    """Admission's verdict on one call (control.orchestration.admission), as `call_decided`
+    records it in the log."""
+
+    UNKNOWN = "unknown"  # no such tool
+    INVALID = "invalid"  # arguments do not validate
+    HALT = "halt"  # a guardrail ends the run
+    BLOCK = "block"  # a guardrail refuses this call
+    DENY = "deny"  # resource or contextual policy refuses it
+    ASK = "ask"  # a person must approve this exact call first
+    ALLOW = "allow"  # admitted
 
 
 class EventType(enum.StrEnum):
@@ -104,7 +118,7 @@ class RunState:
     trajectory: dict[str, Observation] = field(default_factory=dict)  # by call_id, first-seen order
     approvals: dict[str, Approval] = field(default_factory=dict)
     pending: dict[str, PendingCall] = field(default_factory=dict)
-    signatures: Counter = field(default_factory=Counter)
+    signatures: Counter[str] = field(default_factory=Counter)
     completions: dict[str, dict[str, Any]] = field(default_factory=dict)  # idempotency key -> completion
     inflight: dict[str, dict[str, Any]] = field(default_factory=dict)  # call_id -> dispatch_started data
     call_ids: set[str] = field(default_factory=set)
@@ -260,11 +274,11 @@ def apply(state: RunState, event: Event) -> RunState:
     elif t is EventType.CALL_DECIDED:
         if d.get("signature"):
             state.signatures[d["signature"]] += 1
-        if d.get("verdict") == "allow":
+        if d.get("verdict") == AdmissionVerdict.ALLOW:
             # Admitted: until its dispatch starts (or it is observed otherwise) a crash leaves a
             # call that provably never reached a container (recovery runs it).
             state.admitted[d["call_id"]] = dict(d)
-        elif d.get("verdict") == "ask":
+        elif d.get("verdict") == AdmissionVerdict.ASK:
             state.asked[d["call_id"]] = dict(d)  # until its approval is requested
     elif t is EventType.APPROVAL_REQUESTED:
         state.approvals[d["approval_id"]] = Approval(

@@ -19,7 +19,8 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from typing import IO, Any, Sequence
+from collections.abc import Sequence
+from typing import IO, Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource
@@ -155,16 +156,16 @@ def configure_tracing(otlp_endpoint: str | None, console: bool, *, service_name:
     if otlp_endpoint:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        exporter = OTLPSpanExporter(endpoint=otlp_endpoint,
-                                    insecure=otlp_insecure(otlp_endpoint) if insecure is None else insecure,
-                                    timeout=EXPORT_TIMEOUT_S)
-        provider.add_span_processor(BatchSpanProcessor(GuardedExporter(exporter),
+        otlp = OTLPSpanExporter(endpoint=otlp_endpoint,
+                                insecure=otlp_insecure(otlp_endpoint) if insecure is None else insecure,
+                                timeout=EXPORT_TIMEOUT_S)
+        provider.add_span_processor(BatchSpanProcessor(GuardedExporter(otlp),
                                                        export_timeout_millis=EXPORT_TIMEOUT_S * 1000))
     if console:
         out = console_out if console_out is not None else sys.stdout
-        exporter = ConsoleSpanExporter(service_name=service_name, out=out,
-                                       formatter=lambda span: span.to_json(indent=None) + "\n")
-        provider.add_span_processor(SimpleSpanProcessor(GuardedExporter(exporter)))
+        console_exporter = ConsoleSpanExporter(service_name=service_name, out=out,
+                                               formatter=lambda span: span.to_json(indent=None) + "\n")
+        provider.add_span_processor(SimpleSpanProcessor(GuardedExporter(console_exporter)))
     if set_global:
         trace.set_tracer_provider(provider)
     return provider

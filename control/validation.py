@@ -9,9 +9,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from jsonschema import Draft202012Validator
+from jsonschema import Draft202012Validator, ValidationError
 
 from control.errors import FieldViolation
 from control.registry import ToolManifest
@@ -87,7 +88,7 @@ def _validator(manifest: ToolManifest) -> Draft202012Validator:
     return v
 
 
-def _where(prefix: str, error) -> str:
+def _where(prefix: str, error: ValidationError) -> str:
     path = prefix
     for part in error.absolute_path:
         path += f"[{part}]" if isinstance(part, int) else f".{part}"
@@ -101,7 +102,8 @@ def validate_arguments(
     max_bytes: int,
     field_prefix: str = "arguments",
 ) -> tuple[dict[str, Any] | None, list[FieldViolation]]:
-    """Return (canonical arguments, []) or (None, every violation found)."""
+    """Return (canonical arguments, []) or (None, every violation found): the arguments are None
+    exactly when there are violations, so callers test `is None` and mypy knows the rest."""
     if not isinstance(arguments, Mapping):
         return None, [FieldViolation(field_prefix, "must be an object")]
     try:

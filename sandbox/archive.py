@@ -46,9 +46,10 @@ import posixpath
 import shutil
 import stat
 import tarfile
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import IO
 
 from sandbox.errors import ArchiveError
 
@@ -314,7 +315,7 @@ class _Writer:
     def mkdir(self, path: str) -> None:
         self._dir_fd(path)
 
-    def write(self, path: str, source: io.BufferedIOBase | None, size: int) -> None:
+    def write(self, path: str, source: IO[bytes] | None, size: int) -> None:
         parent_fd = self._dir_fd(posixpath.dirname(path))
         name = posixpath.basename(path)
         try:
@@ -384,6 +385,7 @@ def _extract(tar_bytes: bytes, dest: Path | str, limits: ArchiveLimits, *, links
                 if entry.kind == "dir":
                     writer.mkdir(entry.path)
                 elif entry.kind == "file":
+                    assert entry.member is not None  # _plan gives every file its member
                     source = tar.extractfile(entry.member) if entry.size else None
                     writer.write(entry.path, source, entry.size)
                     files.append(TreeFile(entry.path, entry.size))
@@ -401,7 +403,7 @@ def _extract(tar_bytes: bytes, dest: Path | str, limits: ArchiveLimits, *, links
         root=dest,
         files=tuple(sorted(files, key=lambda f: f.path)),
         directories=dirs,
-        links=tuple(sorted(recorded, key=lambda l: l.path)),
+        links=tuple(sorted(recorded, key=lambda link: link.path)),
     )
 
 
@@ -538,7 +540,8 @@ def _read_nofollow(path: str, expected: os.stat_result, rel: str, room: int) -> 
         st = os.fstat(fd)
         if (st.st_dev, st.st_ino) != (expected.st_dev, expected.st_ino) or not stat.S_ISREG(st.st_mode):
             raise ArchiveError(f"{rel!r}: changed between lstat and open")
-        chunks, size = [], 0
+        chunks: list[bytes] = []
+        size = 0
         while True:
             chunk = os.read(fd, _CHUNK)
             if not chunk:

@@ -8,9 +8,16 @@ import json
 import signal
 import sys
 import threading
+from collections.abc import Iterator
+from types import FrameType
+from typing import TYPE_CHECKING
 
 from sandbox.errors import SandboxError
 from sandbox.units import parse_duration, parse_size
+
+if TYPE_CHECKING:
+    from sandbox.backend import SandboxBackend
+    from sandbox.egress.grant import EgressGrant
 
 _DEFAULTS = dict(memory="256m", cpus=1.0, pids=128, timeout="10s", output_limit="1MiB", tmpfs="16MiB")
 
@@ -29,7 +36,7 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from e
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sandbox = subparsers.add_parser(
         "sandbox",
         help="run a command in a hardened single-use container, or clean up",
@@ -53,26 +60,31 @@ def register(subparsers) -> None:
         epilog="example: ringfence sandbox exec --memory 64m --timeout 2s -- sh -c 'id -u'",
     )
     exec_.add_argument("--image", default="tool", help="image name from images/images.lock (default: tool)")
-    exec_.add_argument("--memory", type=_size, default=_DEFAULTS["memory"], help="memory limit, e.g. 64m (default 256m)")
+    exec_.add_argument("--memory", type=_size, default=_DEFAULTS["memory"],
+                       help="memory limit, e.g. 64m (default 256m)")
     exec_.add_argument("--cpus", type=float, default=_DEFAULTS["cpus"], help="CPU quota in cores (default 1.0)")
     exec_.add_argument("--pids", type=int, default=_DEFAULTS["pids"], help="max processes+threads (default 128)")
-    exec_.add_argument("--timeout", type=_duration, default=_DEFAULTS["timeout"], help="wall time, e.g. 5s, 500ms (default 10s)")
-    exec_.add_argument("--output-limit", type=_size, default=_DEFAULTS["output_limit"], help="stdout cap, e.g. 1MiB (default)")
+    exec_.add_argument("--timeout", type=_duration, default=_DEFAULTS["timeout"],
+                       help="wall time, e.g. 5s, 500ms (default 10s)")
+    exec_.add_argument("--output-limit", type=_size, default=_DEFAULTS["output_limit"],
+                       help="stdout cap, e.g. 1MiB (default)")
     exec_.add_argument("--tmpfs", type=_size, default=_DEFAULTS["tmpfs"],
                        help="size of each writable memory filesystem, /tmp and /dev/shm (default 16MiB)")
     exec_.add_argument("--tmpfs-inodes", type=int, default=4096,
                        help="files each of /tmp and /dev/shm may hold (default 4096)")
-    exec_.add_argument("--runtime", choices=["runc", "gvisor"], default="runc", help="container runtime (default runc)")
+    exec_.add_argument("--runtime", choices=["runc", "gvisor"], default="runc",
+                       help="container runtime (default runc)")
     exec_.add_argument("--stdin", action="store_true", help="pass this process's stdin to the command")
     _add_egress_arguments(exec_)
     exec_.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARG...]", help="the command to run")
     exec_.set_defaults(func=exec_command)
 
-    gc = sub.add_parser("gc", help="remove containers, networks and egress socket directories of dead ringfence instances")
+    gc = sub.add_parser(
+        "gc", help="remove containers, networks and egress socket directories of dead ringfence instances")
     gc.set_defaults(func=gc_command)
 
 
-def _add_egress_arguments(parser) -> None:
+def _add_egress_arguments(parser: argparse.ArgumentParser) -> None:
     try:
         from sandbox.egress.cli import add_exec_arguments
     except ImportError:
@@ -80,16 +92,16 @@ def _add_egress_arguments(parser) -> None:
     add_exec_arguments(parser)
 
 
-def _egress_from_args(args):
+def _egress_from_args(args: argparse.Namespace) -> EgressGrant | None:
+    """The call's egress grant, or None: no --egress-allow (or no egress package)."""
     try:
         from sandbox.egress.cli import profile_egress_from_args
     except ImportError:
-        return {}
-    egress = profile_egress_from_args(args)
-    return {"egress": egress} if egress is not None else {}
+        return None
+    return profile_egress_from_args(args)
 
 
-def exec_command(args) -> int:
+def exec_command(args: argparse.Namespace) -> int:
     from sandbox.backend import SandboxRequest
     from sandbox.docker_backend import DockerBackend
     from sandbox.profile import SandboxProfile
@@ -111,7 +123,7 @@ def exec_command(args) -> int:
             stdout_limit=args.output_limit,
             tmpfs_bytes=args.tmpfs,
             tmpfs_inodes=args.tmpfs_inodes,
-            **_egress_from_args(args),
+            egress=_egress_from_args(args),  # None: the profile's default, no egress
         )
         stdin = sys.stdin.buffer.read() if args.stdin else b""
         request = SandboxRequest(profile=profile, argv=tuple(command), stdin=stdin, run_id="cli")
@@ -135,14 +147,14 @@ def exec_command(args) -> int:
 
 
 @contextlib.contextmanager
-def _kill_on_signals(backend):
+def _kill_on_signals(backend: SandboxBackend) -> Iterator[list[int]]:
     """SIGTERM and SIGINT (timeout(1), kill, service managers, Ctrl-C) kill the call's container
     before we go: otherwise it would run on with nobody enforcing its wall time. The kill runs
     on its own thread (a signal handler must not re-enter the engine client the main thread may
     be using); the call then ends `killed` and is reported like any other."""
     received: list[int] = []
 
-    def on_signal(signum, frame):
+    def on_signal(signum: int, frame: FrameType | None) -> None:
         if not received:
             received.append(signum)
             name = signal.Signals(signum).name
@@ -157,7 +169,7 @@ def _kill_on_signals(backend):
             signal.signal(sig, handler)
 
 
-def gc_command(args) -> int:
+def gc_command(args: argparse.Namespace) -> int:
     import docker
 
     from sandbox.reaper import reap

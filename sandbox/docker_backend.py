@@ -25,24 +25,33 @@ import struct
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import docker
 import docker.errors
 import requests
 import urllib3.exceptions
-from docker.models.containers import _create_container_args  # containers.create's own mapping
+
+# _create_container_args: containers.create's own mapping of its arguments (used by _create);
+# private to docker-py, so its stubs do not have it.
+from docker.models.containers import Container, _create_container_args  # type: ignore[attr-defined]  # private, so not in the stubs
 from docker.types import LogConfig, Mount, Ulimit
 
-from sandbox import labels as L
 from sandbox import etc_files, launcher, seccomp
+from sandbox import labels as L
 from sandbox.backend import SandboxRequest
 from sandbox.errors import EngineError, ImageError, ProfileError
-from sandbox.pool import PoolSettings, Warm, WarmPool
+from sandbox.pool import AttachStream, Demux, PoolSettings, Warm, WarmPool
 from sandbox.profile import ENGINE_RUNTIME, SandboxProfile
 from sandbox.result import Outcome, SandboxResult, ToolErrorClass, classify_exit
 from sandbox.witness import InitWitness
+
+if TYPE_CHECKING:  # imported where used: most runs never start the egress proxy or the reaper
+    from sandbox.egress.proxy import CallEgress, EgressProxy, EgressReport, ProxySettings
+    from sandbox.images.lock import Lock
+    from sandbox.reaper import PeriodicReaper
 
 # The runner (images/tool) exits with this status after writing a structured tool error.
 RUNNER_TOOL_ERROR_EXIT = 3
@@ -52,6 +61,14 @@ LAUNCHER_ARGV = ["python3", "-I", "-S", "-B", "-c", inspect.getsource(launcher)]
 # How long a warm container may live past its pool's idle limit, for the reaper's deadline label:
 # the longest wall time a call may have (SandboxProfile caps timeout_s) and a margin.
 _POOL_DEADLINE_MARGIN_S = 3600 + 60
+# A pool shape's key: what must be equal for a warm container to serve a call (image ID, runtime,
+# hand-over mode, egress or not, digest of the container settings); and its spec: what a
+# container of the shape is made from (image ID, the profile without its egress grant, mode,
+# egress or not). See DockerBackend._pool_shape.
+_ShapeKey = tuple[str, str, str, bool, str]
+_ShapeSpec = tuple[str, SandboxProfile, str, bool]
+# Receives each egress call's proxy decisions: (request, sandbox.egress.proxy.EgressReport).
+EgressReportHook = Callable[[SandboxRequest, "EgressReport"], None]
 _STDOUT, _STDERR = 1, 2
 _HOSTNAME = etc_files.HOSTNAME
 # DNS: a resolver on the sandbox's own loopback where nothing listens. Docker would otherwise
@@ -257,6 +274,10 @@ class _Progress:
     start_issued: bool = False
     killed_reason: str | None = None
 
+    def killed(self) -> bool:
+        """Whether a kill came: kill_run and kill_all set `killed_reason` from other threads."""
+        return self.killed_reason is not None
+
 
 @dataclass
 class _Streams:
@@ -323,9 +344,9 @@ class _Demuxer:
 class DockerBackend:
     """Runs each request in a fresh container on the local engine."""
 
-    def __init__(self, client: docker.DockerClient | None = None, *, lock: Any = None,
-                 egress_proxy: Any = None, on_egress_report: Any = None, egress_settings: Any = None,
-                 pool: PoolSettings | None = None) -> None:
+    def __init__(self, client: docker.DockerClient | None = None, *, lock: Lock | None = None,
+                 egress_proxy: EgressProxy | None = None, on_egress_report: EgressReportHook | None = None,
+                 egress_settings: ProxySettings | None = None, pool: PoolSettings | None = None) -> None:
         try:
             # max_pool_size: every concurrent call talks to the engine; past docker-py's default
             # of 10 connections per URL, urllib3 drops connections, and docker-py's per-URL pool
@@ -342,7 +363,7 @@ class DockerBackend:
         # run id -> {container id: progress} of the calls running now (for kill_run).
         self._inflight: dict[str, dict[str, _Progress]] = {}
         self._inflight_mutex = threading.Lock()
-        self._reaper: Any = None
+        self._reaper: PeriodicReaper | None = None
         self._stopping: str | None = None
         self._image_cmds: dict[str, list[str]] = {}
         # The egress proxy (sandbox.egress.proxy.EgressProxy) for
@@ -355,10 +376,10 @@ class DockerBackend:
         self._egress_mutex = threading.Lock()
         self._on_egress_report = on_egress_report
         # Warm containers (sandbox.pool): None unless asked for, and never for size 0.
-        self.pool: WarmPool | None = None
+        self.pool: WarmPool[_ShapeKey, _ShapeSpec] | None = None
         self._shape_digests: dict[str, str] = {}
         # Warm containers are removed after their call off its critical path (drained on close).
-        self._removals: queue.SimpleQueue = queue.SimpleQueue()
+        self._removals: queue.SimpleQueue[Container | None] = queue.SimpleQueue()
         self._remover: threading.Thread | None = None
         if pool is not None and pool.size > 0:
             self.pool = WarmPool(pool, shape=self._pool_shape, make=self._make_warm, discard=self._discard_warm,
@@ -369,7 +390,7 @@ class DockerBackend:
         return self._client
 
     @property
-    def egress_proxy(self) -> Any:
+    def egress_proxy(self) -> EgressProxy | None:
         """The egress proxy in use (started on the first egress call), or None."""
         return self._egress_proxy
 
@@ -388,7 +409,7 @@ class DockerBackend:
             self._egress_proxy = None
         self._client.close()
 
-    def _egress(self):
+    def _egress(self) -> EgressProxy:
         """The egress proxy, started on the first egress call (most runs never need one)."""
         with self._egress_mutex:
             if self._egress_proxy is None:
@@ -397,7 +418,7 @@ class DockerBackend:
                 self._egress_proxy = EgressProxy(self._client, lock=self._lock, settings=self._egress_settings)
             return self._egress_proxy
 
-    def _apply_egress(self, settings: dict[str, Any], call: Any) -> dict[str, Any]:
+    def _apply_egress(self, settings: dict[str, Any], call: CallEgress) -> dict[str, Any]:
         """An egress call's sandbox keeps network_mode none (only lo): a Docker network of its
         own would bring the engine's embedded resolver (127.0.0.11, which answers container
         names and forwards the rest), a gateway, and a network to create per call. Its one way
@@ -426,7 +447,7 @@ class DockerBackend:
         return resolve_pinned(self._client, name, self._lock)
 
     def run(self, request: SandboxRequest) -> SandboxResult:
-        reports: list[Any] = []
+        reports: list[EgressReport] = []
         try:
             result = self._run(request, reports)
         except ENGINE_ERRORS as e:
@@ -439,7 +460,7 @@ class DockerBackend:
             result = dataclasses.replace(result, egress_events=tuple(reports[0].events))
         return result
 
-    def _run(self, request: SandboxRequest, reports: list[Any]) -> SandboxResult:
+    def _run(self, request: SandboxRequest, reports: list[EgressReport]) -> SandboxResult:
         profile = request.profile
         image_id = self._image_id(profile.image)
         if profile.runtime == "gvisor" and "runsc" not in self.runtimes():
@@ -454,9 +475,9 @@ class DockerBackend:
         container_labels.update({L.RUN_LABEL: request.run_id, L.CALL_LABEL: request.call_id})
         kwargs = self._container_settings(profile)
         started = time.monotonic()
-        container = None
+        container: Container | None = None
         progress = _Progress()
-        egress_call = None  # the call's socket and credentials at the proxy, while it runs
+        egress_call: CallEgress | None = None  # the call's socket and credentials at the proxy, while it runs
         try:
             if profile.egress is not None:
                 if profile.runtime != "runc":
@@ -490,7 +511,7 @@ class DockerBackend:
             except docker.errors.APIError as e:
                 return self._start_failed(profile, image_id, started, f"create failed: {e}")
             applied = applied_settings(container.attrs)
-            self._track(request.run_id, container.id, progress)
+            self._track(request.run_id, _container_id(container), progress)
             return self._attach_and_run(container, request, image_id, applied, started, progress)
         except ENGINE_ERRORS as e:
             if progress.start_issued:
@@ -501,7 +522,7 @@ class DockerBackend:
             return self._start_failed(profile, image_id, started, f"engine error: {type(e).__name__}: {e}")
         finally:
             if container is not None:
-                self._untrack(request.run_id, container.id)
+                self._untrack(request.run_id, _container_id(container))
                 self._remove(container)
             if egress_call is not None:
                 self._close_egress(request, egress_call, reports)
@@ -520,7 +541,7 @@ class DockerBackend:
             if not calls:
                 self._inflight.pop(run_id, None)
 
-    def _close_egress(self, request: SandboxRequest, egress_call: Any, reports: list[Any]) -> None:
+    def _close_egress(self, request: SandboxRequest, egress_call: CallEgress, reports: list[EgressReport]) -> None:
         """After the container is gone: revoke the credentials, close the call's socket, remove
         its directory, and collect the proxy's decisions."""
         report = self._egress().close_call(egress_call)
@@ -536,7 +557,7 @@ class DockerBackend:
             running = sum(len(calls) for calls in self._inflight.values())
         return running >= (os.cpu_count() or 1)
 
-    def _pool_shape(self, request: SandboxRequest, image_id: str | None = None) -> tuple[tuple, tuple] | None:
+    def _pool_shape(self, request: SandboxRequest, image_id: str | None = None) -> tuple[_ShapeKey, _ShapeSpec] | None:
         """The request's pool key and what a container of that shape is made from: everything
         fixed at creation (image, runtime, the full container settings of the profile without
         its per-call egress grant), and how the call is handed over (the runner reading its
@@ -548,7 +569,7 @@ class DockerBackend:
         base = dataclasses.replace(profile, egress=None)
         mode = "runner" if not request.argv and profile.egress is None else "launcher"
         egress = profile.egress is not None
-        spec = (image_id, base, mode, egress)
+        spec: _ShapeSpec = (image_id, base, mode, egress)
         # The settings' digest per shape, computed once (serialising them is not free per call).
         memo = repr(base)  # the profile holds dicts: not hashable, but its repr is exact
         fingerprint = self._shape_digests.get(memo)
@@ -559,7 +580,7 @@ class DockerBackend:
                 self._shape_digests[memo] = fingerprint
         return (image_id, profile.runtime, mode, egress, fingerprint), spec
 
-    def _make_warm(self, key: tuple, spec: tuple) -> Warm:
+    def _make_warm(self, key: _ShapeKey, spec: _ShapeSpec) -> Warm:
         """Create, attach and start one container of the shape: the same settings as a cold
         call's (one code path, _container_settings), blocked reading its stdin."""
         image_id, base, mode, egress = spec
@@ -573,7 +594,7 @@ class DockerBackend:
         command = self._default_command(image_id) if mode == "runner" else LAUNCHER_ARGV
         assert self.pool is not None
         labels = L.base_labels("pool", deadline_s=self.pool.settings.idle_s + _POOL_DEADLINE_MARGIN_S)
-        container = None
+        container: Container | None = None
         try:
             container = self._create(image_id, command=command, name=f"rf-warm-{uuid.uuid4().hex[:12]}",
                                      labels=labels, **kwargs)
@@ -596,8 +617,9 @@ class DockerBackend:
     def _discard_warm(self, warm: Warm) -> None:
         self._close_attach(warm.attach, warm.sock)
         self._remove(warm.container)
-        if warm.extra.get("egress_dir") is not None:
-            self._egress().release_call_dir(warm.extra["egress_dir"][1])
+        reserved = warm.extra.get("egress_dir")
+        if reserved is not None:
+            self._egress().release_call_dir(reserved[1])
 
     @staticmethod
     def _warm_alive(warm: Warm) -> bool:
@@ -617,13 +639,13 @@ class DockerBackend:
             return False
         return True
 
-    def _rename(self, container, name: str) -> None:
+    def _rename(self, container: Container, name: str) -> None:
         try:
             container.rename(name)
         except ENGINE_ERRORS:
             pass  # it ended already; this instance still kills it by id while it runs
 
-    def _remove_later(self, container) -> None:
+    def _remove_later(self, container: Container) -> None:
         """Remove an ended call's container on the remover thread (close() waits for it)."""
         with self._inflight_mutex:
             if self._remover is None:
@@ -635,7 +657,7 @@ class DockerBackend:
         while (container := self._removals.get()) is not None:
             self._remove(container)
 
-    def _remove(self, container) -> None:
+    def _remove(self, container: Container) -> None:
         try:
             container.remove(force=True)
         except docker.errors.NotFound:
@@ -643,7 +665,7 @@ class DockerBackend:
         except ENGINE_ERRORS:
             pass  # the reaper removes it later by label
 
-    def _run_warm(self, warm: Warm, request: SandboxRequest, reports: list[Any]) -> SandboxResult:
+    def _run_warm(self, warm: Warm, request: SandboxRequest, reports: list[EgressReport]) -> SandboxResult:
         """The call in a container that was started before it: bound to the call now (its
         name, its egress credentials, its command when it is not the runner), then the same
         pump, wait and classification as a cold call, the wall time counted from here."""
@@ -651,7 +673,7 @@ class DockerBackend:
         started = time.monotonic()
         container = warm.container
         progress = _Progress()
-        egress_call = None
+        egress_call: CallEgress | None = None
         registered = False
         try:
             env: dict[str, str] = {}
@@ -679,7 +701,7 @@ class DockerBackend:
             # meanwhile, another instance finds it once the rename is done (milliseconds).
             renaming = threading.Thread(target=self._rename, args=(container, _claimed_name(request)), daemon=True)
             renaming.start()
-            self._track(request.run_id, container.id, progress)
+            self._track(request.run_id, _container_id(container), progress)
             registered = True
             streams = _Streams(profile.stdout_limit, profile.stderr_limit, bytearray(), bytearray())
             for stream, data in warm.extra["early"]:
@@ -704,11 +726,12 @@ class DockerBackend:
             return self._start_failed(profile, warm.image_id, started, f"engine error: {type(e).__name__}: {e}")
         finally:
             if registered:
-                self._untrack(request.run_id, container.id)
+                self._untrack(request.run_id, _container_id(container))
             self._close_attach(warm.attach, warm.sock)
             self._remove_later(container)
-            if warm.extra.get("egress_dir") is not None:
-                self._egress().release_call_dir(warm.extra["egress_dir"][1])
+            reserved = warm.extra.get("egress_dir")
+            if reserved is not None:
+                self._egress().release_call_dir(reserved[1])
             if egress_call is not None:
                 self._close_egress(request, egress_call, reports)
 
@@ -717,7 +740,8 @@ class DockerBackend:
         own timeout is 60 s, far too long for a health check)."""
         api = self._client.api
         try:
-            response = api.get(api._url("/_ping"), timeout=5)
+            # The versioned URL docker-py's own ping() asks (APIClient._url), with a timeout of its own.
+            response = api.get(f"{api.base_url}/v{api.api_version}/_ping", timeout=5)
             response.raise_for_status()
         except ENGINE_ERRORS as e:
             raise EngineError(f"the Docker engine does not answer: {type(e).__name__}: {e}") from e
@@ -760,7 +784,7 @@ class DockerBackend:
             # Warm containers were created before their calls: their names say whose call they run.
             prefix = _claimed_prefix(run_id)
             found += [c for c in self._client.containers.list(filters={"name": prefix})
-                      if c.name.startswith(prefix)]
+                      if (c.name or "").startswith(prefix)]
         except ENGINE_ERRORS as e:
             raise EngineError(f"cannot list the run's containers: {e}") from e
         for container in found:
@@ -775,14 +799,14 @@ class DockerBackend:
         """The image's own Cmd: our entrypoint (tini with its flags) replaces the image's, and
         the engine then drops the image's Cmd too, so a request without argv names it."""
         if image_id not in self._image_cmds:
-            config = self._client.api.inspect_image(image_id).get("Config") or {}
+            config = self._client.images.get(image_id).attrs.get("Config") or {}  # the image's inspect
             self._image_cmds[image_id] = list(config.get("Cmd") or [])
         return self._image_cmds[image_id]
 
-    def _create(self, image_id: str, **kwargs: Any):
+    def _create(self, image_id: str, **kwargs: Any) -> Container:
         """containers.create, plus the settings docker-py has no argument for (MaskedPaths)."""
         masked_paths = kwargs.pop("masked_paths", None)
-        kwargs.update(image=image_id, version=self._client.api._version)
+        kwargs.update(image=image_id, version=self._client.api.api_version)
         create_kwargs = _create_container_args(kwargs)
         if masked_paths is not None:
             create_kwargs["host_config"]["MaskedPaths"] = list(masked_paths)
@@ -821,14 +845,16 @@ class DockerBackend:
             message=message,
         )
 
-    def _attach(self, container) -> tuple[Any, socket.socket]:
+    def _attach(self, container: Container) -> tuple[AttachStream, socket.socket]:
         attach = self._client.api.attach_socket(
-            container.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+            _container_id(container), params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
         )
-        return attach, getattr(attach, "_sock", attach)
+        # docker-py's SocketIO over the engine's socket: the socket itself is its `_sock`.
+        sock: socket.socket = getattr(attach, "_sock", attach)
+        return attach, sock
 
     @staticmethod
-    def _close_attach(attach, sock: socket.socket) -> None:
+    def _close_attach(attach: AttachStream, sock: socket.socket) -> None:
         # Close before killing: the engine will not finish a kill while its copy of the
         # container's output is blocked on a socket nobody reads any more.
         # shutdown, not only close: the HTTP response object still holds the fd open.
@@ -843,7 +869,7 @@ class DockerBackend:
             pass
 
     def _attach_and_run(
-        self, container, request: SandboxRequest, image_id: str, applied: dict, started: float,
+        self, container: Container, request: SandboxRequest, image_id: str, applied: dict[str, Any], started: float,
         progress: _Progress,
     ) -> SandboxResult:
         profile = request.profile
@@ -860,7 +886,7 @@ class DockerBackend:
             except docker.errors.APIError as e:
                 # The engine answered that it could not start the container: nothing ran.
                 return self._start_failed(profile, image_id, started, f"start failed: {e}")
-            if progress.killed_reason is not None:
+            if progress.killed():
                 self._kill(container)  # a kill_all that came between the check and the start
             run_started = time.monotonic()
             deadline = run_started + profile.timeout_s
@@ -870,7 +896,8 @@ class DockerBackend:
         return self._conclude(container, request, image_id, applied, started, run_started, deadline, progress,
                               streams, killed_for)
 
-    def _conclude(self, container, request: SandboxRequest, image_id: str, applied: dict, started: float,
+    def _conclude(self, container: Container, request: SandboxRequest, image_id: str, applied: dict[str, Any],
+                  started: float,
                   run_started: float, deadline: float, progress: _Progress, streams: _Streams,
                   killed_for: Outcome | None) -> SandboxResult:
         """After the tool's streams ended (or it was cut): its exit, classified."""
@@ -925,7 +952,7 @@ class DockerBackend:
             error_class=error_class,
             message=message,
             retry_after_s=retry_after,
-            container_name=container.name,
+            container_name=container.name or "",  # docker-py types it optional; a created container has one
             applied=applied,
             setup_ms=int((run_started - started) * 1000),
         )
@@ -937,7 +964,7 @@ class DockerBackend:
 
     @staticmethod
     def _pump(sock: socket.socket, stdin: bytes, streams: _Streams, deadline: float,
-              demux: _Demuxer) -> Outcome | None:
+              demux: Demux) -> Outcome | None:
         """Write stdin and read output until EOF, the deadline, or a cap. Returns why we must
         kill the container, or None when it ended on its own."""
         sock.setblocking(False)
@@ -979,7 +1006,7 @@ class DockerBackend:
                         return Outcome.OUTPUT_LIMIT
 
     @staticmethod
-    def _kill(container) -> None:
+    def _kill(container: Container) -> None:
         try:
             container.kill()
         except docker.errors.APIError:
@@ -997,7 +1024,16 @@ def _claimed_name(request: SandboxRequest) -> str:
     return _claimed_prefix(request.run_id) + uuid.uuid4().hex[:12]
 
 
-def _tool_error(request: SandboxRequest, exit_code: int | None, stdout: bytes):
+def _container_id(container: Container) -> str:
+    """docker-py types Model.id as optional (it reads attrs["Id"]); a container the engine
+    created and inspected always has one."""
+    container_id = container.id
+    assert container_id is not None, "the engine described a container without an Id"
+    return container_id
+
+
+def _tool_error(request: SandboxRequest, exit_code: int | None,
+                stdout: bytes) -> tuple[ToolErrorClass, str, float | None]:
     """The tool's own classified error when the runner reported one; otherwise `fatal`."""
     if not request.argv and exit_code == RUNNER_TOOL_ERROR_EXIT:
         try:

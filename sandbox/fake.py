@@ -7,7 +7,7 @@ against the real engine in tests/integration and tests/escape.
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from sandbox.backend import SandboxRequest
 from sandbox.errors import EngineError

@@ -8,9 +8,10 @@ namespaces, cgroup, limits) and blocks reading ONE line on stdin:
     {"argv": ["python3", "-c", "..."], "env": {"HTTPS_PROXY": "..."}}\\n
 
 then restores the signal dispositions Python changed and execs argv with env added to the
-environment it was started with (not Python's os.environ, which Python itself changes). The tool keeps this process (its pid, stdin, stdout, stderr and exit status are
-exactly the tool's), and what follows the line on stdin is the tool's own input, unread: the
-line is read a byte at a time so that not one byte past it is consumed.
+environment it was started with (not Python's os.environ, which Python itself changes). The
+tool keeps this process (its pid, stdin, stdout, stderr and exit status are exactly the
+tool's), and what follows the line on stdin is the tool's own input, unread: the line is read
+a byte at a time so that not one byte past it is consumed.
 
 It is passed as source with -c (stdlib only, no image change):
 
@@ -31,7 +32,7 @@ EXIT_NOT_FOUND = 127
 MAX_LINE = 1 << 20
 
 
-def _say(message):
+def _say(message: str) -> None:
     try:
         sys.stderr.write(f"ringfence launcher: {message}\n")
         sys.stderr.flush()
@@ -39,7 +40,7 @@ def _say(message):
         pass
 
 
-def read_line(fd=0):
+def read_line(fd: int = 0) -> bytes | None:
     """The first line of fd, without reading past it (None at EOF before any newline)."""
     line = bytearray()
     while len(line) <= MAX_LINE:
@@ -52,7 +53,7 @@ def read_line(fd=0):
     raise ValueError(f"the launch line is over {MAX_LINE} bytes")
 
 
-def parse(line):
+def parse(line: bytes) -> tuple[list[str], dict[str, str]]:
     doc = json.loads(line)
     argv, env = doc.get("argv"), doc.get("env") or {}
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
@@ -62,7 +63,7 @@ def parse(line):
     return argv, env
 
 
-def original_environment():
+def original_environment() -> dict[str, str]:
     """The environment this process was started with. Not os.environ: Python itself adds
     LC_CTYPE=C.UTF-8 at start-up where no locale is set (PEP 538, which -I cannot turn off),
     and a tool must get exactly a cold call's environment (battery case 24). The kernel's copy
@@ -72,7 +73,7 @@ def original_environment():
             block = f.read()
     except OSError:
         return dict(os.environ)
-    out = {}
+    out: dict[str, str] = {}
     for entry in block.split(b"\0"):
         name, sep, value = entry.partition(b"=")
         if sep and name:
@@ -80,7 +81,7 @@ def original_environment():
     return out
 
 
-def main():
+def main() -> int:
     try:
         line = read_line()
         if line is None:

@@ -27,13 +27,25 @@ Everything that makes a container safe is the backend's, the same code as a cold
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypedDict, TypeVar
+
+if TYPE_CHECKING:
+    from docker.models.containers import Container
+
+    from sandbox.backend import SandboxRequest
 
 log = logging.getLogger("ringfence.pool")
+
+K = TypeVar("K", bound=Hashable)
+"""A shape's key: what must be equal for a ready container to serve a request."""
+S = TypeVar("S")
+"""A shape's spec: what the backend makes a container of that shape from."""
 
 
 @dataclass(frozen=True)
@@ -53,24 +65,49 @@ class PoolSettings:
             raise ValueError("size >= 0, max_shapes >= 1 and idle_s > 0")
 
 
+class AttachStream(Protocol):
+    """The engine's attach stream of a container (docker-py's socket wrapper): only closed."""
+
+    def close(self) -> None: ...
+
+
+class Demux(Protocol):
+    """Splits the attach stream's bytes into (stream, payload) frames."""
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]: ...
+
+
+class WarmExtra(TypedDict, total=False):
+    """The backend's own data about a ready container (sandbox.docker_backend)."""
+
+    mode: str
+    """How the call is handed over: "runner" (the image's runner reads the request) or
+    "launcher" (sandbox.launcher reads a launch line first)."""
+    egress_dir: tuple[str, str] | None
+    """The egress socket directory reserved for it (sandbox.egress.proxy.reserve_call_dir)."""
+    demux: Demux
+    early: list[tuple[int, bytes]]
+    """Frames it wrote while it waited (its init's report), for the call's streams."""
+
+
 @dataclass
 class Warm:
     """One ready container and what the backend needs to hand it a call."""
 
     key: Hashable
-    container: Any
-    attach: Any
-    sock: Any
-    applied: dict
+    container: Container
+    attach: AttachStream
+    sock: socket.socket
+    applied: dict[str, Any]
     image_id: str
     created: float = field(default_factory=time.monotonic)
-    extra: dict = field(default_factory=dict)
+    extra: WarmExtra = field(default_factory=lambda: WarmExtra())
     """Backend data (a reserved egress directory)."""
 
 
-class WarmPool:
-    def __init__(self, settings: PoolSettings, *, shape: Callable[[Any], tuple[Hashable, Any] | None],
-                 make: Callable[[Hashable, Any], Warm], discard: Callable[[Warm], None],
+class WarmPool(Generic[K, S]):
+    def __init__(self, settings: PoolSettings, *, shape: Callable[[SandboxRequest], tuple[K, S] | None],
+                 make: Callable[[K, S], Warm], discard: Callable[[Warm], None],
                  alive: Callable[[Warm], bool], busy: Callable[[], bool] = lambda: False) -> None:
         """`shape(request)` is the request's (key, spec), or None when it cannot be pooled;
         `make(key, spec)` creates and starts one container of the shape; `discard(warm)`
@@ -83,8 +120,8 @@ class WarmPool:
         self._alive = alive
         self._busy = busy
         self._lock = threading.Condition()
-        self._ready: dict[Hashable, list[Warm]] = {}
-        self._shapes: OrderedDict[Hashable, tuple[Any, float]] = OrderedDict()  # key -> (spec, last asked)
+        self._ready: dict[K, list[Warm]] = {}
+        self._shapes: OrderedDict[K, tuple[S, float]] = OrderedDict()  # key -> (spec, last asked)
         self._closed = False
         self._counts = {"claims": 0, "misses": 0, "created": 0, "discarded": 0, "failures": 0}
         self._pending_drop: list[Warm] = []  # collected under the lock, removed outside it
@@ -93,7 +130,7 @@ class WarmPool:
 
     # -- the calls' side -------------------------------------------------------------------
 
-    def claim(self, request: Any, shaped: tuple[Hashable, Any] | None = None) -> Warm | None:
+    def claim(self, request: SandboxRequest, shaped: tuple[K, S] | None = None) -> Warm | None:
         """A ready container of the request's shape, now this caller's alone; None when there
         is none (the shape is then kept warm for the next call) or it cannot be pooled.
         `shaped`: the request's (key, spec) when the caller has it already."""
@@ -127,7 +164,7 @@ class WarmPool:
             return None
         return found
 
-    def prewarm(self, request: Any) -> bool:
+    def prewarm(self, request: SandboxRequest) -> bool:
         """Keep the request's shape warm from now on (before its first call); False when it
         cannot be pooled."""
         shaped = self._shape(request)
@@ -166,7 +203,7 @@ class WarmPool:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _ask(self, key: Hashable, spec: Any) -> None:
+    def _ask(self, key: K, spec: S) -> None:
         self._shapes[key] = (spec, time.monotonic())
         self._shapes.move_to_end(key)
         while len(self._shapes) > self.settings.max_shapes:
@@ -188,7 +225,7 @@ class WarmPool:
         with self._lock:
             self._counts["discarded"] += 1
 
-    def _next(self) -> tuple[Hashable, Any] | None:
+    def _next(self) -> tuple[K, S] | None:
         """The shape to fill next (most recently asked first), letting go of forgotten ones
         and collecting expired containers. Under the lock."""
         now = time.monotonic()
@@ -197,7 +234,7 @@ class WarmPool:
                 del self._shapes[key]
                 for w in self._ready.pop(key, []):
                     self._pending_drop.append(w)
-        for key, ready in self._ready.items():
+        for ready in self._ready.values():
             for w in [w for w in ready if self._expired(w)]:
                 ready.remove(w)
                 self._pending_drop.append(w)

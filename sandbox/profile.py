@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import posixpath
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from sandbox.egress.grant import EgressGrant
 from sandbox.errors import ProfileError

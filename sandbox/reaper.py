@@ -20,9 +20,12 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import docker
 import docker.errors
+from docker.models.containers import Container
+from docker.models.networks import Network
 
 from sandbox import labels as L
 
@@ -58,7 +61,7 @@ def orphan_reason(labels: dict[str, str], *, now: float, host: str) -> str | Non
     return None
 
 
-def proxy_state_dir(attrs: dict, labels: dict[str, str], *, host: str) -> str | None:
+def proxy_state_dir(attrs: dict[str, Any], labels: dict[str, str], *, host: str) -> str | None:
     """The host state directory of an egress proxy container, when it is one of ours on this
     host: bind-mounted at the proxy's control dir, named by its prefix, a real directory."""
     from sandbox.egress.proxy import CONTROL_DIR, STATE_PREFIX
@@ -74,24 +77,30 @@ def proxy_state_dir(attrs: dict, labels: dict[str, str], *, host: str) -> str | 
     return None
 
 
+def _name(obj: Container | Network) -> str:
+    # docker-py types `name` as optional (it reads attrs["Name"]); an object the engine lists
+    # always has one, and its short id would still say which it was.
+    return obj.name or obj.short_id
+
+
 def reap(client: docker.DockerClient, *, now: float | None = None) -> list[Reaped]:
     """Remove orphaned ringfence containers, then networks; return what was removed."""
     now = time.time() if now is None else now
     host = socket.gethostname()
-    selector = {"label": f"{L.PRODUCT_LABEL}={L.PRODUCT}"}
+    selector: dict[str, str | list[str] | bool] = {"label": f"{L.PRODUCT_LABEL}={L.PRODUCT}"}
     reaped: list[Reaped] = []
     for container in client.containers.list(all=True, filters=selector):
         reason = orphan_reason(container.labels, now=now, host=host)
         if reason:
             try:
                 container.remove(force=True)
-                reaped.append(Reaped("container", container.name, reason))
+                reaped.append(Reaped("container", _name(container), reason))
             except docker.errors.NotFound:
                 continue
             state = proxy_state_dir(container.attrs, container.labels, host=host)
             if state is not None:
                 shutil.rmtree(state, ignore_errors=True)
-                reaped.append(Reaped("directory", state, f"state of proxy {container.name}: {reason}"))
+                reaped.append(Reaped("directory", state, f"state of proxy {_name(container)}: {reason}"))
     for network in client.networks.list(filters=selector):
         reason = orphan_reason(network.attrs.get("Labels") or {}, now=now, host=host)
         if reason:
@@ -100,7 +109,7 @@ def reap(client: docker.DockerClient, *, now: float | None = None) -> list[Reape
                 for member in network.containers:
                     network.disconnect(member, force=True)
                 network.remove()
-                reaped.append(Reaped("network", network.name, reason))
+                reaped.append(Reaped("network", _name(network), reason))
             except docker.errors.NotFound:
                 pass
     return reaped

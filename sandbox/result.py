@@ -7,8 +7,9 @@ classification is an enum, never a string match on messages.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 
 class Outcome(enum.StrEnum):

@@ -41,6 +41,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from sandbox.errors import EngineError
 
@@ -80,7 +81,7 @@ def source_path() -> Path:
     )
 
 
-def derive(docker_default: dict, runtime: str = "runc") -> dict:
+def derive(docker_default: dict[str, Any], runtime: str = "runc") -> dict[str, Any]:
     """Docker's default profile minus io_uring, ptrace, memfd_create and message queues, with
     AF_VSOCK sockets and device-node mknod refused."""
     profile = copy.deepcopy(docker_default)

@@ -29,15 +29,20 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
 import docker
 import docker.errors
+from docker.models.containers import Container
+from docker.models.networks import Network
 from docker.types import LogConfig, Ulimit
 
 from sandbox import labels as L
 from sandbox import seccomp
 from sandbox.errors import EngineError
+
+if TYPE_CHECKING:
+    from sandbox.images.lock import Lock
 
 SERVICE_UID = 10001
 # Network options of a service's own network: no IPv4 address for the host on its bridge.
@@ -98,24 +103,24 @@ class ServiceContainer:
     """The name tools use for it, which the egress proxy pins to its address."""
     error: type[ServiceError] = ServiceError
 
-    def __init__(self, client: docker.DockerClient, settings: ServiceSettings, *, lock: Any = None,
+    def __init__(self, client: docker.DockerClient, settings: ServiceSettings, *, lock: Lock | None = None,
                  network: str | None = None) -> None:
         self.client = client
         self.settings = settings
         self._lock = lock
         self._network_name = network
-        self._own_network = None
-        self._container = None
+        self._own_network: Network | None = None
+        self._container: Container | None = None
         self._address: str | None = None
         self.name = f"rf-{self.kind}-{uuid.uuid4().hex[:8]}"
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         self.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def start(self) -> None:
@@ -138,21 +143,21 @@ class ServiceContainer:
         image_id = self._image_id()
         try:
             if self._network_name is None:
-                self._own_network = self.client.networks.create(
+                own_network = self._own_network = self.client.networks.create(
                     f"{self.name}-net", driver="bridge", internal=True, options=INHIBIT,
                     labels=L.base_labels("network"))
-                self._network_name = self._own_network.name
-            self._container = self.client.containers.create(
+                self._network_name = own_network.name
+            container = self._container = self.client.containers.create(
                 image_id, s.command(), name=self.name, labels=L.base_labels(self.kind),
                 network=self._network_name, **self._container_settings())
-            self._container.start()
+            container.start()
         except docker.errors.DockerException as e:
             raise self.error(f"cannot start the {self.kind}: {e}") from e
         deadline = time.monotonic() + s.start_timeout_s
         last = "no answer yet"
         while time.monotonic() < deadline:
-            self._container.reload()
-            if self._container.status not in ("created", "running"):
+            container.reload()
+            if container.status not in ("created", "running"):
                 break
             try:
                 status, body = self.request("GET", "/healthz")
@@ -160,12 +165,12 @@ class ServiceContainer:
                 last = str(e).splitlines()[0]
             else:
                 if status == 200:
-                    networks = self._container.attrs["NetworkSettings"]["Networks"]
+                    networks = container.attrs["NetworkSettings"]["Networks"]
                     self._address = networks[self._network_name]["IPAddress"]
                     return
                 last = f"/healthz answered {status}: {body}"
             time.sleep(0.1)
-        raise self.error(f"the {self.kind} did not become healthy ({last}); status {self._container.status}; "
+        raise self.error(f"the {self.kind} did not become healthy ({last}); status {container.status}; "
                          f"recent logs:\n{self._logs()}")
 
     def _tmpfs(self) -> dict[str, str]:
@@ -219,7 +224,7 @@ class ServiceContainer:
     # -- where it is -----------------------------------------------------------------------
 
     @property
-    def container(self):
+    def container(self) -> Container | None:
         return self._container
 
     @property
@@ -254,11 +259,13 @@ class ServiceContainer:
             code, output = self._container.exec_run(argv, user=f"{SERVICE_UID}:{SERVICE_UID}")
         except docker.errors.DockerException as e:
             raise self.error(f"cannot ask the {self.kind} {method} {path}: {e}") from e
+        assert isinstance(output, bytes)  # stream=False: the whole output at once
         text = output.decode(errors="replace").strip()
         if code != 0:
             raise self.error(f"asking the {self.kind} {method} {path} failed (exit {code}): {text[-500:]}")
         try:
-            return json.loads(text.splitlines()[-1])
+            reply: dict[str, Any] = json.loads(text.splitlines()[-1])
+            return reply
         except (ValueError, IndexError) as e:
             raise self.error(f"the {self.kind}'s reply to {method} {path} is not JSON: {text[-500:]}") from e
 
@@ -275,9 +282,9 @@ class ServiceContainer:
             raise self.error(f"GET {path}: {status} {body}")
         return body
 
-    def events(self) -> list[dict]:
+    def events(self) -> list[dict[str, Any]]:
         """The service's JSON log lines (one per request, plus ready)."""
-        out = []
+        out: list[dict[str, Any]] = []
         for line in self._logs(tail=100000).splitlines():
             try:
                 out.append(json.loads(line))

@@ -30,7 +30,10 @@ MARK = b"[INFO  tini ("
 _MAX_LINE = 512
 # After the mark: tini's pid (1, unless a test ran it in the host's pid namespace), then text.
 _LINE = re.compile(rb"^\d+\)\] (.*)$")
-_EXITED = re.compile(rb"^Main child exited (?:normally \(with status '(-?\d+)'\)|with signal \(with signal '([^']*)'\))$")
+_EXITED = re.compile(
+    rb"^Main child exited (?:normally \(with status '(-?\d+)'\)"
+    rb"|with signal \(with signal '([^']*)'\))$"
+)
 
 
 class InitWitness:

@@ -11,8 +11,8 @@ import os
 import uuid
 
 import pytest
-
 from pg_support import own_pg_cluster, pg_cluster, pg_url  # noqa: F401 - the PostgreSQL fixtures
+
 from sandbox import labels as L
 
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
@@ -93,8 +93,8 @@ def runtime(request, gvisor_available) -> str:
 # every module that asks (tests/escape/test_egress.py, tests/integration/test_egress_lifecycle.py).
 @pytest.fixture(scope="module")
 def testbed(docker_client, pinned_images, tmp_path_factory):
-    """Decoy servers on the test's own internal networks (sandbox.egress.testing.EgressTestbed)."""
-    from sandbox.egress.testing import EgressTestbed
+    """Decoy servers on the test's own internal networks (egress_support.EgressTestbed)."""
+    from egress_support import EgressTestbed
 
     tb = EgressTestbed(docker_client, pinned_images, str(tmp_path_factory.mktemp("egress")))
     yield tb

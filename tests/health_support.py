@@ -13,7 +13,8 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 def status_of(address: str, service: str = "") -> int:
     with grpc.insecure_channel(address) as channel:
-        return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=10).status
+        request = health_pb2.HealthCheckRequest(service=service)
+        return health_pb2_grpc.HealthStub(channel).Check(request, timeout=10).status
 
 
 def wait_for(address: str, wanted: int, service: str = "") -> int:

@@ -5,6 +5,7 @@
     convert      proto <-> control.model dataclasses; strict request decoding
     status       the one table: control.errors <-> gRPC status + google.rpc.BadRequest
     auth         bearer tokens (sha256 in config) and the role each RPC needs
+    core         the Core protocol: what the edge calls on the orchestrator, typed
     servicer     the ringfence.v1 services on grpc.aio, one wrapper around every RPC
     server       create_server(address, orchestrator, config) -> (server, port)
     background   the server on a background event loop (tests, in-process demos)

@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from control.errors import PermissionDenied, Unauthenticated
 from control.model import Principal, Role
+
+if TYPE_CHECKING:
+    from control.config import TenantConfig
 
 __all__ = ["METHOD_ROLES", "Authenticator", "TokenEntry"]
 
@@ -71,15 +75,15 @@ class Authenticator:
         self._entries: tuple[TokenEntry, ...] = tuple(entries)
 
     @classmethod
-    def from_tenants(cls, tenants: Mapping[str, object]) -> "Authenticator":
+    def from_tenants(cls, tenants: Mapping[str, TenantConfig]) -> Authenticator:
         """From control.config's `Config.tenants` (name -> TenantConfig(tokens=...))."""
         entries = []
         for name, tenant in tenants.items():
-            for token in getattr(tenant, "tokens"):
+            for token in tenant.tokens:
                 entries.append(TokenEntry(token.sha256, Principal(name, Role(token.role), token.subject)))
         return cls(entries)
 
-    def authenticate(self, metadata: Sequence[tuple[str, str | bytes]] | None) -> Principal:
+    def authenticate(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> Principal:
         """The principal of the request's `authorization: Bearer <token>` header."""
         values = [v for k, v in (metadata or ()) if k.lower() == "authorization"]
         if not values:
@@ -109,4 +113,5 @@ class Authenticator:
             raise PermissionDenied(f"{method} is not open to any role")
         if principal.role not in allowed:
             names = ", ".join(sorted(r.value for r in allowed))
-            raise PermissionDenied(f"{method.rsplit('/', 1)[-1]} needs the role {names}; this token is {principal.role.value}")
+            raise PermissionDenied(
+                f"{method.rsplit('/', 1)[-1]} needs the role {names}; this token is {principal.role.value}")

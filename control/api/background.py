@@ -32,7 +32,7 @@ class BackgroundServer:
     def address(self) -> str:
         return f"{self._host}:{self.port}"
 
-    def start(self) -> "BackgroundServer":
+    def start(self) -> BackgroundServer:
         loop = asyncio.new_event_loop()
         self._loop = loop
         self._thread = threading.Thread(target=loop.run_forever, name="rf-api-loop", daemon=True)
@@ -68,7 +68,7 @@ class BackgroundServer:
             self._thread.join(timeout=30)
         loop.close()
 
-    def __enter__(self) -> "BackgroundServer":
+    def __enter__(self) -> BackgroundServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -9,8 +9,8 @@ the wire. Errors with no ControlError counterpart stay grpc.RpcError.
 from __future__ import annotations
 
 import uuid
-
-from typing import Any, Callable, Generic, Iterator, Mapping, Sequence, TypeVar
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Generic, TypeVar
 
 import grpc
 
@@ -59,7 +59,7 @@ class Stream(Generic[T]):
         self._cancelled = True
         self._call.cancel()
 
-    def __enter__(self) -> "Stream[T]":
+    def __enter__(self) -> Stream[T]:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -110,7 +110,7 @@ class RingfenceClient:
     def close(self) -> None:
         self.channel.close()
 
-    def __enter__(self) -> "RingfenceClient":
+    def __enter__(self) -> RingfenceClient:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -12,22 +12,25 @@ decodes them back into the same dataclasses.
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 import re
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 from google.protobuf import timestamp_pb2
+from google.protobuf.message import Message
 
 from control.api.gen.ringfence.v1 import approvals_pb2, types_pb2
 from control.errors import FieldViolation, InvalidArgument
 from control.model import (
     Approval,
+    ApprovalKind,
     ApprovalStatus,
     Event,
     Observation,
     ObservationStatus,
-    ApprovalKind,
     PlanStep,
     ProposedCall,
     RunOutcome,
@@ -241,7 +244,7 @@ def steps_from_proto(
     return tuple(out)
 
 
-def decision_from_proto(value: int, v: Violations) -> bool | None:
+def decision_from_proto(value: approvals_pb2.Decision.ValueType, v: Violations) -> bool | None:
     if value == approvals_pb2.DECISION_APPROVE:
         return True
     if value == approvals_pb2.DECISION_DECLINE:
@@ -254,7 +257,17 @@ def decision_from_proto(value: int, v: Violations) -> bool | None:
 # --- enums -----------------------------------------------------------------------------------
 
 
-def _enum_table(enum_type, prefix: str, model_enum) -> tuple[dict, dict]:
+_E = TypeVar("_E", bound=enum.Enum)
+_V = TypeVar("_V", bound=int, covariant=True)
+
+
+class _ProtoEnum(Protocol[_V]):
+    """A generated protobuf enum's wrapper (types_pb2.RunStatus, ...) with values of type _V."""
+
+    def Value(self, name: str) -> _V: ...
+
+
+def _enum_table(enum_type: _ProtoEnum[_V], prefix: str, model_enum: type[_E]) -> tuple[dict[_E, _V], dict[_V, _E]]:
     to_proto = {m: enum_type.Value(f"{prefix}{m.name}") for m in model_enum}
     return to_proto, {v: k for k, v in to_proto.items()}
 
@@ -352,7 +365,7 @@ def event_to_proto(e: Event) -> types_pb2.Event:
 # --- proto -> model (client side) -------------------------------------------------------------
 
 
-def _optional(msg, name: str) -> Any:
+def _optional(msg: Message, name: str) -> Any:
     return getattr(msg, name) if msg.HasField(name) else None
 
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Protocol
 
 from grpc_health.v1 import health_pb2
 
@@ -20,6 +21,14 @@ log = logging.getLogger(__name__)
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class HealthReporter(Protocol):
+    """The part of grpc_health's asyncio HealthServicer the server drives."""
+
+    async def set(self, service: str, status: health_pb2.HealthCheckResponse.ServingStatus.ValueType) -> None: ...
+
+    async def enter_graceful_shutdown(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -32,14 +41,14 @@ class Probe:
 
 
 class HealthMonitor:
-    def __init__(self, servicer: Any, services: Sequence[str], probes: Sequence[Probe], *,
+    def __init__(self, servicer: HealthReporter, services: Sequence[str], probes: Sequence[Probe], *,
                  interval_s: float = 2.0, timeout_s: float = 5.0) -> None:
         self._servicer = servicer
         self._services = tuple(services)
         self._probes = tuple(probes)
         self._interval_s = interval_s
         self._timeout_s = timeout_s
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self.failing: dict[str, str] = {}
         """Probe name -> why it failed last time; empty while everything answers."""
@@ -49,7 +58,7 @@ class HealthMonitor:
         for probe in self._probes:
             try:
                 await asyncio.wait_for(asyncio.to_thread(probe.check), self._timeout_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 failing[probe.name] = f"no answer within {self._timeout_s:g}s"
             except Exception as e:  # noqa: BLE001 - any failure of a probe means "not answering"
                 failing[probe.name] = f"{type(e).__name__}: {e}"[:500]
@@ -71,7 +80,7 @@ class HealthMonitor:
             await self.check_once()
             try:
                 await asyncio.wait_for(self._stopping.wait(), self._interval_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def start(self) -> None:

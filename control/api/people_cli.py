@@ -35,9 +35,19 @@ import re
 import sys
 import textwrap
 import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+from control.model import ApprovalKind, ApprovalStatus, ObservationStatus
+from control.state import AdmissionVerdict, EventType
+
+if TYPE_CHECKING:  # loaded by the commands that need them: the CLI starts without grpc or yaml
+    import yaml
+
+    from control.api.client import RingfenceClient
+    from control.model import PlanStep
 
 DEFAULT_SERVER = "127.0.0.1:50051"
 SERVER_ENV = "RINGFENCE_SERVER"
@@ -104,12 +114,12 @@ class PlanError(UsageError):
 @dataclass(frozen=True)
 class Plan:
     goal: str
-    steps: tuple[Any, ...]  # control.model.PlanStep
+    steps: tuple[PlanStep, ...]
     run_id: str | None = None
     max_steps: int | None = None
 
 
-def _yaml_loader():
+def _yaml_loader() -> type[yaml.SafeLoader]:
     """A safe YAML loader with the YAML 1.2 core schema's scalars and no duplicate keys.
 
     PyYAML's default (YAML 1.1) would turn `no` into False, `010` into 8, `1:20` into 80 and
@@ -121,7 +131,7 @@ def _yaml_loader():
     import yaml
 
     class PlanLoader(yaml.SafeLoader):
-        yaml_implicit_resolvers: dict = {}
+        yaml_implicit_resolvers: dict[Any, Any] = {}
 
     resolvers = [
         ("tag:yaml.org,2002:null", r"^(?:~|null|Null|NULL|)$", ["~", "n", "N", ""]),
@@ -134,7 +144,7 @@ def _yaml_loader():
     for tag, pattern, first in resolvers:
         PlanLoader.add_implicit_resolver(tag, re.compile(pattern), first)
 
-    def construct_int(loader, node):
+    def construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
         text = loader.construct_scalar(node)
         sign = -1 if text.startswith("-") else 1
         digits = text.lstrip("+-")
@@ -144,9 +154,9 @@ def _yaml_loader():
             return sign * int(digits[2:], 16)
         return sign * int(digits, 10)
 
-    def construct_mapping(loader, node, deep=False):
+    def construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         if isinstance(node, yaml.MappingNode):
-            seen: set = set()
+            seen: set[Any] = set()
             for key_node, _value in node.value:
                 key = loader.construct_object(key_node, deep=True)
                 try:
@@ -161,13 +171,18 @@ def _yaml_loader():
         return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
 
     PlanLoader.add_constructor("tag:yaml.org,2002:int", construct_int)
-    PlanLoader.add_constructor("tag:yaml.org,2002:map", lambda loader, node: _mapping_from(loader, node, construct_mapping))
+    def construct_map(loader: yaml.SafeLoader, node: yaml.MappingNode) -> Iterator[dict[Any, Any]]:
+        return _mapping_from(loader, node, construct_mapping)
+
+    PlanLoader.add_constructor("tag:yaml.org,2002:map", construct_map)
     return PlanLoader
 
 
-def _mapping_from(loader, node, construct_mapping):
+def _mapping_from(loader: yaml.SafeLoader, node: yaml.MappingNode,
+                  construct_mapping: Callable[[yaml.SafeLoader, yaml.MappingNode], dict[Any, Any]],
+                  ) -> Iterator[dict[Any, Any]]:
     # As SafeConstructor.construct_yaml_map, with the duplicate check (a generator: anchors work).
-    data: dict = {}
+    data: dict[Any, Any] = {}
     yield data
     data.update(construct_mapping(loader, node))
 
@@ -231,7 +246,7 @@ def load_plan(text: str, source: str = "the plan") -> Plan:
     max_steps = doc.get("max_steps")
     if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1):
         problems.append("max_steps: must be a positive integer")
-    steps: list[Any] = []
+    steps: list[PlanStep] = []
     raw_steps = doc.get("steps")
     if "steps" not in doc or raw_steps is None:
         problems.append("steps: missing (a plan needs at least one step: {key, tool, arguments})")
@@ -268,12 +283,14 @@ def load_plan(text: str, source: str = "the plan") -> Plan:
                 problems.append(f"{at}.arguments: must be a mapping, not a {type(arguments).__name__}")
             else:
                 problems.extend(_json_problems(arguments, f"{at}.arguments"))
-            if not any(p.startswith(at) for p in problems):
+            # No problem at this step means key and tool were checked to be text.
+            if not any(p.startswith(at) for p in problems) and isinstance(key, str) and isinstance(tool, str):
                 steps.append(PlanStep(key, tool, arguments))
     if isinstance(max_steps, int) and not isinstance(max_steps, bool) and len(steps) > max_steps > 0:
         problems.append(f"steps: {len(steps)} steps is over max_steps {max_steps}")
     if problems:
         raise PlanError(f"{source} is not a valid plan", problems)
+    assert isinstance(goal, str)  # checked above: a plan without problems has a text goal
     return Plan(goal=goal, steps=tuple(steps), run_id=run_id, max_steps=max_steps)
 
 
@@ -331,7 +348,8 @@ class Output:
         if self.json:
             print(json.dumps(jsonable(value), sort_keys=False, ensure_ascii=False, default=str), flush=True)
 
-    def error(self, message: str, details: Iterable[str] = (), hint: str | None = None, code: str | None = None) -> None:
+    def error(self, message: str, details: Iterable[str] = (), hint: str | None = None,
+              code: str | None = None) -> None:
         details = list(details)
         if self.json:
             doc = {"error": {"code": code, "message": message, "details": details, "hint": hint}}
@@ -347,52 +365,53 @@ class Output:
 
 def event_detail(event: Any) -> str:
     d, t = event.data, event.type
-    if t == "run_started":
+    if t == EventType.RUN_STARTED:
         return f"goal: {short(d.get('goal', ''), 70)}"
-    if t == "batch_started":
+    if t == EventType.BATCH_STARTED:
         calls = d.get("calls") or []
         tools = ", ".join(str(c.get("tool")) for c in calls[:6]) + (", ..." if len(calls) > 6 else "")
         return f"turn {d.get('turn')}: {len(calls)} call{'s' if len(calls) != 1 else ''} ({tools})"
-    if t == "call_decided":
+    if t == EventType.CALL_DECIDED:
         verdict, reason = d.get("verdict"), d.get("reason") or ""
-        return f"{d.get('tool')}: {verdict}" + (f" - {short(reason, 70)}" if reason and verdict != "allow" else "")
-    if t == "approval_requested":
-        kind = " (reconcile)" if d.get("kind") == "reconcile" else ""
+        because = f" - {short(reason, 70)}" if reason and verdict != AdmissionVerdict.ALLOW else ""
+        return f"{d.get('tool')}: {verdict}{because}"
+    if t == EventType.APPROVAL_REQUESTED:
+        kind = " (reconcile)" if d.get("kind") == ApprovalKind.RECONCILE else ""
         return f"{d.get('tool')} waits for approval {d.get('approval_id')}{kind}, digest {str(d.get('digest'))[:16]}..."
-    if t == "approval_decided":
+    if t == EventType.APPROVAL_DECIDED:
         word = "approved" if d.get("approved") else "declined"
         reason = d.get("reason") or ""
         return f"{d.get('approval_id')} {word} by {d.get('by')}" + (f": {short(reason, 50)}" if reason else "")
-    if t == "approval_expired":
+    if t == EventType.APPROVAL_EXPIRED:
         return f"{d.get('approval_id')} expired"
-    if t == "approval_used":
+    if t == EventType.APPROVAL_USED:
         return f"{d.get('approval_id')} used"
-    if t == "grant_added":
+    if t == EventType.GRANT_ADDED:
         return f"grant for {d.get('tool')} by {d.get('by')}"
-    if t == "dispatch_started":
+    if t == EventType.DISPATCH_STARTED:
         return f"{d.get('tool')} dispatched" + (" (mutates)" if d.get("mutates") else "")
-    if t == "attempt":
+    if t == EventType.ATTEMPT:
         text = f"attempt {d.get('attempt')}: {d.get('outcome')}"
         if d.get("failure_class"):
             text += f" ({d.get('failure_class')})"
         if d.get("message"):
             text += f" {short(d.get('message'), 50)}"
         return text
-    if t == "egress":
+    if t == EventType.EGRESS:
         decisions = d.get("decisions") or []
         return f"{len(decisions)} egress decision{'s' if len(decisions) != 1 else ''}"
-    if t == "call_completed":
+    if t == EventType.CALL_COMPLETED:
         if d.get("ok"):
             return f"{d.get('tool')} ok: {short(d.get('content'), 60)}"
         return f"{d.get('tool')} failed ({d.get('error_class')}): {short(d.get('error') or '', 60)}"
-    if t == "observation":
+    if t == EventType.OBSERVATION:
         text = f"{d.get('tool')}: {d.get('status')}"
         if d.get("error"):
             text += f" - {short(d.get('error'), 60)}"
         elif d.get("content") is not None:
             text += f" {short(d.get('content'), 60)}"
         return text
-    if t == "run_finished":
+    if t == EventType.RUN_FINISHED:
         reason = d.get("reason") or ""
         return f"outcome {d.get('outcome')}" + (f": {short(reason, 60)}" if reason else "")
     return short(d)
@@ -415,7 +434,7 @@ def observation_line(o: Any) -> str:
         what = short(o.content, 70)
     else:
         what = ""
-    if o.approval_id and o.status == "pending_approval":
+    if o.approval_id and o.status == ObservationStatus.PENDING_APPROVAL:
         what = f"approval {o.approval_id}"
     return f"  {o.call_id:<12} {o.tool:<12} {o.status:<17} {what}".rstrip()
 
@@ -505,7 +524,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
                     timeout=float(timeout), json=bool(_opt(args, "json")))
 
 
-def connect(s: Settings):
+def connect(s: Settings) -> RingfenceClient:
     import grpc
 
     from control.api.client import RingfenceClient
@@ -518,6 +537,7 @@ def connect(s: Settings):
             kwargs["root_certificates"] = Path(s.tls_ca).read_bytes()
         if s.tls_cert:
             kwargs["certificate_chain"] = Path(s.tls_cert).read_bytes()
+            assert s.tls_key is not None  # settings() refuses a certificate without its key
             kwargs["private_key"] = Path(s.tls_key).read_bytes()
         credentials = grpc.ssl_channel_credentials(**kwargs)
         if s.tls_server_name:
@@ -576,7 +596,8 @@ def report_failure(out: Output, error: BaseException, s: Settings | None, comman
     if isinstance(error, E.FailedPrecondition):
         hint = None
         if command == "submit" and "is finished" in error.message:
-            hint = "a finished run takes no more calls: submit without --run-id (and without run_id in the plan) for a new run"
+            hint = ("a finished run takes no more calls: submit without --run-id (and without run_id in the plan) "
+                    "for a new run")
         out.error(error.message, code="FAILED_PRECONDITION", hint=hint)
         return EXIT_SERVER
     if isinstance(error, E.ResourceExhausted):
@@ -591,18 +612,23 @@ def report_failure(out: Output, error: BaseException, s: Settings | None, comman
         return EXIT_SERVER
     if isinstance(error, grpc.RpcError):
         code = error.code() if hasattr(error, "code") else None
-        details = error.details() if hasattr(error, "details") else str(error)
+        text = error.details() if hasattr(error, "details") else str(error)
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
             out.error(f"no answer from {server} within {s.timeout if s else DEFAULT_TIMEOUT_S:g}s",
                       code="DEADLINE_EXCEEDED", hint="raise --timeout, or check that the server is not stuck")
         else:
             name = code.name if code is not None else "UNKNOWN"
-            out.error(f"{name}: {details}", code=name)
+            out.error(f"{name}: {text}", code=name)
         return EXIT_SERVER
     raise error
 
 
-def _guarded(command: str, action: Callable[[argparse.Namespace, Settings, Output], int]):
+Action = Callable[[argparse.Namespace, Settings, Output], int]
+"""A command's body: (its arguments, connection settings, where to print) -> exit code."""
+SubParsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def _guarded(command: str, action: Action) -> Callable[[argparse.Namespace], int]:
     """The command's func: settings, client errors and exit codes in one place."""
 
     def run(args: argparse.Namespace) -> int:
@@ -700,7 +726,7 @@ def cmd_submit(args: argparse.Namespace, s: Settings, out: Output) -> int:
             for event in stream:
                 last_seq = event.seq
                 progress = ""
-                if event.type == "observation":
+                if event.type == EventType.OBSERVATION:
                     settled += 1
                     progress = f"  [{settled}/{total}]"
                 if out.json:
@@ -754,7 +780,7 @@ def cmd_watch(args: argparse.Namespace, s: Settings, out: Output) -> int:
                     out.obj(event_obj(event))
                 else:
                     out.line(event_line(event))
-                if event.type == "run_finished":
+                if event.type == EventType.RUN_FINISHED:
                     finished = event
         except KeyboardInterrupt:
             stream.cancel()
@@ -774,7 +800,7 @@ def cmd_approvals_list(args: argparse.Namespace, s: Settings, out: Output) -> in
     with connect(s) as client:
         approvals = client.list_approvals(_opt(args, "run"))
     if not _opt(args, "all"):
-        approvals = [a for a in approvals if a.status == "pending"]
+        approvals = [a for a in approvals if a.status == ApprovalStatus.PENDING]
     if out.json:
         for a in approvals:
             out.obj(jsonable(a))
@@ -784,8 +810,8 @@ def cmd_approvals_list(args: argparse.Namespace, s: Settings, out: Output) -> in
         return EXIT_OK
     now = time.time()
     for a in approvals:
-        kind = "  RECONCILE: approve = it did not happen, run it once" if a.kind == "reconcile" else ""
-        state = f"expires in {_ago(a.expires_at - now)}" if a.status == "pending" else f"{a.status}"
+        kind = "  RECONCILE: approve = it did not happen, run it once" if a.kind == ApprovalKind.RECONCILE else ""
+        state = f"expires in {_ago(a.expires_at - now)}" if a.status == ApprovalStatus.PENDING else f"{a.status}"
         if a.decided_by:
             state += f" by {a.decided_by}" + (f": {a.reason}" if a.reason else "")
         out.line(f"{a.approval_id}  run {a.run_id}  call {a.call_id}  tool {a.tool}  {state}{kind}")
@@ -797,7 +823,7 @@ def cmd_approvals_list(args: argparse.Namespace, s: Settings, out: Output) -> in
     return EXIT_OK
 
 
-def _decide(approve: bool):
+def _decide(approve: bool) -> Action:
     def action(args: argparse.Namespace, s: Settings, out: Output) -> int:
         with connect(s) as client:
             decided = client.decide_approval(args.approval_id, approve, args.reason or "",
@@ -912,14 +938,15 @@ def _wrap(text: str) -> str:
     return "\n\n".join(out)
 
 
-def _parser(sub, name: str, common, *, help: str, description: str, examples: str, **kw):
+def _parser(sub: SubParsers, name: str, common: argparse.ArgumentParser, *, help: str, description: str,
+            examples: str, **kw: Any) -> argparse.ArgumentParser:
     return sub.add_parser(
         name, parents=[common], help=help, description=_wrap(description), allow_abbrev=False,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n" + examples.rstrip() + "\n" + _COMMON_EPILOG, **kw)
 
 
-def register(subparsers) -> None:
+def register(subparsers: SubParsers) -> None:
     common = _connection_options()
 
     p = _parser(
@@ -1030,7 +1057,7 @@ _RUNS_EXAMPLES = ("  ringfence runs                      # over gRPC\n"
                   "  ringfence runs show RUN_ID --state-dir ./.state   # the store, no server")
 
 
-def _register_runs(subparsers, common) -> None:
+def _register_runs(subparsers: SubParsers, common: argparse.ArgumentParser) -> None:
     """`ringfence runs` with no action lists runs over gRPC; its store actions stay as they are.
 
     control/store/cli.py registers `runs` with show|export|verify|prune required; here the
@@ -1042,7 +1069,7 @@ def _register_runs(subparsers, common) -> None:
         existing = subparsers.add_parser("runs", help="list runs (gRPC)")
         existing.add_subparsers(dest="runs_command", metavar="ACTION")
     runs = existing
-    actions = next(a for a in runs._actions if isinstance(a, argparse._SubParsersAction))  # noqa: SLF001
+    actions = next(a for a in runs._actions if isinstance(a, argparse._SubParsersAction))  # noqa: SLF001 - argparse has no public way to reach a subparsers action
     actions.required = False
     runs._add_container_actions(common)  # noqa: SLF001 - the same options at `runs` level (as parents=)
     runs.allow_abbrev = False

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from control.api import convert
+from control.api.core import PlanService
 from control.api.gen.ringfence.v1 import plans_pb2
-from control.api.plans_convert import claim_from_proto, plan_to_proto, record_to_proto, report_to_proto, verdict_to_proto
+from control.api.plans_convert import (
+    claim_from_proto,
+    plan_to_proto,
+    record_to_proto,
+    report_to_proto,
+    verdict_to_proto,
+)
 from control.plans.values import Step
+
+if TYPE_CHECKING:
+    from control.api.servicer import Call, Edge
 
 __all__ = ["PlanMethods"]
 
@@ -15,14 +25,14 @@ _MAX_CLAIMS = 100
 
 
 class PlanMethods:
-    def __init__(self, edge: Any) -> None:
+    def __init__(self, edge: Edge) -> None:
         self.edge = edge
 
     @property
-    def plans(self) -> Any:
+    def plans(self) -> PlanService:
         return self.edge.orchestrator.plans
 
-    async def RunEvidencePlan(self, request: plans_pb2.RunEvidencePlanRequest, call: Any) -> plans_pb2.EvidenceReport:
+    async def RunEvidencePlan(self, request: plans_pb2.RunEvidencePlanRequest, call: Call) -> plans_pb2.EvidenceReport:
         steps = [Step(s.key, s.evidence_ref) for s in request.steps]
         # All of the plan's violations in one answer, before any evidence is read.
         self.plans.validate(request.max_steps, steps, request.plan_id)
@@ -31,7 +41,7 @@ class PlanMethods:
                                 slot=slot)
         return report_to_proto(report)
 
-    async def VerifyReport(self, request: plans_pb2.VerifyReportRequest, call: Any) -> plans_pb2.Verdict:
+    async def VerifyReport(self, request: plans_pb2.VerifyReportRequest, call: Call) -> plans_pb2.Verdict:
         v = convert.Violations()
         convert.check_id(request.plan_id, "plan_id", v)
         if len(request.claims) > _MAX_CLAIMS:
@@ -42,17 +52,17 @@ class PlanMethods:
         verdict = await call.run(self.plans.verify, call.principal, request.plan_id, claims, slot=slot)
         return verdict_to_proto(verdict)
 
-    async def GetPlan(self, request: plans_pb2.GetPlanRequest, call: Any) -> plans_pb2.PlanRecord:
+    async def GetPlan(self, request: plans_pb2.GetPlanRequest, call: Call) -> plans_pb2.PlanRecord:
         v = convert.Violations()
         convert.check_id(request.plan_id, "plan_id", v)
         v.raise_if_any()
         return plan_to_proto(await call.run(self.plans.get_plan, call.principal, request.plan_id))
 
-    async def PutEvidence(self, request: plans_pb2.PutEvidenceRequest, call: Any) -> plans_pb2.EvidenceRecord:
+    async def PutEvidence(self, request: plans_pb2.PutEvidenceRequest, call: Call) -> plans_pb2.EvidenceRecord:
         record = await call.run(self.plans.evidence.put, call.principal, request.store, request.evidence_ref,
                                 request.value)
         return record_to_proto(record)
 
-    async def GetEvidence(self, request: plans_pb2.GetEvidenceRequest, call: Any) -> plans_pb2.EvidenceHistory:
+    async def GetEvidence(self, request: plans_pb2.GetEvidenceRequest, call: Call) -> plans_pb2.EvidenceHistory:
         records = await call.run(self.plans.evidence.history, call.principal, request.store, request.evidence_ref)
         return plans_pb2.EvidenceHistory(revisions=[record_to_proto(r) for r in records])

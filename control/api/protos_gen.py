@@ -46,15 +46,15 @@ def _rewrite(text: str) -> str:
 
 def generate(out_dir: Path = GEN_DIR, proto_root: Path = PROTO_ROOT) -> list[Path]:
     """Generate the package into `out_dir` (replacing it); return the files written."""
+    import grpc_tools  # type: ignore[import-untyped]  # grpcio-tools ships no stubs
     from grpc_tools import protoc  # dev dependency: only needed to regenerate
-    import grpc_tools
 
     files = proto_files(proto_root)
     if not files:
         raise GenerationError(f"no .proto files under {proto_root}/ringfence/v1")
     bindir = Path(sys.executable).parent
     plugins = {name: bindir / f"protoc-gen-{name}" for name in ("mypy", "mypy_grpc")}
-    for name, path in plugins.items():
+    for path in plugins.values():
         if not path.exists():
             raise GenerationError(f"{path} is missing: install mypy-protobuf (the dev extra)")
     well_known = Path(grpc_tools.__file__).parent / "_proto"

@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
+from control.api.core import RoutingService
 from control.api.gen.ringfence.v1 import routing_pb2
 from control.api.routing_convert import decision_to_proto
 from control.routing.values import Ticket
+
+if TYPE_CHECKING:
+    from control.api.servicer import Call, Edge
 
 __all__ = ["RoutingMethods"]
 
 
 class RoutingMethods:
-    def __init__(self, edge: Any) -> None:
+    def __init__(self, edge: Edge) -> None:
         self.edge = edge
 
     @property
-    def routing(self) -> Any:
+    def routing(self) -> RoutingService:
         return self.edge.orchestrator.routing
 
-    async def RouteTicket(self, request: routing_pb2.RouteTicketRequest, call: Any) -> routing_pb2.RoutingDecision:
+    async def RouteTicket(self, request: routing_pb2.RouteTicketRequest, call: Call) -> routing_pb2.RoutingDecision:
         t = request.ticket
         ticket = Ticket(t.id, t.incident, t.service, t.symptom)
         slot = self.edge.batches.acquire(call.principal.tenant)
@@ -27,6 +31,6 @@ class RoutingMethods:
                                   request.reclassify, slot=slot)
         return decision_to_proto(decision)
 
-    async def GetRouting(self, request: routing_pb2.GetRoutingRequest, call: Any) -> routing_pb2.RoutingHistory:
+    async def GetRouting(self, request: routing_pb2.GetRoutingRequest, call: Call) -> routing_pb2.RoutingHistory:
         decisions = await call.run(self.routing.history, call.principal, request.ticket_id)
         return routing_pb2.RoutingHistory(decisions=[decision_to_proto(d) for d in decisions])

@@ -19,6 +19,19 @@ import logging
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the CLI imports this module: the server's dependencies load only to serve
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from control.api.server import TlsOptions
+    from control.config import Config
+    from control.eventlog import EventHook
+    from control.metrics import Metrics
+    from control.orchestration import Orchestrator
+    from control.store.base import EventStore
+    from sandbox.egress.proxy import ProxySettings
+    from sandbox.pool import PoolSettings
 
 log = logging.getLogger("ringfence.serve")
 
@@ -28,7 +41,7 @@ REAP_INTERVAL_S = 30.0  # how often a running server removes orphans (past their
 PUBLIC_DEMO_TOKENS = ("demo-agent-token", "demo-approver-token", "demo-admin-token")
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "serve",
         help="run the gRPC control plane",
@@ -37,9 +50,11 @@ def register(subparsers) -> None:
             "Without --config the embedded defaults are used: a demo tenant with public dev tokens."
         ),
     )
-    p.add_argument("--listen", default=None, help="host:port (default: the config's listen, 127.0.0.1:50051); port 0 picks one")
+    p.add_argument("--listen", default=None,
+                   help="host:port (default: the config's listen, 127.0.0.1:50051); port 0 picks one")
     p.add_argument("--config", default=None, type=Path, help="ringfence.toml merged over the embedded defaults")
-    p.add_argument("--state-dir", default=None, type=Path, help="directory of the event log (default: the config's state_dir)")
+    p.add_argument("--state-dir", default=None, type=Path,
+                   help="directory of the event log (default: the config's state_dir)")
     p.add_argument("--database-url", default=None, metavar="postgresql://...",
                    help="keep the event log in PostgreSQL instead of SQLite (default: the config's database_url); "
                         "several `ringfence serve` processes may share one database and serve any run")
@@ -63,7 +78,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=serve_command)
 
 
-def _tls(args) -> "object | None":
+def _tls(args: argparse.Namespace) -> TlsOptions | None:
     from control.api.server import TlsOptions
 
     if not args.tls_cert and not args.tls_key:
@@ -91,10 +106,9 @@ def _is_loopback(listen: str) -> bool:
     return is_loopback_host(listen.rpartition(":")[0])
 
 
-def serve_command(args) -> int:
+def serve_command(args: argparse.Namespace) -> int:
     from control.config import load_config
     from control.errors import ConfigError
-
     from control.eventlog import configure_logging
 
     configure_logging(getattr(args, "log_format", "text"))
@@ -148,7 +162,10 @@ def serve_command(args) -> int:
     except SandboxError as e:
         print(f"error: the sandbox engine is not usable: {e}", file=sys.stderr)
         return 1
-    store = orchestrator = metrics = tracing = None
+    store: EventStore | None = None
+    orchestrator: Orchestrator | None = None
+    metrics: Metrics | None = None
+    tracing: TracerProvider | None = None
     try:
         from control.telemetry import configure_tracing
 
@@ -164,7 +181,7 @@ def serve_command(args) -> int:
             print(f"error: cannot open the event log at {_redact_url(str(where))}: {e}", file=sys.stderr)
             return 1
         orchestrator = Orchestrator.from_config(config, backend, store)
-        hooks = []
+        hooks: list[EventHook] = []
         if metrics_at is not None:
             from control.metrics import Metrics
 
@@ -201,7 +218,7 @@ def serve_command(args) -> int:
             shutdown_tracing(tracing)  # after everything that may still end a span
 
 
-async def _serve(listen: str, orchestrator, config, tls) -> int:
+async def _serve(listen: str, orchestrator: Orchestrator, config: Config, tls: TlsOptions | None) -> int:
     from control.api.server import create_server
 
     server, port = await create_server(listen, orchestrator, config, tls=tls)
@@ -210,7 +227,7 @@ async def _serve(listen: str, orchestrator, config, tls) -> int:
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     # The handlers go in before the address is announced: a supervisor that reads the line and
-    # stops us at once must find them (a SIGTERM in between was swallowed and the server hung).
+    # stops us at once must find them (a SIGTERM in between would be swallowed and the server hang).
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stopping.set)
     print(f"ringfence: serving ringfence.v1 on {host}:{port}{' (TLS)' if tls else ''}", flush=True)
@@ -229,7 +246,7 @@ async def _serve(listen: str, orchestrator, config, tls) -> int:
     return 0
 
 
-def pool_settings(config):
+def pool_settings(config: Config) -> PoolSettings | None:
     """The warm pool's settings from the config's [pool] table (None: off)."""
     if config.pool.size == 0:
         return None
@@ -238,7 +255,7 @@ def pool_settings(config):
     return PoolSettings(size=config.pool.size, idle_s=config.pool.idle_s, max_shapes=config.pool.max_shapes)
 
 
-def egress_settings(config):
+def egress_settings(config: Config) -> ProxySettings | None:
     """The egress proxy's settings from the config's [egress] table (None: the defaults)."""
     if not config.egress.services and not config.egress.networks:
         return None
@@ -261,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     register(sub)
     args = parser.parse_args(argv)
-    return args.func(args)
+    code: int = args.func(args)
+    return code
 
 
 if __name__ == "__main__":

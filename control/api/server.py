@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
@@ -21,8 +20,10 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry import trace
 
 from control.api.auth import Authenticator
-from control.api.health import HealthMonitor, Probe
+from control.api.core import Core
+from control.api.health import HealthMonitor, HealthReporter, Probe
 from control.api.servicer import SERVICE_NAMES, Edge, EdgeOptions
+from control.config import Config
 
 __all__ = ["TlsOptions", "ApiServer", "create_server"]
 
@@ -49,7 +50,7 @@ class TlsOptions:
 class ApiServer:
     """A grpc.aio server with the edge it serves; `edge.unexpected_errors` counts server faults."""
 
-    def __init__(self, server: grpc.aio.Server, edge: Edge, health_servicer: Any, port: int,
+    def __init__(self, server: grpc.aio.Server, edge: Edge, health_servicer: HealthReporter, port: int,
                  monitor: HealthMonitor) -> None:
         self.grpc_server = server
         self.edge = edge
@@ -78,8 +79,8 @@ class ApiServer:
 
 async def create_server(
     address: str,
-    orchestrator: Any,
-    config: Any,
+    orchestrator: Core,
+    config: Config,
     *,
     tls: TlsOptions | None = None,
     tracer_provider: trace.TracerProvider | None = None,
@@ -103,7 +104,8 @@ async def create_server(
         # Past this many RPCs at once grpc answers RESOURCE_EXHAUSTED (all tenants together).
         maximum_concurrent_rpcs=max_concurrent_rpcs,
     )
-    health_servicer = health.aio.HealthServicer()
+    # grpc_health's stubs describe only the synchronous servicer; health.aio exists at runtime.
+    health_servicer: HealthReporter = health.aio.HealthServicer()  # type: ignore[attr-defined]  # see above
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
@@ -119,6 +121,7 @@ async def create_server(
     if not port:
         edge.close()
         raise OSError(f"cannot listen on {address}")
+    # A test double may leave health checks out: then the server is SERVING while it runs.
     probes = [Probe(name, check) for name, check in getattr(orchestrator, "health_checks", lambda: [])()]
     monitor = HealthMonitor(health_servicer, ("", *SERVICE_NAMES), probes, interval_s=health_interval_s)
     return ApiServer(server, edge, health_servicer, port, monitor), port

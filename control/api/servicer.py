@@ -26,18 +26,21 @@ import asyncio
 import contextvars
 import logging
 import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import message_factory
+from google.protobuf.message import Message
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from control.api import convert
 from control.api.auth import Authenticator
+from control.api.core import Core
 from control.api.gen.ringfence.v1 import (
     approvals_pb2,
     plans_pb2,
@@ -49,10 +52,17 @@ from control.api.gen.ringfence.v1 import (
 from control.api.plan_methods import PlanMethods
 from control.api.routing_methods import RoutingMethods
 from control.api.status import code_for, to_grpc_status
+from control.config import Config
 from control.errors import FieldViolation, InvalidArgument, ResourceExhausted, Unavailable
-from control.model import Principal
+from control.model import Principal, RunView
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Context = grpc.aio.ServicerContext[Any, Any]
+"""A request's grpc.aio context; the handlers are generic (built from descriptors), so untyped."""
+UnaryImpl = Callable[[Any, "Call"], Awaitable[Any]]
+StreamImpl = Callable[[Any, "Call"], AsyncIterator[Any]]
 
 PROTO_MODULES = (tools_pb2, runs_pb2, approvals_pb2, plans_pb2, routing_pb2)
 SERVICE_NAMES = tuple(
@@ -81,7 +91,7 @@ class EdgeOptions:
     """Events a stream's pump thread may run ahead of a slow client."""
 
     @classmethod
-    def from_config(cls, config: Any, **overrides: Any) -> "EdgeOptions":
+    def from_config(cls, config: Config, **overrides: int) -> EdgeOptions:
         limits = config.limits
         values = dict(
             max_message_bytes=limits.max_message_bytes,
@@ -111,7 +121,8 @@ class TenantLimiter:
         with self._lock:
             n = self._counts.get(tenant, 0)
             if n >= self._limit:
-                raise ResourceExhausted(f"tenant {tenant!r} already has {n} {self._what} in flight (limit {self._limit})")
+                raise ResourceExhausted(
+                    f"tenant {tenant!r} already has {n} {self._what} in flight (limit {self._limit})")
             self._counts[tenant] = n + 1
         released = threading.Event()
 
@@ -136,14 +147,14 @@ class Call:
     principal: Principal
     method: str
     span_context: otel_context.Context
-    edge: "Edge"
+    edge: Edge
 
     def _context(self) -> contextvars.Context:
         ctx = contextvars.copy_context()
         ctx.run(otel_context.attach, self.span_context)  # never detached: ctx is thrown away
         return ctx
 
-    async def run(self, fn: Callable[..., Any], *args: Any, slot: Callable[[], None] | None = None) -> Any:
+    async def run(self, fn: Callable[..., T], *args: Any, slot: Callable[[], None] | None = None) -> T:
         """`fn(*args)` on a worker thread, inside this RPC's span."""
         try:
             future = self.edge.executor.submit(self._context().run, fn, *args)
@@ -157,12 +168,12 @@ class Call:
 
     async def stream(
         self,
-        make_iter: Callable[[], Iterator[Any]],
+        make_iter: Callable[[], Iterator[T]],
         stop: threading.Event,
         *,
         slot: Callable[[], None] | None = None,
         finish_when_abandoned: bool = False,
-    ) -> AsyncIterator[Any]:
+    ) -> AsyncIterator[T]:
         """Items of `make_iter()` iterated on one pump thread, as an async iterator.
 
         When the client goes away, `stop` is set; with `finish_when_abandoned` the pump still
@@ -231,8 +242,8 @@ class _Malformed:
         self.error = error
 
 
-def _lenient(message_class: type) -> Callable[[bytes], Any]:
-    def deserialize(data: bytes) -> Any:
+def _lenient(message_class: type[Message]) -> Callable[[bytes], Message | _Malformed]:
+    def deserialize(data: bytes) -> Message | _Malformed:
         try:
             return message_class.FromString(data)
         except Exception as e:  # noqa: BLE001 - DecodeError and friends
@@ -241,7 +252,7 @@ def _lenient(message_class: type) -> Callable[[bytes], Any]:
     return deserialize
 
 
-def _carrier(metadata: Any) -> dict[str, str]:
+def _carrier(metadata: grpc.aio.Metadata | None) -> dict[str, str]:
     return {k: v for k, v in (metadata or ()) if isinstance(v, str)}
 
 
@@ -250,7 +261,7 @@ class Edge:
 
     def __init__(
         self,
-        orchestrator: Any,
+        orchestrator: Core,
         authenticator: Authenticator,
         options: EdgeOptions,
         tracer_provider: trace.TracerProvider | None = None,
@@ -274,7 +285,9 @@ class Edge:
 
     # -- the wrapper ------------------------------------------------------------------------
 
-    def _begin(self, method: str, context: grpc.aio.ServicerContext):
+    def _begin(
+        self, method: str, context: Context
+    ) -> tuple[grpc.aio.Metadata | None, trace.Span, otel_context.Context]:
         metadata = context.invocation_metadata()
         parent = propagate.extract(carrier=_carrier(metadata))
         service, _, name = method.strip("/").partition("/")
@@ -286,7 +299,8 @@ class Edge:
         )
         return metadata, span, trace.set_span_in_context(span, parent)
 
-    def _admit(self, method: str, metadata: Any, request: Any, span: trace.Span, span_ctx) -> Call:
+    def _admit(self, method: str, metadata: grpc.aio.Metadata | None, request: Any, span: trace.Span,
+               span_ctx: otel_context.Context) -> Call:
         principal = self.auth.authenticate(metadata)
         self.auth.authorize(principal, method)
         span.set_attribute("ringfence.tenant", principal.tenant)
@@ -298,7 +312,7 @@ class Edge:
             )
         return Call(principal, method, span_ctx, self)
 
-    async def _fail(self, exc: BaseException, method: str, span: trace.Span, context) -> None:
+    async def _fail(self, exc: BaseException, method: str, span: trace.Span, context: Context) -> None:
         if code_for(exc) is None:
             self.unexpected_errors += 1
         status = to_grpc_status(exc, method=method)
@@ -306,8 +320,8 @@ class Edge:
         span.set_status(Status(StatusCode.ERROR, status.code.name))
         await context.abort(status.code, status.details, status.trailing_metadata)
 
-    def _unary(self, method: str, impl: Callable[[Any, Call], Awaitable[Any]]):
-        async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
+    def _unary(self, method: str, impl: UnaryImpl) -> Callable[[Any, Context], Awaitable[Any]]:
+        async def handler(request: Any, context: Context) -> Any:
             metadata, span, span_ctx = self._begin(method, context)
             try:
                 call = self._admit(method, metadata, request, span, span_ctx)
@@ -323,8 +337,8 @@ class Edge:
 
         return handler
 
-    def _stream(self, method: str, impl: Callable[[Any, Call], AsyncIterator[Any]]):
-        async def handler(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+    def _stream(self, method: str, impl: StreamImpl) -> Callable[[Any, Context], AsyncIterator[Any]]:
+        async def handler(request: Any, context: Context) -> AsyncIterator[Any]:
             metadata, span, span_ctx = self._begin(method, context)
             try:
                 call = self._admit(method, metadata, request, span, span_ctx)
@@ -340,27 +354,27 @@ class Edge:
 
         return handler
 
-    def handlers(self) -> list[grpc.GenericRpcHandler]:
+    def handlers(self) -> list[grpc.GenericRpcHandler[Any, Any]]:
         """One generic handler per service, every method wrapped; built from the descriptors."""
-        out = []
+        out: list[grpc.GenericRpcHandler[Any, Any]] = []
         for module in PROTO_MODULES:
             for service in module.DESCRIPTOR.services_by_name.values():
-                table = {}
+                table: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
                 for m in service.methods:
                     full = f"/{service.full_name}/{m.name}"
                     impl = next(getattr(s, m.name) for s in self.method_sets if hasattr(s, m.name))
                     request_class = message_factory.GetMessageClass(m.input_type)
                     response_class = message_factory.GetMessageClass(m.output_type)
-                    kwargs = dict(
-                        request_deserializer=_lenient(request_class),
-                        response_serializer=response_class.SerializeToString,
-                    )
+                    deserialize = _lenient(request_class)
+                    serialize = response_class.SerializeToString
                     if m.client_streaming:
                         raise RuntimeError(f"{full}: client streaming is not supported by the edge")
                     if m.server_streaming:
-                        table[m.name] = grpc.unary_stream_rpc_method_handler(self._stream(full, impl), **kwargs)
+                        table[m.name] = grpc.unary_stream_rpc_method_handler(
+                            self._stream(full, impl), request_deserializer=deserialize, response_serializer=serialize)
                     else:
-                        table[m.name] = grpc.unary_unary_rpc_method_handler(self._unary(full, impl), **kwargs)
+                        table[m.name] = grpc.unary_unary_rpc_method_handler(
+                            self._unary(full, impl), request_deserializer=deserialize, response_serializer=serialize)
                 out.append(grpc.method_handlers_generic_handler(service.full_name, table))
         return out
 
@@ -372,7 +386,7 @@ class RingfenceMethods:
         self.edge = edge
 
     @property
-    def core(self) -> Any:
+    def core(self) -> Core:
         return self.edge.orchestrator
 
     # ToolService
@@ -394,7 +408,12 @@ class RingfenceMethods:
         run = await call.run(self.core.start_run, call.principal, request.goal, request.run_id or None)
         return convert.run_to_proto(run)
 
-    async def _by_run_id(self, request: Any, call: Call, fn: Callable[..., Any]) -> types_pb2.Run:
+    async def _by_run_id(
+        self,
+        request: runs_pb2.GetRunRequest | runs_pb2.FinishRunRequest | runs_pb2.CancelRunRequest,
+        call: Call,
+        fn: Callable[[Principal, str], RunView],
+    ) -> types_pb2.Run:
         v = convert.Violations()
         convert.check_id(request.run_id, "run_id", v)
         v.raise_if_any()

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Mapping
+from collections.abc import Iterable, Mapping
+from typing import cast
 
 import grpc
 from google.protobuf import any_pb2
-from google.rpc import error_details_pb2, status_pb2
+from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-untyped]  # no stubs published
 from grpc_status import rpc_status
 
 from control import errors as E
@@ -70,7 +71,7 @@ def _utf8(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def bad_request(violations) -> any_pb2.Any:
+def bad_request(violations: Iterable[E.FieldViolation]) -> any_pb2.Any:
     detail = error_details_pb2.BadRequest(
         field_violations=[
             error_details_pb2.BadRequest.FieldViolation(field=_utf8(v.field), description=_utf8(v.description))
@@ -110,12 +111,15 @@ def violations_of(status: status_pb2.Status) -> tuple[E.FieldViolation, ...]:
 
 def from_rpc_error(error: grpc.RpcError) -> Exception:
     """Client side: the ControlError a failed call stands for (or `error` itself if none)."""
-    code = error.code() if hasattr(error, "code") else None
-    klass = _EXCEPTIONS.get(code) if code is not None else None
+    code: grpc.StatusCode | None = error.code() if hasattr(error, "code") else None
+    if code is None:
+        return error
+    klass = _EXCEPTIONS.get(code)
     if klass is None:
         return error
     try:
-        status = rpc_status.from_call(error)
+        # grpc's errors are calls too (sync: a grpc.Call; aio: the same code/details/trailers).
+        status = rpc_status.from_call(cast(grpc.Call, error))
     except ValueError:  # a details trailer that does not match the code/message
         status = None
     message = error.details() or code.name.lower()

@@ -7,15 +7,15 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
+from typing import Any, Generic, TypeVar
 
 import grpc
 from opentelemetry import propagate
 from tenacity import RetryCallState, retry_if_exception_type, wait_exponential_jitter
 
-from control.api import convert
-from control.api import plans_convert, routing_convert
+from control.api import convert, plans_convert, routing_convert
 from control.api.gen.ringfence.v1 import (
     approvals_pb2,
     approvals_pb2_grpc,
@@ -29,9 +29,11 @@ from control.api.gen.ringfence.v1 import (
     tools_pb2_grpc,
 )
 from control.api.status import from_rpc_error
+from control.client.options import RetryPolicy
 from control.errors import Unavailable
 from control.model import Approval, Event, Observation, PlanStep, ProposedCall, RunView, ToolView
-from control.client.options import RetryPolicy
+from control.plans.values import Claim, EvidenceRecord, PlanView, Report, Verdict
+from control.routing.values import Decision
 
 log = logging.getLogger("control.client")
 
@@ -158,7 +160,7 @@ def decide_approval(approval_id: str, approve: bool, reason: str, remember: bool
     return Unary(APPROVALS, "DecideApproval", request, convert.approval_from_proto)
 
 
-def run_evidence_plan(steps: Sequence[tuple[str, str]], max_steps: int, plan_id: str | None) -> Unary[Any]:
+def run_evidence_plan(steps: Sequence[tuple[str, str]], max_steps: int, plan_id: str | None) -> Unary[Report]:
     # Retry-safe: the plan id is fixed here, and a resent plan id resumes or returns its report.
     request = plans_pb2.RunEvidencePlanRequest(
         max_steps=max_steps, plan_id=plan_id or "plan-" + uuid.uuid4().hex[:20],
@@ -166,28 +168,28 @@ def run_evidence_plan(steps: Sequence[tuple[str, str]], max_steps: int, plan_id:
     return Unary(PLANS, "RunEvidencePlan", request, plans_convert.report_from_proto, retryable=True)
 
 
-def verify_report(plan_id: str, claims: Sequence[Any]) -> Unary[Any]:
+def verify_report(plan_id: str, claims: Sequence[Claim]) -> Unary[Verdict]:
     request = plans_pb2.VerifyReportRequest(plan_id=plan_id, claims=[plans_convert.claim_to_proto(c) for c in claims])
     return Unary(PLANS, "VerifyReport", request, plans_convert.verdict_from_proto)
 
 
-def get_plan(plan_id: str) -> Unary[Any]:
+def get_plan(plan_id: str) -> Unary[PlanView]:
     return Unary(PLANS, "GetPlan", plans_pb2.GetPlanRequest(plan_id=plan_id), plans_convert.plan_from_proto,
                  retryable=True)
 
 
-def put_evidence(store: str, ref: str, value: str) -> Unary[Any]:
+def put_evidence(store: str, ref: str, value: str) -> Unary[EvidenceRecord]:
     request = plans_pb2.PutEvidenceRequest(store=store, evidence_ref=ref, value=value)
     return Unary(EVIDENCE, "PutEvidence", request, plans_convert.evidence_from_proto)
 
 
-def get_evidence(store: str, ref: str) -> Unary[list[Any]]:
+def get_evidence(store: str, ref: str) -> Unary[list[EvidenceRecord]]:
     return Unary(EVIDENCE, "GetEvidence", plans_pb2.GetEvidenceRequest(store=store, evidence_ref=ref),
                  lambda r: [plans_convert.evidence_from_proto(x) for x in r.revisions], retryable=True)
 
 
 def route_ticket(ticket_id: str, incident: str, service: str, symptom: str, correlation_id: str | None,
-                 reclassify: bool) -> Unary[Any]:
+                 reclassify: bool) -> Unary[Decision]:
     # Retry-safe without reclassify: a resent ticket id gets the decision recorded for it.
     request = routing_pb2.RouteTicketRequest(
         ticket=routing_pb2.Ticket(id=ticket_id, incident=incident, service=service, symptom=symptom),
@@ -195,7 +197,7 @@ def route_ticket(ticket_id: str, incident: str, service: str, symptom: str, corr
     return Unary(ROUTING, "RouteTicket", request, routing_convert.decision_from_proto, retryable=not reclassify)
 
 
-def get_routing(ticket_id: str) -> Unary[list[Any]]:
+def get_routing(ticket_id: str) -> Unary[list[Decision]]:
     return Unary(ROUTING, "GetRouting", routing_pb2.GetRoutingRequest(ticket_id=ticket_id),
                  lambda r: [routing_convert.decision_from_proto(d) for d in r.decisions], retryable=True)
 

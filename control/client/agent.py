@@ -40,8 +40,9 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Protocol
 
 import grpc
 
@@ -59,7 +60,16 @@ from control.client.turns import (
     estimate_tokens,
 )
 from control.errors import ControlError, FailedPrecondition
-from control.model import Observation, ObservationStatus, ProposedCall, RunOutcome, RunStatus, RunView
+from control.model import (
+    Event,
+    Observation,
+    ObservationStatus,
+    ProposedCall,
+    RunOutcome,
+    RunStatus,
+    RunView,
+    ToolView,
+)
 
 __all__ = [
     "AgentLoop",
@@ -114,6 +124,13 @@ class AgentResult:
     """How many times older turns were folded into the summary (control.client.context)."""
 
 
+class _EventStream(Protocol):
+    """A run's events as the client streams them (control.client.Stream[Event])."""
+
+    def __iter__(self) -> Iterator[Event]: ...
+    def cancel(self) -> None: ...
+
+
 class _Client(Protocol):
     """What the loop needs of control.client.Client."""
 
@@ -121,10 +138,10 @@ class _Client(Protocol):
     def get_run(self, run_id: str) -> RunView: ...
     def finish_run(self, run_id: str) -> RunView: ...
     def cancel_run(self, run_id: str) -> RunView: ...
-    def list_tools(self, query: str = "") -> list[Any]: ...
+    def list_tools(self, query: str = "") -> list[ToolView]: ...
     def submit_batch(self, run_id: str, calls: Sequence[ProposedCall],
                      batch_id: str | None = None) -> list[Observation]: ...
-    def watch_run(self, run_id: str, from_seq: int = 0, *, timeout: float | None = None) -> Any: ...
+    def watch_run(self, run_id: str, from_seq: int = 0, *, timeout: float | None = None) -> _EventStream: ...
 
 
 def _digest(text: str, n: int) -> str:
@@ -359,6 +376,6 @@ class _Run:
     def server_ended(self, view: RunView, last: Sequence[Observation]) -> AgentResult:
         self.view = view
         outcome = view.outcome or RunOutcome.ERROR
-        halted = [o for o in last if o.status is ObservationStatus.HALTED and o.error]
-        reason = halted[0].error if halted else f"the run ended on the server: {outcome.value}"
+        halted = [o.error for o in last if o.status is ObservationStatus.HALTED and o.error]
+        reason = halted[0] if halted else f"the run ended on the server: {outcome.value}"
         return self.result(outcome, reason, SERVER)

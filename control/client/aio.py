@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Callable, Generic, Mapping, Sequence, TypeVar
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, Generic, TypeVar
 
 import grpc
 from tenacity import AsyncRetrying
 
 from control.client import _wire as W
-from control.client.options import RetryPolicy, TlsConfig
+from control.client.options import DEFAULT_RETRY, RetryPolicy, TlsConfig
+from control.model import Approval, Event, Observation, PlanStep, ProposedCall, RunView, ToolView
 from control.plans.values import Claim, EvidenceRecord, PlanView, Report, Verdict
 from control.routing.values import Decision
-from control.model import Approval, Event, Observation, PlanStep, ProposedCall, RunView, ToolView
 
 __all__ = ["AsyncClient", "AsyncStream"]
 
@@ -44,7 +45,7 @@ class AsyncStream(Generic[T]):
         self._cancelled = True
         self._call.cancel()
 
-    async def __aenter__(self) -> "AsyncStream[T]":
+    async def __aenter__(self) -> AsyncStream[T]:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -64,7 +65,7 @@ class AsyncClient:
         tls: TlsConfig | None = None,
         timeout: float = 30.0,
         stream_timeout: float = 600.0,
-        retry: RetryPolicy = RetryPolicy(),
+        retry: RetryPolicy = DEFAULT_RETRY,
         options: Sequence[tuple[str, Any]] = (),
         metadata: Sequence[tuple[str, str]] = (),
     ) -> None:
@@ -108,9 +109,9 @@ class AsyncClient:
                            rpc.decode)
 
     async def close(self) -> None:
-        await self.channel.close()
+        await self.channel.close(None)  # grace=None: cancel the calls still in flight at once
 
-    async def __aenter__(self) -> "AsyncClient":
+    async def __aenter__(self) -> AsyncClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import grpc
 
@@ -33,7 +34,7 @@ Decide = Callable[[Approval], "bool | tuple[bool, str] | ApprovalDecision"]
 """approval -> approve?, (approve?, reason), or an ApprovalDecision."""
 
 
-def _as_decision(verdict: "bool | tuple[bool, str] | ApprovalDecision") -> ApprovalDecision:
+def _as_decision(verdict: bool | tuple[bool, str] | ApprovalDecision) -> ApprovalDecision:
     if isinstance(verdict, ApprovalDecision):
         return verdict
     if isinstance(verdict, tuple):
@@ -42,8 +43,16 @@ def _as_decision(verdict: "bool | tuple[bool, str] | ApprovalDecision") -> Appro
     return ApprovalDecision(bool(verdict))
 
 
+class _ApprovalStream(Protocol):
+    """What the watch gives back (a client's Stream[Approval]): approvals, and a way to end it."""
+
+    def __iter__(self) -> Iterator[Approval]: ...
+
+    def cancel(self) -> None: ...
+
+
 class _ApprovalClient(Protocol):
-    def watch_approvals(self, *, timeout: float | None = None): ...
+    def watch_approvals(self, *, timeout: float | None = None) -> _ApprovalStream: ...
 
     def decide_approval(self, approval_id: str, approve: bool, reason: str = "", *, remember: bool = False,
                         digest: str | None = None, timeout: float | None = None) -> Approval: ...
@@ -73,10 +82,10 @@ class Approver:
         self._reopen = False
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._stream = None
+        self._stream: _ApprovalStream | None = None
         self._thread: threading.Thread | None = None
 
-    def start(self) -> "Approver":
+    def start(self) -> Approver:
         if self._thread is not None:
             raise RuntimeError("this Approver is already running")
         self._thread = threading.Thread(target=self._serve, name="rf-approver", daemon=True)
@@ -93,7 +102,7 @@ class Approver:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def __enter__(self) -> "Approver":
+    def __enter__(self) -> Approver:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -124,9 +133,9 @@ class Approver:
             finally:
                 self._reopen = False
                 with self._lock:
-                    stream, self._stream = self._stream, None
-                if stream is not None:
-                    stream.cancel()
+                    published, self._stream = self._stream, None
+                if published is not None:
+                    published.cancel()
             self._stop.wait(self.reconnect_backoff_s)
 
     def handle(self, approval: Approval) -> Approval | None:

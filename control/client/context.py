@@ -28,8 +28,9 @@ the head and the tail of each folded turn's JSON, with no model call.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 from control.client.turns import AgentContext, TurnRecord, canonical_json, estimate_tokens
 from control.model import ToolView
@@ -48,10 +49,26 @@ class Summarizer(Protocol):
         ...
 
 
+class _FactProvenance(Protocol):
+    @property
+    def executed(self) -> bool: ...
+
+
+class RecallableFact(Protocol):
+    """What the context reads of a recalled fact (control.client.memory's Fact is one)."""
+
+    @property
+    def kind(self) -> object: ...  # a MemoryKind, or its value
+    @property
+    def text(self) -> str: ...
+    @property
+    def provenance(self) -> _FactProvenance: ...
+
+
 class MemoryRecall(Protocol):
     """What the loop needs of a memory (control.client.memory's TenantMemory is one)."""
 
-    def recall(self, query: str, *, limit: int = 5) -> Sequence[Any]:
+    def recall(self, query: str, *, limit: int = 5) -> Sequence[RecallableFact]:
         """Facts with `.kind`, `.text` and `.provenance.executed`, best first."""
         ...
 

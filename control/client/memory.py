@@ -42,10 +42,11 @@ import sqlite3
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Protocol
 
 from control.errors import FailedPrecondition, FieldViolation, InvalidArgument, NotFound
 
@@ -179,13 +180,19 @@ def _check_provenance(provenance: Any, violations: list[FieldViolation]) -> None
     if not isinstance(provenance, Provenance):
         violations.append(FieldViolation("provenance", "a Provenance is required"))
         return
-    if not isinstance(provenance.run_id, str):
+    # Read as `object`: a Provenance is a plain dataclass, and a caller that is not type-checked
+    # can put anything in its fields; this is where that is caught.
+    run_id: object = provenance.run_id
+    call_id: object = provenance.call_id
+    executed: object = provenance.executed
+    source: object = provenance.source
+    if not isinstance(run_id, str):
         violations.append(FieldViolation("provenance.run_id", "must be a string"))
-    if provenance.call_id is not None and not isinstance(provenance.call_id, str):
+    if call_id is not None and not isinstance(call_id, str):
         violations.append(FieldViolation("provenance.call_id", "must be a string or None"))
-    if not isinstance(provenance.executed, bool):
+    if not isinstance(executed, bool):
         violations.append(FieldViolation("provenance.executed", "must be a bool"))
-    if not isinstance(provenance.source, str):
+    if not isinstance(source, str):
         violations.append(FieldViolation("provenance.source", "must be a string"))
 
 
@@ -235,7 +242,7 @@ CREATE INDEX IF NOT EXISTS memory_facts_tenant_kind ON memory_facts (tenant, kin
 _COLUMNS = "id, tenant, kind, text, run_id, call_id, executed, source, created_at, supersedes, superseded_by"
 
 
-def _fact(row: sqlite3.Row | tuple) -> Fact:
+def _fact(row: sqlite3.Row | tuple[Any, ...]) -> Fact:
     (id_, tenant, kind, text, run_id, call_id, executed, source, created_at, supersedes, superseded_by) = row
     return Fact(
         id=id_,
@@ -279,7 +286,7 @@ class SqliteMemoryStore:
                 self._conn.close()
                 self._conn = None
 
-    def __enter__(self) -> "SqliteMemoryStore":
+    def __enter__(self) -> SqliteMemoryStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -290,7 +297,7 @@ class SqliteMemoryStore:
             raise FailedPrecondition("the memory store is closed")
         return self._conn
 
-    def for_tenant(self, tenant: str) -> "TenantMemory":
+    def for_tenant(self, tenant: str) -> TenantMemory:
         """A view bound to one tenant: what the agent loop is handed."""
         violations: list[FieldViolation] = []
         _check_tenant(tenant, violations)
@@ -325,7 +332,8 @@ class SqliteMemoryStore:
         violations: list[FieldViolation] = []
         _check_tenant(tenant, violations)
         wanted = _kinds(kinds, violations)
-        if not isinstance(query, str):
+        query_value: object = query  # as object: checked for callers that are not type-checked
+        if not isinstance(query_value, str):
             violations.append(FieldViolation("query", "must be a string"))
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             violations.append(FieldViolation("limit", "must be a positive integer"))
@@ -346,7 +354,7 @@ class SqliteMemoryStore:
             candidates = [_fact(r) for r in self._db().execute(sql, params)]
         ranked = self._retriever.rank(query, candidates, limit)
         # The retriever is a seam, not a trust boundary: it cannot widen the candidate set.
-        allowed = {f.id: f for f in candidates}
+        allowed: dict[object, Fact] = {f.id: f for f in candidates}  # object: looked up by whatever id came back
         out: list[Fact] = []
         for fact in ranked:
             known = allowed.pop(getattr(fact, "id", None), None)  # pop: each fact at most once

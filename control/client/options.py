@@ -40,7 +40,7 @@ class TlsConfig:
         certificate_chain: str | Path | None = None,
         private_key: str | Path | None = None,
         server_name: str | None = None,
-    ) -> "TlsConfig":
+    ) -> TlsConfig:
         def read(path: str | Path | None) -> bytes | None:
             return Path(path).read_bytes() if path is not None else None
 
@@ -80,3 +80,7 @@ class RetryPolicy:
             raise ValueError("attempts must be at least 1")
         if min(self.initial_backoff_s, self.max_backoff_s, self.jitter_s) < 0:
             raise ValueError("backoffs and jitter must not be negative")
+
+
+DEFAULT_RETRY = RetryPolicy()
+"""The clients' default policy: one shared instance (RetryPolicy is frozen), built once at import."""

@@ -43,17 +43,17 @@ import re
 import sqlite3
 import time
 import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 from control.client.turns import canonical_json, plain
 from control.errors import (
     ControlError,
     FailedPrecondition,
     Internal,
-    InvalidArgument,
     NotFound,
     PermissionDenied,
     Unavailable,
@@ -512,12 +512,20 @@ class TrialReport:
         return all(r.passed for r in self.results)
 
 
+class TrialRun(Protocol):
+    """What trials read of a started run (a RunView)."""
+
+    @property
+    def run_id(self) -> str: ...
+
+
 class TrialClient(Protocol):
     """What trials need of control.client.Client."""
 
-    def start_run(self, goal: str, run_id: str | None = None) -> Any: ...
-    def submit_batch(self, run_id: str, calls: Sequence[ProposedCall], batch_id: str | None = None) -> list[Observation]: ...
-    def finish_run(self, run_id: str) -> Any: ...
+    def start_run(self, goal: str, run_id: str | None = None) -> TrialRun: ...
+    def submit_batch(self, run_id: str, calls: Sequence[ProposedCall],
+                     batch_id: str | None = None) -> list[Observation]: ...
+    def finish_run(self, run_id: str) -> object: ...  # the run's view: only an `outcome`, if any, is read
 
 
 # Faults of the infrastructure, not verdicts on the skill: they propagate, nothing is recorded.

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Generic, Iterator, Mapping, Sequence, TypeVar
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Generic, TypeVar
 
 import grpc
 from tenacity import Retrying
 
 from control.client import _wire as W
-from control.client.options import RetryPolicy, TlsConfig
+from control.client.options import DEFAULT_RETRY, RetryPolicy, TlsConfig
+from control.model import Approval, Event, Observation, PlanStep, ProposedCall, RunView, ToolView
 from control.plans.values import Claim, EvidenceRecord, PlanView, Report, Verdict
 from control.routing.values import Decision
-from control.model import Approval, Event, Observation, PlanStep, ProposedCall, RunView, ToolView
 
 __all__ = ["Client", "Stream"]
 
@@ -40,7 +41,7 @@ class Stream(Generic[T]):
         self._cancelled = True
         self._call.cancel()
 
-    def __enter__(self) -> "Stream[T]":
+    def __enter__(self) -> Stream[T]:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -66,7 +67,7 @@ class Client:
         tls: TlsConfig | None = None,
         timeout: float = 30.0,
         stream_timeout: float = 600.0,
-        retry: RetryPolicy = RetryPolicy(),
+        retry: RetryPolicy = DEFAULT_RETRY,
         options: Sequence[tuple[str, Any]] = (),
         metadata: Sequence[tuple[str, str]] = (),
     ) -> None:
@@ -115,7 +116,7 @@ class Client:
     def close(self) -> None:
         self.channel.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: object) -> None:

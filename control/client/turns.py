@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from control.model import Observation, ToolView
+
+if TYPE_CHECKING:
+    from control.client.context import RecalledFact
 
 __all__ = [
     "estimate_tokens",
@@ -116,11 +120,11 @@ class ModelTurn:
             raise ValueError("a model turn has tool calls or a final answer, exactly one of them")
 
     @classmethod
-    def calls(cls, *calls: ToolCall, usage: TokenUsage | None = None) -> "ModelTurn":
+    def calls(cls, *calls: ToolCall, usage: TokenUsage | None = None) -> ModelTurn:
         return cls(tool_calls=calls, usage=usage)
 
     @classmethod
-    def answer(cls, text: str, usage: TokenUsage | None = None) -> "ModelTurn":
+    def answer(cls, text: str, usage: TokenUsage | None = None) -> ModelTurn:
         return cls(final_answer=text, usage=usage)
 
     def render(self) -> str:
@@ -148,7 +152,8 @@ class TurnRecord:
         results = [
             {"id": call.call_id, "name": call.name, "status": o.status.value, "executed": o.executed,
              "content": o.content, "error": o.error, "error_class": o.error_class, "trust": "data"}
-            for call, o in zip(self.calls, self.observations)
+            # Not strict: `observations` is empty when the run ended before the batch was admitted.
+            for call, o in zip(self.calls, self.observations, strict=False)
         ]
         return {"turn": self.turn, "calls": [c.as_json() for c in self.calls], "results": results}
 
@@ -169,7 +174,7 @@ class AgentContext:
     oldest into `summary` (control.client.context)."""
     summary: str = ""
     """What the summarizer kept of the turns folded away; empty until the first compaction."""
-    memory: tuple[Any, ...] = ()
+    memory: tuple[RecalledFact, ...] = ()
     """Facts recalled for the goal (control.client.context.RecalledFact)."""
     compactions: int = 0
     """Compactions so far in this run of the loop."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 EPILOG = """\
@@ -18,7 +19,7 @@ examples:
 Needs a Docker engine and the pinned images (`make images`, or `make demo` does it all)."""
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "demo", help="run the reference agent demo (or the sandbox showcase) end to end",
         description="Run a demo end to end on this machine's Docker engine: real containers, a real "
@@ -34,7 +35,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=demo_command)
 
 
-def demo_command(args) -> int:
+def demo_command(args: argparse.Namespace) -> int:
     if args.which == "showcase":
         return _showcase()
     if args.which == "all":
@@ -66,7 +67,8 @@ def _feature(which: str, workdir: Path | None) -> int:
     from sandbox.errors import SandboxError
 
     try:
-        return getattr(features, which)(workdir)
+        run_feature: Callable[[Path | None], int] = getattr(features, which)  # features.plan or .routing
+        return run_feature(workdir)
     except SandboxError as e:
         print(f"error: {e}\n(is the Docker engine up, and are the images built? `make images`)", file=sys.stderr)
         return 1

@@ -18,8 +18,8 @@ from __future__ import annotations
 import contextlib
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from control.client import Client
 

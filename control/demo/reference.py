@@ -25,12 +25,15 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from control.client import ApprovalDecision, Approver, Client
 from control.client.agent import AgentContext, AgentLoop, AgentResult, ModelTurn, ScriptedModel, ToolCall
 from control.client.turns import TurnRecord
 from control.model import Approval, Observation, ObservationStatus
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 # The embedded config's public dev tokens (control/default_config.toml).
 AGENT_TOKEN, APPROVER_TOKEN = "demo-agent-token", "demo-approver-token"
@@ -72,7 +75,7 @@ def reference_model() -> ScriptedModel:
 class Narrated:
     """A ModelClient that says what the model proposes each turn, before the batch is sent."""
 
-    def __init__(self, model: ScriptedModel, out) -> None:
+    def __init__(self, model: ScriptedModel, out: TextIO) -> None:
         self.model = model
         self.out = out
 
@@ -90,7 +93,7 @@ class Narrated:
 class DemoApprover:
     """The approver's callable: credits up to APPROVER_LIMIT are approved and remembered."""
 
-    def __init__(self, out) -> None:
+    def __init__(self, out: TextIO) -> None:
         self.out = out
         self.asked: list[tuple[Approval, ApprovalDecision]] = []
         self._lock = threading.Lock()
@@ -126,7 +129,7 @@ def _detail(o: Observation) -> str:
     return ""
 
 
-def _show_turn(record: TurnRecord, out) -> None:
+def _show_turn(record: TurnRecord, out: TextIO) -> None:
     for o in record.observations:
         print(f"   -> {o.tool:<13} {o.status.value:<13} executed={str(o.executed):<5} "
               f"path={' > '.join(o.verdict_path)}", file=out)
@@ -137,7 +140,7 @@ def _show_turn(record: TurnRecord, out) -> None:
 
 
 def _count_events(client: Client, run_id: str) -> tuple[int, dict[str, int]]:
-    total, by_type = 0, {}
+    total, by_type = 0, dict[str, int]()
     for event in client.watch_run(run_id, 0, timeout=30):
         total += 1
         by_type[event.type] = by_type.get(event.type, 0) + 1
@@ -158,7 +161,7 @@ def summary_lines(result: AgentResult, credits: list[dict[str, Any]]) -> list[st
     ]
 
 
-def _install_span_memory():
+def _install_span_memory() -> InMemorySpanExporter:
     """Keep this process's spans in memory (the server runs in it), for the trace tree."""
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
@@ -174,7 +177,7 @@ def _install_span_memory():
     return exporter
 
 
-def run(workdir: Path | None = None, out=sys.stdout) -> int:
+def run(workdir: Path | None = None, out: TextIO = sys.stdout) -> int:
     from control.demo.skills_scene import run_skill_scene
     from control.demo.stack import DemoStack
     from control.demo.tracetree import render, run_spans
@@ -183,9 +186,11 @@ def run(workdir: Path | None = None, out=sys.stdout) -> int:
     with tempfile.TemporaryDirectory(prefix="ringfence-demo-") as tmp:
         where = Path(workdir) if workdir is not None else Path(tmp)
         with DemoStack(where) as stack:
+            config, ledger = stack.config, stack.ledger
+            assert config is not None and ledger is not None, "the stack is started"
             print("ringfence reference demo: an incident-response agent, seven turns, real containers\n", file=out)
-            print(f"control plane   {stack.address} (event log {stack.config.db_path})", file=out)
-            print(f"services        runbooks.internal.corp, ledger.ringfence.internal on {stack.ledger.network}, "
+            print(f"control plane   {stack.address} (event log {config.db_path})", file=out)
+            print(f"services        runbooks.internal.corp, ledger.ringfence.internal on {ledger.network}, "
                   "reached only through the egress proxy", file=out)
             print(f"approver        a second client with the approver token; approves credits up to "
                   f"${APPROVER_LIMIT:g}\n", file=out, flush=True)
@@ -203,8 +208,8 @@ def run(workdir: Path | None = None, out=sys.stdout) -> int:
                 # in fresh sandboxes (control.client.skills).
                 skill_ok = run_skill_scene(agent, where / "skills.sqlite3", lambda line: print(line, file=out))
                 print(file=out)
-            credits = stack.ledger.all_credits()
-            ledger_stats = stack.ledger.stats()
+            credits = ledger.all_credits()
+            ledger_stats = ledger.stats()
             print("trace (this process's spans of the run; ∥ = tools that ran at the same time)", file=out)
             for line in render(run_spans(spans.get_finished_spans(), result.run_id)):
                 print(f"   {line}", file=out)
@@ -245,7 +250,8 @@ def _left_behind(run_id: str, names: set[str]) -> list[str]:
 
     with contextlib.closing(docker.from_env(timeout=60)) as client:
         found = client.containers.list(all=True, filters={"label": f"{L.PRODUCT_LABEL}={L.PRODUCT}"})
-        return [c.name for c in found if c.labels.get(L.RUN_LABEL) == run_id or c.name in names]
+        # An unnamed container (none should be) is reported by its id.
+        return [c.name or c.short_id for c in found if c.labels.get(L.RUN_LABEL) == run_id or c.name in names]
 
 
 def _as_expected(result: AgentResult, credits: list[dict[str, Any]], approve: DemoApprover) -> bool:

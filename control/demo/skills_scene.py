@@ -13,8 +13,9 @@ decides from what the sandbox returned, never from what the agent said.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from control.client.skills import Fixture, Skill, SkillLibrary, SkillStatus, SkillStep, SkillTrials
 from control.errors import PermissionDenied
@@ -84,7 +85,7 @@ def run_skill_scene(client: Any, library_path: str | Path, say: Callable[[str], 
     check(report.promoted, f"the skill is {report.status}, not promoted")
     found = [r.skill_id for r in library.retrieve("incident")]
     say(f"   {report.status.value}; retrieve('incident') -> "
-        f"{'read-incident v%d' % record.version if record.skill_id in found else 'nothing'}")
+        f"{f'read-incident v{record.version}' if record.skill_id in found else 'nothing'}")
     check(record.skill_id in found, "the promoted skill was not retrievable")
     kinds = [e.kind.value for e in library.events(record.skill_id)]
     say(f"   its events: {', '.join(kinds)}")

@@ -15,8 +15,9 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from control.api.background import BackgroundServer
 from control.api.serve import egress_settings
@@ -26,6 +27,12 @@ from control.store import open_store
 from sandbox.docker_backend import DockerBackend
 from sandbox.ledger import Ledger
 from sandbox.runbooks import Runbooks
+
+if TYPE_CHECKING:
+    from sandbox.egress.proxy import ProxySettings
+
+# control.api.serve.egress_settings carries no annotations; this says what it takes and gives.
+_egress_settings: Callable[[Config], ProxySettings | None] = egress_settings
 
 REFERENCE_CONFIG = Path(__file__).with_name("reference.toml")
 
@@ -99,7 +106,7 @@ class DemoStack:
                        "networks": [self.ledger.network]},
         })
         # Its own engine client: the backend closes the client it holds.
-        self.backend = DockerBackend(lock=self._lock, egress_settings=egress_settings(self.config))
+        self.backend = DockerBackend(lock=self._lock, egress_settings=_egress_settings(self.config))
         es.callback(self.backend.close)  # the egress proxy goes with it
         store = open_store(self.config.db_path)
         es.callback(store.close)

@@ -17,7 +17,8 @@ make visible.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from itertools import pairwise
 
 from opentelemetry.sdk.trace import ReadableSpan
 
@@ -28,15 +29,15 @@ def _label(span: ReadableSpan) -> str:
     attrs = span.attributes or {}
     parts = [span.name]
     if span.name == "invoke_agent":
-        parts.append(f"run {attrs.get('ringfence.run_id', '?')}")
+        parts.append("run " + str(attrs.get("ringfence.run_id", "?")))
     elif span.name == "batch":
         parts.append(str(attrs.get("ringfence.batch_id", "resumed after approval"
                                    if attrs.get("ringfence.resumed") else "?")))
         if "ringfence.calls" in attrs:
-            parts.append(f"{attrs['ringfence.calls']} call(s)")
+            parts.append(str(attrs["ringfence.calls"]) + " call(s)")
     elif span.name == "admission":
         verdicts = sorted((k.rsplit(".", 1)[1], v) for k, v in attrs.items() if k.startswith("ringfence.verdicts."))
-        parts.append(" ".join(f"{n} {verdict}" for verdict, n in verdicts))
+        parts.append(" ".join(str(n) + " " + verdict for verdict, n in verdicts))
     elif span.name == "parallel":
         parts.append(f"{attrs.get('ringfence.calls', '?')} reads")
     elif span.name == "approval_wait":
@@ -55,7 +56,7 @@ def _label(span: ReadableSpan) -> str:
 def _overlap(spans: Sequence[ReadableSpan]) -> bool:
     """Did any two of these spans run at the same time?"""
     ordered = sorted(spans, key=lambda s: s.start_time or 0)
-    return any((a.end_time or 0) > (b.start_time or 0) for a, b in zip(ordered, ordered[1:]))
+    return any((a.end_time or 0) > (b.start_time or 0) for a, b in pairwise(ordered))
 
 
 def run_spans(spans: Iterable[ReadableSpan], run_id: str) -> list[ReadableSpan]:

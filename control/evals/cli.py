@@ -8,8 +8,13 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from control.evals.runner import CaseRun
+    from control.evals.scoring import Case
 
 BUILTIN = "contract"
 CONTRACT_BASELINE = Path(__file__).with_name("baselines") / "contract.json"
@@ -53,7 +58,7 @@ examples:
 Needs a Docker engine and the pinned images (`make images`)."""
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "eval", help="run an eval suite of scripted agents on a real stack, compare with a baseline",
         description="Run an eval suite end to end on this machine's Docker engine, score every run "
@@ -94,7 +99,7 @@ def load_cases(suite: str) -> tuple[str, list[Any], Path | None]:
     return path.stem, list(cases), path.with_suffix(".baseline.json")
 
 
-def eval_command(args) -> int:
+def eval_command(args: argparse.Namespace) -> int:
     from control.evals.compare import BaselineError, load_baseline
     from control.evals.runner import check_unique
     from control.evals.scoring import Case
@@ -131,7 +136,7 @@ def eval_command(args) -> int:
                   repeat=args.repeat)
 
 
-def _run(cases, workdir: Path | None, repeat: int):
+def _run(cases: Sequence[Case], workdir: Path | None, repeat: int) -> list[CaseRun]:
     from control.evals.runner import EvalEnv, EvalStack, run_suite
 
     with tempfile.TemporaryDirectory(prefix="ringfence-eval-") as tmp:
@@ -147,12 +152,13 @@ def _run(cases, workdir: Path | None, repeat: int):
             from sandbox.errors import SandboxError
 
             if isinstance(e, SandboxError):
-                raise SystemExit(f"error: {e}\n(is the Docker engine up, and are the images built? `make images`)")
+                raise SystemExit(f"error: {e}\n(is the Docker engine up, and are the images built? `make images`)"
+                                 ) from e
             raise
 
 
-def report(name: str, runs: Sequence[Any], baseline: dict | None, baseline_path: Path | None, elapsed: float, *,
-           record: bool, as_json: bool, repeat: int, out=None) -> int:
+def report(name: str, runs: Sequence[CaseRun], baseline: dict[str, Any] | None, baseline_path: Path | None,
+           elapsed: float, *, record: bool, as_json: bool, repeat: int, out: TextIO | None = None) -> int:
     """Print the table and the comparison; write the baseline when asked; the exit status."""
     from control.evals.compare import (
         baseline_verdicts,
@@ -165,7 +171,7 @@ def report(name: str, runs: Sequence[Any], baseline: dict | None, baseline_path:
     out = out or sys.stdout
     records = [r.as_record() for r in runs]
     summaries = summarize(records)
-    first = {}
+    first: dict[str, CaseRun] = {}
     for r in runs:
         first.setdefault(r.case, r)
     comparison = differences = None
@@ -206,8 +212,8 @@ def report(name: str, runs: Sequence[Any], baseline: dict | None, baseline_path:
                      _calls(first[s.case].executed()), "; ".join(notes) or "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     print(f"eval {name}: {len(summaries)} case(s), {repeat} run(s) each, {elapsed:.1f} s", file=out)
-    for r in rows:
-        print("  ".join(cell.ljust(widths[i]) if i < 4 else cell for i, cell in enumerate(r)).rstrip(), file=out)
+    for row in rows:
+        print("  ".join(cell.ljust(widths[i]) if i < 4 else cell for i, cell in enumerate(row)).rstrip(), file=out)
     print(file=out)
     passed = len(summaries) - len(failed)
     print(f"cases passed {passed} of {len(summaries)}" + (f"; failed: {', '.join(s.case for s in failed)}"

@@ -33,9 +33,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from control.evals.semantics import diff
 
@@ -117,7 +118,7 @@ def sign_test_p(b: int, c: int) -> float:
     n = b + c
     if n == 0:
         return 1.0
-    tail = sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2 ** n
+    tail: float = sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2 ** n
     return min(1.0, 2 * tail)
 
 
@@ -183,7 +184,10 @@ class Comparison:
 
 def compare(a: Mapping[str, bool], b: Mapping[str, bool], label_a: str = "A", label_b: str = "B") -> Comparison:
     """Pair two versions' verdicts ({case: passed}) by case."""
-    both_pass, both_fail, only_a, only_b = [], [], [], []
+    both_pass: list[str] = []
+    both_fail: list[str] = []
+    only_a: list[str] = []
+    only_b: list[str] = []
     for case in [c for c in a if c in b]:
         pa, pb = bool(a[case]), bool(b[case])
         (both_pass if pa and pb else both_fail if not pa and not pb else only_a if pa else only_b).append(case)
@@ -209,7 +213,10 @@ def save_baseline(path: Path, suite: str, summaries: Sequence[CaseSummary]) -> N
 
 def baseline_text(doc: Mapping[str, Any]) -> str:
     """The document as JSON text, one line per call: a re-recording diffs line by line."""
-    dump = lambda v: json.dumps(v, sort_keys=False)  # noqa: E731
+
+    def dump(v: Any) -> str:
+        return json.dumps(v, sort_keys=False)
+
     lines = ["{", f'  "format": {dump(doc["format"])},', f'  "suite": {dump(doc["suite"])},', '  "cases": {']
     cases = list(doc["cases"].items())
     for n, (name, entry) in enumerate(cases):

@@ -35,12 +35,16 @@ must_not_dispatch check reads it), so nothing left for example.invalid.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from control.client.agent import AgentContext, ModelTurn, ScriptedModel, ToolCall
 from control.client.approver import ApprovalDecision
-from control.evals.scoring import Case, Expect, LoopOptions
+from control.evals.scoring import Case, Check, Expect, LoopOptions
 from control.model import Approval
+
+if TYPE_CHECKING:
+    from control.evals.runner import EvalEnv
 
 __all__ = ["CASES", "RUNBOOK_URL", "OUTSIDE_URL"]
 
@@ -81,11 +85,11 @@ def statuses_of(results: list[dict[str, Any]]) -> str:
     return ", ".join(f"{r['name']} {r['status']}" for r in results)
 
 
-def scripted(*turns: Any) -> Callable[[Any], ScriptedModel]:
+def scripted(*turns: Any) -> Callable[[EvalEnv], ScriptedModel]:
     return lambda env: ScriptedModel(list(turns))
 
 
-def approve(remember: bool = False):
+def approve(remember: bool = False) -> Callable[[Approval], ApprovalDecision]:
     def decide(approval: Approval) -> ApprovalDecision:
         return ApprovalDecision(True, "eval: approved", remember=remember)
     return decide
@@ -95,7 +99,7 @@ def decline(approval: Approval) -> ApprovalDecision:
     return ApprovalDecision(False, "eval: declined")
 
 
-def credits_of(account: str, n: int):
+def credits_of(account: str, n: int) -> Check:
     return (f"ledger applied {n} credit(s) to {account}", lambda env: len(env.credits(account)) == n)
 
 
@@ -120,9 +124,9 @@ def _compacted_answer(ctx: AgentContext) -> ModelTurn:
                             f"{len(ctx.history)} turn(s) verbatim")
 
 
-def _cancel_then(call: ToolCall):
+def _cancel_then(call: ToolCall) -> Callable[[EvalEnv], ScriptedModel]:
     """A model whose second turn comes after someone pulled the kill switch on its run."""
-    def factory(env) -> ScriptedModel:
+    def factory(env: EvalEnv) -> ScriptedModel:
         def after_cancel(ctx: AgentContext) -> ModelTurn:
             env.cancel_run(ctx.run_id)
             return calls(call)
@@ -130,7 +134,7 @@ def _cancel_then(call: ToolCall):
     return factory
 
 
-def _server_turns_model(env) -> ScriptedModel:
+def _server_turns_model(env: EvalEnv) -> ScriptedModel:
     # Distinct denied calls (no container, no loop): only the server's turn ceiling can end it.
     turns: list[Any] = [calls(read(f"/etc/passwd-{i}", f"probe{i}")) for i in range(SERVER_MAX_TURNS + 1)]
     return ScriptedModel(turns + [ModelTurn.answer("never reached")])

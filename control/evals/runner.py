@@ -17,9 +17,10 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from control.client import Approver, Client
 from control.client.agent import AgentLoop, AgentResult
@@ -65,7 +66,7 @@ class EvalEnv:
         """Before a run: what the ledger holds now is not this run's doing."""
         self.applied_before = len(self.ledger.all_credits()) if self.ledger is not None else 0
 
-    def credits(self, account: str) -> list[dict]:
+    def credits(self, account: str) -> list[dict[str, Any]]:
         """The credits the ledger applied to `account` since the current run began (the ledger's
         own record, in the order applied: what happened, not what a tool said). Repeats of a
         case use the same account, so what earlier runs applied is not counted."""
@@ -89,7 +90,7 @@ class CaseRun:
     index: int
     """1-based repeat number."""
     result: AgentResult | None
-    semantics: dict
+    semantics: dict[str, Any]
     score: Score
     seconds: float
 
@@ -111,8 +112,9 @@ def _dispatched(agent: Client, run_id: str, timeout: float = 15.0) -> set[str] |
         stream = agent.watch_run(run_id, 0, timeout=timeout)
         try:
             for event in stream:
-                if event.type == "dispatch_started":
-                    found.add(event.data.get("call_id"))
+                call_id = event.data.get("call_id")
+                if event.type == "dispatch_started" and isinstance(call_id, str):  # only ids can match a call
+                    found.add(call_id)
                 if event.type == "run_finished":
                     return found
         finally:

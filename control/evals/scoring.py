@@ -26,10 +26,12 @@ as a FAILURE ("unparseable judgement"): a judge that cannot say yes has not said
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol, Sequence, Union
+from typing import Any, Protocol
 
 from control.client.agent import AgentResult, ModelClient
+from control.client.approver import Decide
 from control.model import Observation, ObservationStatus, RunOutcome
 
 __all__ = [
@@ -53,14 +55,14 @@ UNPARSEABLE = "unparseable judgement"
 RAN = frozenset({ObservationStatus.EXECUTED, ObservationStatus.WITHHELD})
 """The statuses of a call whose tool ran for it (with `executed` true): what trajectory checks count."""
 
-RubricItem = Union[str, tuple[str, Callable[[str], bool]]]
+RubricItem = str | tuple[str, Callable[[str], bool]]
 """A substring the final answer must contain, or (name, predicate on the final answer)."""
 
 
 class Judge(Protocol):
     """An LLM judge (or any grader): reads the case and the run, answers in text."""
 
-    def judge(self, case: "Case", result: AgentResult) -> str: ...
+    def judge(self, case: Case, result: AgentResult) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,7 @@ class Case:
     """A factory of a FRESH model per run, given the eval environment (control.evals.runner.EvalEnv:
     the kill switch, the ledger...); most cases ignore it: `lambda env: ScriptedModel([...])`."""
     options: LoopOptions = field(default_factory=LoopOptions)
-    approver: Callable[[Any], Any] | None = None
+    approver: Decide | None = None
     """The approver's Decide callable (control.client.approver), or None: nobody answers, and an
     ASK call waits options.approval_timeout_s and is shown to the model as pending_approval."""
     expect: Expect = field(default_factory=Expect)
@@ -214,7 +216,8 @@ def score(case: Case, result: AgentResult, record: Mapping[str, Any] | None = No
     for tool in e.must_call:
         proposed = sorted({o.status.value for o in result.trajectory if o.tool == tool})
         checks.append(_check("trajectory", f"must_call {tool}", tool in ran_tools,
-                             "never executed" + (f" (only {', '.join(proposed)})" if proposed else " (never proposed)")))
+                             "never executed"
+                             + (f" (only {', '.join(proposed)})" if proposed else " (never proposed)")))
     for tool in e.must_not_call:
         checks.append(_check("trajectory", f"must_not_call {tool}", tool not in ran_tools,
                              f"executed {ran_tools.count(tool)} time(s)"))
@@ -264,14 +267,14 @@ def score(case: Case, result: AgentResult, record: Mapping[str, Any] | None = No
     if e.judge is not None:
         try:
             verdict, reason = parse_judgement(e.judge.judge(case, result))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - a judge that raises has given no judgement: a failure
             verdict, reason = False, f"{UNPARSEABLE} (the judge raised {exc!r})"
         checks.append(CheckResult("judge", "judge", verdict, reason))
     # -- effects on the world ----------------------------------------------------------------------
     for name, predicate in case.effects:
         try:
             ok = bool(predicate(env))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - a check that raises is a failed check, not a crash
             checks.append(_check("effect", name, False, f"raised {exc!r}"))
             continue
         checks.append(_check("effect", name, ok, "not so"))

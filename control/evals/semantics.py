@@ -17,7 +17,8 @@ diff(baseline, current) -> ["calls[1].status: executed -> denied", ...]: every d
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from control.client.agent import AgentResult
 

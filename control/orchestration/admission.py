@@ -12,10 +12,10 @@ and a rule can only tighten what the resources allow.
 
 from __future__ import annotations
 
-import enum
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from control import guardrails
 from control.config import Config, Limits
@@ -23,17 +23,11 @@ from control.model import ObservationStatus, ProposedCall
 from control.policy import PolicyEngine, Verdict
 from control.registry import Registry, ToolManifest
 from control.resource_policy import check_resources
+
+# Defined beside the event types (the log records it and the reducer reads it); named here too,
+# where verdicts are made.
+from control.state import AdmissionVerdict as AdmissionVerdict
 from control.validation import signature, validate_arguments
-
-
-class AdmissionVerdict(enum.StrEnum):
-    UNKNOWN = "unknown"  # no such tool
-    INVALID = "invalid"  # arguments do not validate
-    HALT = "halt"  # a guardrail ends the run
-    BLOCK = "block"  # a guardrail refuses this call
-    DENY = "deny"  # resource or contextual policy refuses it
-    ASK = "ask"  # a person must approve this exact call first
-    ALLOW = "allow"  # admitted
 
 
 @dataclass(frozen=True)
@@ -88,10 +82,15 @@ def admit_batch(calls: Sequence[ProposedCall], ctx: AdmissionContext) -> list[De
 
 def _admit(call: ProposedCall, ctx: AdmissionContext, counts: Counter[str]) -> Decision:
     path: list[str] = []
+    # What is known about the call so far, carried into its Decision from the step that knows it.
+    manifest: ToolManifest | None = None
+    canon: dict[str, Any] | None = None
+    sig: str | None = None
 
-    def refuse(verdict: AdmissionVerdict, status: ObservationStatus | None, reason: str, step: str,
-               **more: Any) -> Decision:
-        return Decision(call, verdict, tuple(path + [step]), status=status, reason=reason, **more)
+    def refuse(verdict: AdmissionVerdict, status: ObservationStatus | None, reason: str, step: str, *,
+               error_class: str | None = None, halt_kind: str = "") -> Decision:
+        return Decision(call, verdict, tuple(path + [step]), status=status, reason=reason, error_class=error_class,
+                        manifest=manifest, arguments=canon, signature=sig, halt_kind=halt_kind)
 
     # 1 registry
     manifest = ctx.registry.get(call.tool)
@@ -101,41 +100,42 @@ def _admit(call: ProposedCall, ctx: AdmissionContext, counts: Counter[str]) -> D
     path.append("registry:ok")
     # 2 argument validation
     canon, errs = validate_arguments(manifest, call.arguments, max_bytes=ctx.limits.max_argument_bytes)
-    if errs:
+    if canon is None:
         # jsonschema quotes the offending value: redact, a secret may be what failed to validate.
         reason = guardrails.redact("; ".join(f"{v.field}: {v.description}" for v in errs)[:2000])
         return refuse(AdmissionVerdict.INVALID, ObservationStatus.DENIED, reason, "validation:invalid",
-                      error_class="invalid_arguments", manifest=manifest)
+                      error_class="invalid_arguments")
     path.append("validation:ok")
-    known = dict(manifest=manifest, arguments=canon)
     # 3 action guardrails: secrets, then the loop detector
     g = guardrails.check_arguments(canon)
     if g.action is guardrails.Action.HALT:
-        return refuse(AdmissionVerdict.HALT, None, g.reason, f"guardrail:halt:{g.kind}", halt_kind=g.kind, **known)
+        return refuse(AdmissionVerdict.HALT, None, g.reason, f"guardrail:halt:{g.kind}", halt_kind=g.kind)
     if g.action is guardrails.Action.BLOCK:
         return refuse(AdmissionVerdict.BLOCK, ObservationStatus.BLOCKED, g.reason, f"guardrail:block:{g.kind}",
-                      error_class="secret", **known)
+                      error_class="secret")
     # Only calls that reach the loop detector are counted (and logged with their signature).
     sig = signature(manifest.name, canon)
     previous = ctx.seen_signatures.get(sig, 0) + counts[sig]
     counts[sig] += 1
-    known["signature"] = sig
     loop = guardrails.check_loop(previous, ctx.limits.loop_threshold)
     if loop.action is guardrails.Action.HALT:
-        return refuse(AdmissionVerdict.HALT, None, loop.reason, "guardrail:halt:loop", halt_kind="loop", **known)
+        return refuse(AdmissionVerdict.HALT, None, loop.reason, "guardrail:halt:loop", halt_kind="loop")
     path.append("guardrail:pass")
     # 4 resource policy, before any rule; its DENY is final
     r = check_resources(manifest, canon, ctx.config.inputs, ctx.config.policy.egress_for(manifest.name))
     if not r.allowed:
         return refuse(AdmissionVerdict.DENY, ObservationStatus.DENIED, r.reason, "resource:deny",
-                      error_class="resource", **known)
+                      error_class="resource")
     path.append("resource:ok")
     # 5 contextual policy
     decision = ctx.policy.decide(manifest, canon, ctx.grants)
     path.extend(f"policy:{x}" for x in decision.path)
     if decision.verdict is Verdict.DENY:
         return Decision(call, AdmissionVerdict.DENY, tuple(path), status=ObservationStatus.DENIED,
-                        reason=decision.reason, error_class="policy", **known)
+                        reason=decision.reason, error_class="policy", manifest=manifest, arguments=canon,
+                        signature=sig)
     if decision.verdict is Verdict.ASK:
-        return Decision(call, AdmissionVerdict.ASK, tuple(path), reason=decision.reason, **known)
-    return Decision(call, AdmissionVerdict.ALLOW, tuple(path + ["admitted"]), **known)
+        return Decision(call, AdmissionVerdict.ASK, tuple(path), reason=decision.reason, manifest=manifest,
+                        arguments=canon, signature=sig)
+    return Decision(call, AdmissionVerdict.ALLOW, tuple(path + ["admitted"]), manifest=manifest, arguments=canon,
+                    signature=sig)

@@ -7,7 +7,8 @@ that was not dispatched yet is resumed from the log alone (control.orchestration
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -58,7 +59,7 @@ class ApprovalDesk:
         self._deadline_passed = deadline_passed
         self._execute = execute
 
-    def digest(self, state: RunState, manifest: ToolManifest, arguments) -> str:
+    def digest(self, state: RunState, manifest: ToolManifest, arguments: Mapping[str, Any]) -> str:
         return approval_digest(tenant=state.tenant, run_id=state.run_id, tool=manifest.name, arguments=arguments,
                                image_digest=self._image_digest(manifest.image), policy_version=self.policy.version)
 
@@ -80,7 +81,7 @@ class ApprovalDesk:
                                                     False, error="waiting for approval", verdict_path=path,
                                                     approval_id=approval_id))
 
-    def request_reconciliation(self, state: RunState, call_id: str, data, why: str) -> Observation:
+    def request_reconciliation(self, state: RunState, call_id: str, data: Mapping[str, Any], why: str) -> Observation:
         """A task for approvers: this mutating call was interrupted mid-effect and nobody can
         look it up. Approve = it did not happen, run it once now; decline = leave it uncertain."""
         now = self._clock()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections import Counter
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -28,9 +28,9 @@ from control.orchestration.crashpoints import crash_point
 from control.orchestration.dispatch import Admitted, Dispatcher
 from control.orchestration.runs import RUN_ID, RunRepository
 from control.orchestration.stops import RunStops
-from control.values import plain
 from control.state import EventType, RunState
 from control.validation import sha256_hex
+from control.values import plain
 
 _tracer = trace.get_tracer("ringfence.control")
 
@@ -120,7 +120,8 @@ class BatchRunner:
         observations = [
             self.repo.observe(state, Observation(c.call_id, c.tool, ObservationStatus.HALTED, False, error=reason,
                                                  error_class=outcome.value,
-                                                 verdict_path=tuple((paths or {}).get(c.call_id, ())) + ("run:halted",)))
+                                                 verdict_path=tuple((paths or {}).get(c.call_id, ()))
+                                                 + ("run:halted",)))
             for c in calls
         ]
         self.repo.finish(state, outcome, reason)

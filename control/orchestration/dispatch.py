@@ -12,9 +12,10 @@ import json
 import random
 import threading
 import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -23,16 +24,16 @@ from control import guardrails
 from control.config import Config
 from control.idempotency import client_idempotency_key, idempotency_key
 from control.model import Observation, ObservationStatus
+from control.orchestration import spans
+from control.orchestration.crashpoints import crash_point
+from control.orchestration.runs import RunRepository
+from control.orchestration.stops import RunStops, sandbox_run_id
 from control.registry import ToolManifest
 from control.resource_policy import call_allowlist
 from control.retry import Attempt, CircuitBreaker, FailureClass, RetryPolicy, classify, retry_call
 from control.state import EventType, RunState
 from control.store.base import KeyTaken
 from control.validation import signature
-from control.orchestration.crashpoints import crash_point
-from control.orchestration import spans
-from control.orchestration.runs import RunRepository
-from control.orchestration.stops import RunStops, sandbox_run_id
 from sandbox.backend import SandboxBackend, SandboxRequest
 from sandbox.errors import EngineError, ImageError, SandboxError
 from sandbox.profile import InputMount, SandboxProfile
@@ -77,7 +78,8 @@ class Dispatcher:
         self._lock = threading.Lock()
         # Shared by every run: wide enough that runs do not queue behind each other (the engine,
         # not this pool, is the limit); each batch is held to max_parallel_reads by its own
-        # semaphore (execute). It was max_parallel_reads wide: 20 runs' reads went 4 at a time.
+        # semaphore (execute). A pool only max_parallel_reads wide would cap every run together:
+        # twenty runs' reads would go four at a time.
         self._pool = ThreadPoolExecutor(max_workers=max(32, limits.max_parallel_reads),
                                         thread_name_prefix="rf-read")
 
@@ -124,7 +126,7 @@ class Dispatcher:
 
                         futures = [self._pool.submit(bounded, a) for a in reads]
                         completions = [f.result() for f in futures]
-                for a, completion in zip(reads, completions):
+                for a, completion in zip(reads, completions, strict=True):  # one completion per read
                     out[a.call_id] = self.repo.observe(state, completion)
             for a in writes:
                 out[a.call_id] = self.repo.observe(state, self.dispatch(state, a, ctx))
@@ -169,6 +171,7 @@ class Dispatcher:
             crash_point("after_dispatch_started", manifest.name)
         except KeyTaken:
             # Another run claimed the same client key a moment ago: answer as if we had seen it.
+            assert key is not None  # only a claimed key can be taken, and only a key is claimed
             earlier = self.client_key_holder(state, key, signature(manifest.name, a.arguments))
             if isinstance(earlier, Observation):
                 return replace(earlier, call_id=a.call_id, verdict_path=a.path + earlier.verdict_path,
@@ -320,7 +323,6 @@ class Dispatcher:
             # Every decision of the egress proxy becomes an event of the call.
             self.repo.append(state, EventType.EGRESS, {"call_id": a.call_id, "attempt": n,
                                                        "decisions": [dict(e) for e in result.egress_events]})
-        sandbox = {"setup_ms": result.setup_ms, "image_id": result.image_id, "runtime": result.runtime}
         failure = classify(result)
         if failure is FailureClass.UNCERTAIN and not a.manifest.mutates:
             # A read that may or may not have run had no effect either way: try it again.
@@ -333,12 +335,15 @@ class Dispatcher:
                     raise ValueError("not a runner success document")
             except (ValueError, IndexError, UnicodeDecodeError) as e:
                 return Attempt(n, FailureClass.FATAL, message=f"tool output is not the runner protocol: {e}",
-                               duration_ms=result.duration_ms, outcome=result.outcome.value, **sandbox)
+                               duration_ms=result.duration_ms, outcome=result.outcome.value,
+                               setup_ms=result.setup_ms, image_id=result.image_id, runtime=result.runtime)
             return Attempt(n, None, content=doc["content"], duration_ms=result.duration_ms,
-                           outcome=result.outcome.value, **sandbox)
+                           outcome=result.outcome.value, setup_ms=result.setup_ms, image_id=result.image_id,
+                           runtime=result.runtime)
         message = result.message or f"{result.outcome.value}"
         return Attempt(n, failure, message=message, retry_after_s=result.retry_after_s,
-                       duration_ms=result.duration_ms, outcome=result.outcome.value, **sandbox)
+                       duration_ms=result.duration_ms, outcome=result.outcome.value, setup_ms=result.setup_ms,
+                       image_id=result.image_id, runtime=result.runtime)
 
 
 def completion_observation(call_id: str, tool: str, completion: Mapping[str, Any],

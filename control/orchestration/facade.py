@@ -20,8 +20,9 @@ import random
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -35,7 +36,18 @@ from control.errors import (
     PermissionDenied,
     ResourceExhausted,
 )
-from control.model import Approval, Event, Observation, PlanStep, Principal, ProposedCall, Role, RunOutcome, RunView, ToolView
+from control.model import (
+    Approval,
+    Event,
+    Observation,
+    PlanStep,
+    Principal,
+    ProposedCall,
+    Role,
+    RunOutcome,
+    RunView,
+    ToolView,
+)
 from control.orchestration import streams
 from control.orchestration.admission import AdmissionContext
 from control.orchestration.approvals import ApprovalDesk
@@ -127,7 +139,7 @@ class Orchestrator:
 
     @classmethod
     def from_config(cls, config: Config, backend: SandboxBackend, store: EventStore,
-                    clock: Callable[[], float] = time.time, **kwargs: Any) -> "Orchestrator":
+                    clock: Callable[[], float] = time.time, **kwargs: Any) -> Orchestrator:
         registry = kwargs.pop("registry", None) or Registry.from_dir(config.tools_dir)
         return cls(config=config, registry=registry, backend=backend, store=store, clock=clock, **kwargs)
 
@@ -363,7 +375,7 @@ class Orchestrator:
         if manifest is None:
             raise InvalidArgument("unknown tool", [FieldViolation("tool", f"unknown tool {tool!r}")])
         canon, errs = validate_arguments(manifest, arguments, max_bytes=self.limits.max_argument_bytes)
-        if errs:
+        if canon is None:
             raise InvalidArgument("invalid arguments", errs)
         with self._write(state):
             self.runs.append(state, EventType.GRANT_ADDED, {"tool": tool, "arguments": canon,

@@ -18,7 +18,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from opentelemetry import context as otel_context
 
@@ -68,7 +69,8 @@ def recover_run(state: RunState, *, repo: RunRepository, desk: ApprovalDesk, bat
                 repo.observe(state, Observation(
                     call_id, data["tool"], ObservationStatus.HALTED, False,
                     error="the tool is no longer registered; the call was admitted before a restart and never ran",
-                    error_class="unknown_tool", verdict_path=tuple(data.get("verdict_path") or ()) + ("recovery:unknown",)))
+                    error_class="unknown_tool",
+                    verdict_path=tuple(data.get("verdict_path") or ()) + ("recovery:unknown",)))
                 continue
             never_started.append(Admitted(call_id, manifest, dict(data["arguments"]),
                                           tuple(data.get("verdict_path") or ()) + ("recovery:resumed",)))
@@ -96,7 +98,8 @@ def recover_run(state: RunState, *, repo: RunRepository, desk: ApprovalDesk, bat
 
 
 def reconcile(state: RunState, call_id: str, data: Mapping[str, Any], *, repo: RunRepository, desk: ApprovalDesk,
-              batches: BatchRunner, registry: Registry, run_context: Callable[[RunState], otel_context.Context]) -> None:
+              batches: BatchRunner, registry: Registry,
+              run_context: Callable[[RunState], otel_context.Context]) -> None:
     """A mutating call interrupted between its dispatch and its completion (see the module)."""
     manifest = registry.get(data["tool"])
     arguments = data.get("arguments")

@@ -23,8 +23,9 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 from control.errors import FailedPrecondition, NotFound, Unavailable
 from control.model import (
@@ -330,7 +331,8 @@ class RunRepository:
         unsure = [o.call_id for o in state.trajectory.values() if o.error_class == "uncertain"]
         if outcome is RunOutcome.COMPLETED and unsure:
             # A run with a call whose effect nobody could confirm did not simply complete.
-            outcome, reason = RunOutcome.UNCERTAIN, f"{reason}; whether these took effect is unknown: {', '.join(unsure)}"
+            outcome = RunOutcome.UNCERTAIN
+            reason = f"{reason}; whether these took effect is unknown: {', '.join(unsure)}"
         self.append(state, EventType.RUN_FINISHED, {"outcome": outcome.value, "reason": reason})
 
     @staticmethod

@@ -4,7 +4,7 @@ appended (the store wakes its waiters; nothing here polls faster than its timeou
 from __future__ import annotations
 
 import threading
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from control.model import Approval, ApprovalStatus, Event
 from control.orchestration.runs import RunRepository

@@ -15,8 +15,8 @@ as data and return a judgement (see control.plans.service).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 from control.errors import FieldViolation, InvalidArgument, PermissionDenied
 from control.model import Principal, Role
@@ -69,7 +69,7 @@ class EvidenceReading:
     def revision(self) -> int:
         return self.record.revision if self.record else 0
 
-    def as_tool_argument(self) -> dict | None:
+    def as_tool_argument(self) -> dict[str, str | int] | None:
         """What the sandboxed evidence tool is given: the reading, or null when there is none."""
         return {"value": self.value, "revision": self.revision} if self.record else None
 

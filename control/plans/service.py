@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import re
 import uuid
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from control.errors import AlreadyExists, FieldViolation, InvalidArgument, NotFound, PermissionDenied
 from control.model import Observation, ObservationStatus, Principal, ProposedCall, Role
@@ -57,7 +58,7 @@ class PlanVerification:
     # ------------------------------------------------------------------ validation
 
     @staticmethod
-    def validate(max_steps: Any, steps: Sequence[Step], plan_id: str = "") -> None:
+    def validate(max_steps: Any, steps: Sequence[object], plan_id: str = "") -> None:
         """Raise InvalidArgument listing every violation of the plan, or return."""
         v: list[FieldViolation] = []
         if plan_id and not _ID.fullmatch(plan_id):
@@ -116,7 +117,9 @@ class PlanVerification:
         claims = tuple(
             Claim(step.key, step.evidence_ref, _claim_of(obs, reading.ref), reading.revision,
                   reading.retrieved_at, obs.call_id)
-            for step, reading, obs in zip(steps, readings, observations))
+            # Not strict: the readings may be the pinned ones of an earlier send, and the observations are
+            # the orchestrator's; pairing stops at the shortest, as it always has.
+            for step, reading, obs in zip(steps, readings, observations, strict=False))
         # Finished before the report is written: a crash in between resumes into the recorded
         # batch (returned by its id even from a finished run) and writes the same report.
         self._core.finish_run(p, run_id)
@@ -180,10 +183,11 @@ class PlanVerification:
             readings = [self.evidence.read(p.tenant, VERIFIER, c.evidence_ref) for c in claims]
             calls = [ProposedCall(f"check-{i + 1}", CHECK_TOOL,
                                   {"ref": c.evidence_ref, "claim": c.claim, "record": r.as_tool_argument()})
-                     for i, (c, r) in enumerate(zip(claims, readings))]
+                     for i, (c, r) in enumerate(zip(claims, readings, strict=True))]  # one reading per claim
             observations = self._core.submit_batch(acting, run_id, calls, f"{run_id}.check")
             self._core.finish_run(acting, run_id)
-            for c, r, obs in zip(claims, readings, observations):
+            # Not strict: the observations are the orchestrator's; pairing stops at the shortest, as it always has.
+            for c, r, obs in zip(claims, readings, observations, strict=False):
                 revisions[c.key] = r.revision
                 problem = _disagreement(c, executor.get(c.key), r, obs)
                 if problem:

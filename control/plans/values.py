@@ -5,8 +5,9 @@ Stdlib only: the client SDK imports this module without any of the server's depe
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 __all__ = ["REMEDIATION", "Claim", "EvidenceRecord", "Mismatch", "PlanView", "Report", "Step", "Verdict"]
 

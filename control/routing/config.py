@@ -19,8 +19,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from control.errors import ConfigError
 
@@ -60,34 +61,34 @@ class RoutingConfig:
     """tenant -> the services its tickets may name (none: every ticket is denied)."""
 
 
-def _known(key: str, table: Mapping, allowed: set[str]) -> None:
+def _known(key: str, table: Mapping[str, Any], allowed: set[str]) -> None:
     for k in table:
         if k not in allowed:
             raise ConfigError(f"{key}.{k}", "unknown key")
 
 
-def _get(key: str, table: Mapping, name: str, default: Any, types: tuple[type, ...], what: str) -> Any:
+def _get(key: str, table: Mapping[str, Any], name: str, default: Any, types: tuple[type, ...], what: str) -> Any:
     value = table.get(name, default)
     if isinstance(value, bool) or not isinstance(value, types):
         raise ConfigError(f"{key}.{name}", f"must be {what}")
     return value
 
 
-def _version(key: str, table: Mapping) -> str:
-    version = _get(key, table, "version", "1", (str,), "a version string")
+def _version(key: str, table: Mapping[str, Any]) -> str:
+    version: str = _get(key, table, "version", "1", (str,), "a version string")
     if not _VERSION.fullmatch(version):
         raise ConfigError(f"{key}.version", "must be 1-40 characters of [A-Za-z0-9_.:-]")
     return version
 
 
-def _tool(key: str, table: Mapping) -> str:
-    tool = _get(key, table, "tool", "", (str,), "a tool name")
+def _tool(key: str, table: Mapping[str, Any]) -> str:
+    tool: str = _get(key, table, "tool", "", (str,), "a tool name")
     if not _NAME.fullmatch(tool):
         raise ConfigError(f"{key}.tool", "must be a tool name ([a-z][a-z0-9_]*)")
     return tool
 
 
-def parse_routing(raw: Mapping) -> RoutingConfig:
+def parse_routing(raw: Mapping[str, Any]) -> RoutingConfig:
     if not raw:
         return RoutingConfig()
     _known("routing", raw, {"taxonomy", "taxonomy_version", "router", "specialists", "services"})

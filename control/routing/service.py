@@ -27,7 +27,8 @@ import json
 import re
 import threading
 import uuid
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from control.errors import AlreadyExists, FieldViolation, InvalidArgument, PermissionDenied, ResourceExhausted
 from control.model import Observation, ObservationStatus, Principal, ProposedCall, Role

@@ -53,8 +53,9 @@ Errors:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from control.errors import FailedPrecondition, Unavailable
 from control.model import Event

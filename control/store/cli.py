@@ -11,8 +11,16 @@ import argparse
 import datetime as dt
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from control.model import Event
+    from control.store.base import EventStore
+
+StoreAction = Callable[[argparse.Namespace, "EventStore", str], int]
+"""A subcommand's body: (its arguments, the open store, where the store is, for messages) -> exit code."""
 
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -50,7 +58,7 @@ def store_options() -> argparse.ArgumentParser:
     return common
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     common = store_options()
 
     p = subparsers.add_parser(
@@ -91,7 +99,7 @@ def register(subparsers) -> None:
     prune.set_defaults(func=_prune)
 
 
-def run_on_store(args, action) -> int:
+def run_on_store(args: argparse.Namespace, action: StoreAction) -> int:
     from control.errors import ConfigError
     from control.store import StoreError
 
@@ -118,7 +126,7 @@ def run_on_store(args, action) -> int:
             store.close()
 
 
-def _open(args):
+def _open(args: argparse.Namespace) -> tuple[EventStore, str]:
     from control.store import SQLITE_FILENAME, is_database_url, open_store
 
     if args.database_url is not None:
@@ -136,11 +144,12 @@ def _open(args):
     path = Path(state_dir) / SQLITE_FILENAME
     if not path.is_file():
         # Opening would create an empty log there: a typo must not look like "no runs".
-        raise StoreCommandError(f"there is no event log at {path} (choose one with --state-dir, --config or --database-url)")
+        raise StoreCommandError(
+            f"there is no event log at {path} (choose one with --state-dir, --config or --database-url)")
     return open_store(path), str(path)
 
 
-def run_events(store, run_id: str, where: str):
+def run_events(store: EventStore, run_id: str, where: str) -> list[Event]:
     events = store.read(run_id)
     if events:
         return events
@@ -153,14 +162,14 @@ def run_events(store, run_id: str, where: str):
 
 
 def _when(at: float) -> str:
-    return dt.datetime.fromtimestamp(at, dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return dt.datetime.fromtimestamp(at, dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _show(args) -> int:
+def _show(args: argparse.Namespace) -> int:
     return run_on_store(args, _do_show)
 
 
-def _do_show(args, store, where) -> int:
+def _do_show(args: argparse.Namespace, store: EventStore, where: str) -> int:
     from control.state import fold
     from control.store.audit import canonical_json, verify
 
@@ -174,19 +183,19 @@ def _do_show(args, store, where) -> int:
     chain = "intact" if report.ok else f"BROKEN at seq {report.first_bad_seq}: {report.problem}"
     print(f"run {args.run_id}  tenant {store.tenant_of(args.run_id)}  events {len(events)}  status {status}")
     print(f"chain {chain}  head {events[-1].hash or '-'}")
-    for e in events:
-        data = canonical_json(e.data)
+    for event in events:
+        data = canonical_json(event.data)
         if len(data) > 160:
             data = data[:157] + "..."
-        print(f"{e.seq:>5}  {_when(e.at)}  {e.type:<20} {data}")
+        print(f"{event.seq:>5}  {_when(event.at)}  {event.type:<20} {data}")
     return 0
 
 
-def _export(args) -> int:
+def _export(args: argparse.Namespace) -> int:
     return run_on_store(args, _do_export)
 
 
-def _do_export(args, store, where) -> int:
+def _do_export(args: argparse.Namespace, store: EventStore, where: str) -> int:
     from control.store.audit import canonical_json
 
     for e in run_events(store, args.run_id, where):
@@ -197,11 +206,11 @@ def _do_export(args, store, where) -> int:
     return 0
 
 
-def _verify(args) -> int:
+def _verify(args: argparse.Namespace) -> int:
     return run_on_store(args, _do_verify)
 
 
-def _do_verify(args, store, where) -> int:
+def _do_verify(args: argparse.Namespace, store: EventStore, where: str) -> int:
     from control.store.audit import verify
 
     report = verify(run_events(store, args.run_id, where))
@@ -212,11 +221,11 @@ def _do_verify(args, store, where) -> int:
     return 1
 
 
-def _prune(args) -> int:
+def _prune(args: argparse.Namespace) -> int:
     return run_on_store(args, _do_prune)
 
 
-def _do_prune(args, store, where) -> int:
+def _do_prune(args: argparse.Namespace, store: EventStore, where: str) -> int:
     removed = store.prune(args.older_than)
     for run_id in removed:
         print(f"pruned {run_id}")

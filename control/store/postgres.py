@@ -22,8 +22,9 @@ import math
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -224,7 +225,7 @@ class PostgresEventStore:
         server folds, without reading the finished history."""
         query = ("SELECT tenant, run_id FROM events e WHERE seq = 1 AND NOT EXISTS (SELECT 1 FROM events f "
                  "WHERE f.run_id = e.run_id AND f.type = %s)")
-        args: tuple = (FINISHED,)
+        args: tuple[str, ...] = (FINISHED,)
         if tenant is not None:
             query += " AND tenant = %s"
             args += (tenant,)
@@ -248,8 +249,8 @@ class PostgresEventStore:
                 # One writer per record key at a time: the revision read and its insert are atomic.
                 conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 7))",
                              (json.dumps([tenant, kind, key]),))
-                latest = conn.execute("SELECT MAX(revision) FROM records WHERE tenant = %s AND kind = %s "
-                                      "AND key = %s", (tenant, kind, key)).fetchone()[0] or 0
+                latest = _first(conn.execute("SELECT MAX(revision) FROM records WHERE tenant = %s AND kind = %s "
+                                             "AND key = %s", (tenant, kind, key)).fetchone()) or 0
                 revision = next_revision(tenant, kind, key, int(latest), expected_revision)
                 conn.execute("INSERT INTO records (tenant, kind, key, revision, body, written_by, at) "
                              "VALUES (%s, %s, %s, %s, %s, %s, %s)",
@@ -288,7 +289,7 @@ class PostgresEventStore:
 
     def schema_version(self) -> int:
         with self._conn() as conn:
-            return int(conn.execute("SELECT value FROM schema_meta WHERE key = 'version'").fetchone()[0])
+            return int(_first(conn.execute("SELECT value FROM schema_meta WHERE key = 'version'").fetchone()))
 
     # ------------------------------------------------------------------ watching
 
@@ -319,8 +320,11 @@ class PostgresEventStore:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
+                def moved(seen: int = seen) -> bool:  # `seen` of this iteration, bound explicitly
+                    return entry[0] != seen or self._closed
+
                 with self._cond:
-                    self._cond.wait_for(lambda: entry[0] != seen or self._closed,
+                    self._cond.wait_for(moved,
                                         timeout=min(remaining, self.FALLBACK_RECHECK_S))
         finally:
             with self._cond:
@@ -358,7 +362,7 @@ class PostgresEventStore:
     def _head_seq(self, run_id: str) -> int:
         with self._conn() as conn:
             row = conn.execute("SELECT max(seq) FROM events WHERE run_id = %s", (run_id,)).fetchone()
-        return row[0] or 0
+        return int(_first(row) or 0)
 
     def _on_notify(self, run_id: str) -> None:
         with self._cond:
@@ -374,6 +378,12 @@ class PostgresEventStore:
             for entry in self._waiters.values():
                 entry[0] += 1
             self._cond.notify_all()
+
+
+def _first(row: tuple[Any, ...] | None) -> Any:
+    """The first column of a query that always returns one row (an aggregate, a seeded key)."""
+    assert row is not None, "the query returns one row"
+    return row[0]
 
 
 def _configure(conn: psycopg.Connection) -> None:

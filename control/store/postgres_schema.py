@@ -11,7 +11,8 @@ JSONB would re-encode numbers and keys on the way back.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import psycopg
 

@@ -18,21 +18,23 @@ import math
 import sqlite3
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from types import TracebackType
+from typing import Any
 
 from control.model import Event
 from control.store.audit import canonical_json, event_hash
 from control.store.base import (
     FINISHED,
     SCHEMA_VERSION,
-    Lease,
     KeyTaken,
+    Lease,
     Record,
     SeqConflict,
+    StoreError,
     StoreUnavailable,
     Subscribers,
-    StoreError,
     check_lease,
     check_lease_args,
     next_event,
@@ -191,7 +193,7 @@ class SqliteEventStore:
         server folds, without reading the finished history."""
         query = ("SELECT tenant, run_id FROM events e WHERE seq = 1 AND NOT EXISTS (SELECT 1 FROM events f "
                  f"WHERE f.run_id = e.run_id AND f.type = '{FINISHED}')")
-        args: tuple = ()
+        args: tuple[str, ...] = ()
         if tenant is not None:
             query += " AND tenant = ?"
             args = (tenant,)
@@ -280,8 +282,11 @@ class SqliteEventStore:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
+            def moved(seen: int = seen) -> bool:  # `seen` of this iteration, bound explicitly
+                return self._version != seen or self._closed
+
             with self._changed:
-                self._changed.wait_for(lambda: self._version != seen or self._closed,
+                self._changed.wait_for(moved,
                                        timeout=min(remaining, self.FALLBACK_RECHECK_S))
 
     def subscribe(self, callback: Callable[[Event], None]) -> Callable[[], None]:
@@ -297,7 +302,7 @@ class SqliteEventStore:
 
     # ------------------------------------------------------------------ plumbing
 
-    def _write(self) -> "_WriteTransaction":
+    def _write(self) -> _WriteTransaction:
         return _WriteTransaction(self._db)
 
     def _bump(self) -> None:
@@ -332,7 +337,8 @@ class _WriteTransaction:
             raise StoreError(f"cannot write the event log: {e}") from e
         return self._cur
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         assert self._cur is not None
         if exc_type is None:
             try:

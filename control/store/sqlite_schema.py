@@ -2,8 +2,9 @@
 
 Version 1 (the first release) had only the `events` table and no meta table: a database with
 `events` and no `schema_meta` is version 1. Version 2 adds `schema_meta`, the audit chain
-columns, leases and sanctioned pruning; version 3 the `keys` table (unique names held by events); version 4 `records`. A migration runs in one write transaction (SQLite DDL
-is transactional), so a failure leaves the file exactly as it was.
+columns, leases and sanctioned pruning; version 3 the `keys` table (unique names held by
+events); version 4 `records`. A migration runs in one write transaction (SQLite DDL is
+transactional), so a failure leaves the file exactly as it was.
 
 The statements are run one by one, never with `executescript`: that COMMITs a pending
 transaction first, which would split a migration.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Callable
+from collections.abc import Callable
 
 from control.store.audit import canonical_json, event_hash
 from control.store.base import FINISHED, SCHEMA_VERSION, SchemaVersionError, StoreError

@@ -8,6 +8,10 @@ sandbox. The parsing and checks live in control.registry; this package only hold
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from control.registry import Registry
 
 BUILTIN_DIR = Path(__file__).resolve().parent
 
@@ -18,7 +22,8 @@ def manifest_files(directory: str | Path | None = None) -> list[Path]:
     return sorted(p for p in d.iterdir() if p.suffix in (".json", ".toml") and p.is_file())
 
 
-def load_builtin():
+def load_builtin() -> Registry:
+    """The registry of the built-in manifests (imported late: control.registry reads this package)."""
     from control.registry import Registry
 
     return Registry.from_dir(BUILTIN_DIR)

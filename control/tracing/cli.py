@@ -10,6 +10,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from control.model import Event
+    from control.store import EventStore
 
 _EPILOG = """\
 example:
@@ -31,7 +36,7 @@ call's arguments or a tool's output.
 """
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from control.store.cli import KEYS_NOTE, store_options
 
     p = subparsers.add_parser(
@@ -49,23 +54,24 @@ def register(subparsers) -> None:
     p.set_defaults(func=_trace)
 
 
-def _trace(args) -> int:
+def _trace(args: argparse.Namespace) -> int:
     from control.store.cli import run_on_store
 
     return run_on_store(args, _do_trace)
 
 
-def _do_trace(args, store, where) -> int:
+def _do_trace(args: argparse.Namespace, store: EventStore, where: str) -> int:
     from control.store.cli import StoreCommandError, run_events
     from control.tracing.from_events import trace_from_events
     from control.tracing.tree import render
 
-    events = run_events(store, args.run_id, where)
+    events: list[Event] = run_events(store, args.run_id, where)
     try:
         tree = trace_from_events(events)
     except Exception as e:  # noqa: BLE001 - a log this version cannot draw: say so, no traceback
         raise StoreCommandError(f"run {args.run_id!r} has {len(events)} events but they could not be drawn as a tree "
-                    f"({type(e).__name__}); `ringfence runs show {args.run_id}` prints them one by one")
+                                f"({type(e).__name__}); `ringfence runs show {args.run_id}` prints them one by one"
+                                ) from e
     if args.json:
         sys.stdout.write(json.dumps(tree.to_dict(), ensure_ascii=False, indent=2) + "\n")
     else:

@@ -35,8 +35,9 @@ import hashlib
 import itertools
 import json
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Protocol
 
 from control import guardrails
 from control.tracing.tree import TraceNode
@@ -48,6 +49,21 @@ REASON_CHARS = 80
 _NOT_RUN = ("denied", "blocked", "unknown_tool", "declined", "deduplicated", "halted")
 
 _order = itertools.count()
+
+
+class LogEvent(Protocol):
+    """What the tree is built from: one event of a run's log (a control.model.Event)."""
+
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def seq(self) -> int: ...
+    @property
+    def type(self) -> str: ...
+    @property
+    def data(self) -> Mapping[str, Any]: ...
+    @property
+    def at(self) -> float: ...
 
 
 def short(text: Any, limit: int = REASON_CHARS) -> str:
@@ -73,7 +89,7 @@ def _bytes(n: int) -> str:
     return f"{n / 1_000_000:.1f} MB"
 
 
-def _step(verdict_path: Iterable[Any]) -> str:
+def _step(verdict_path: Iterable[Any] | None) -> str:
     """The step that decided: the last one before `admitted` (or the last one)."""
     steps = [str(s) for s in (verdict_path or ()) if str(s) != "admitted"]
     return steps[-1] if steps else ""
@@ -89,7 +105,7 @@ class _Node:
     title: list[str] = field(default_factory=list)
     labels: list[str] = field(default_factory=list)
     attributes: dict[str, Any] = field(default_factory=dict)
-    children: list["_Node"] = field(default_factory=list)
+    children: list[_Node] = field(default_factory=list)
     order: int = field(default_factory=lambda: next(_order))
 
     def extend(self, at: float) -> None:
@@ -131,7 +147,7 @@ class _Call:
 
 
 class _Builder:
-    def __init__(self, events: list[Any]) -> None:
+    def __init__(self, events: list[LogEvent]) -> None:
         self.events = events
         first = events[0]
         self.root = _Node("invoke_agent", first.at)
@@ -161,7 +177,7 @@ class _Builder:
         self.finish()
         return self.root.freeze()
 
-    def on_run_started(self, e, d, at) -> None:
+    def on_run_started(self, e: LogEvent, d: Mapping[str, Any], at: float) -> None:
         self.root.start = at
         self.root.attributes.update({"run_id": self.run_id, "tenant": d.get("tenant"),
                                      "policy_version": d.get("policy_version")})
@@ -170,7 +186,7 @@ class _Builder:
             self.root.attributes["trace_id"] = trace.get("trace_id")
             self.root.attributes["span_id"] = trace.get("span_id")
 
-    def on_batch_started(self, e, d, at) -> None:
+    def on_batch_started(self, e: LogEvent, d: Mapping[str, Any], at: float) -> None:
         batch_id = str(d.get("batch_id") or f"seq {e.seq}")
         turn = d.get("turn")
         node = _Node("batch", at, at, title=[batch_id] + ([f"(turn {turn})"] if turn is not None else []),
@@ -208,7 +224,7 @@ class _Builder:
         node.start = min(node.start, at)
         node.extend(at)
 
-    def on_call_decided(self, e, d, at) -> None:
+    def on_call_decided(self, e: LogEvent, d: Mapping[str, Any], at: float) -> None:
         call = self._call(d.get("call_id"), d.get("tool"))
         call.signature = d.get("signature")
         self._touch(call, at)
@@ -225,7 +241,7 @@ class _Builder:
         admission.children.append(leaf)
         admission.extend(at)
 
-    def on_approval_requested(self, e, d, at) -> None:
+    def on_approval_requested(self, e: LogEvent, d: Mapping[str, Any], at: float) -> None:
         call = self._call(d.get("call_id"), d.get("tool"))
         self._touch(call, at)
         approval_id = str(d.get("approval_id"))
@@ -239,7 +255,7 @@ class _Builder:
         self.approval_call[approval_id] = call.call_id
         call.batch.node.children.append(node)
 
-    def _approval(self, d, at) -> tuple[_Node | None, _Call | None]:
+    def _approval(self, d: Mapping[str, Any], at: float) -> tuple[_Node | None, _Call | None]:
         approval_id = str(d.get("approval_id"))
         node = self.approvals.get(approval_id)
         call = self.calls.get(self.approval_call.get(approval_id, ""))
@@ -247,7 +263,7 @@ class _Builder:
             self._touch(call, at)
         return node, call
 
-    def on_approval_decided(self, e, d, at) -> None:
+    def on_approval_decided(self, e: LogEvent, d: Mapping[str, Any], at: float) -> None:
         node, call = self._approval(d, at)
         approved = bool(d.get("approved"))
         if call is not None and approved:
@@ -265,19 +281,19 @@ class _Builder:
             node.labels.append("remembered for the run")
         node.attributes.update({"decision": decision, "by": by, "remember": bool(d.get("remember"))})
 
-    def on_approval_expired(self, e, d, at) -> None:
+    def on_approval_expired(self, e: LogEvent, d: Mapping[str, Any], at: float) -> None:
         node, _call = self._approval(d, at)
         if node is not None:
             node.end = at
             node.labels.append("expired")
             node.attributes["decision"] = "expired"
 
-    def on_approval_used(self, e, d, at) -> None:
+    def on_approval_used(self, e: LogEvent, d: Mapping[str, Any], at: float) -> None:
         node, _call = self._approval(d, at)
         if node is not None:
             node.attributes["used"] = True
 
-    def on_grant_added(self, e, d, at) -> None:
+    def on_grant_added(self, e: LogEvent, d: Mapping[str, Any], at: float) -> None:
         node, _call = self._approval(d, at)
         if node is not None:
             node.attributes["grant"] = True
@@ -307,7 +323,7 @@ class _Builder:
             batch.node.children.append(node)
         return group, key[0]
 
-    def on_dispatch_started(self, e, d, at) -> None:
+    def on_dispatch_started(self, e: LogEvent, d: Mapping[str, Any], at: float) -> None:
         call = self._call(d.get("call_id"), d.get("tool"))
         self._touch(call, at)
         group, where = self._group_for(call, d)
@@ -332,7 +348,7 @@ class _Builder:
         else:
             group.reads.append(node)
 
-    def on_egress(self, e, d, at) -> None:
+    def on_egress(self, e: LogEvent, d: Mapping[str, Any], at: float) -> None:
         call = self._call(d.get("call_id"))
         self._touch(call, at)
         decisions = [x for x in (d.get("decisions") or ()) if isinstance(x, Mapping)]
@@ -349,7 +365,7 @@ class _Builder:
                                  "bytes_down": down, "cut": cut})
         self.pending_egress.setdefault((call.call_id, int(d.get("attempt") or 0)), []).append(node)
 
-    def on_attempt(self, e, d, at) -> None:
+    def on_attempt(self, e: LogEvent, d: Mapping[str, Any], at: float) -> None:
         call = self._call(d.get("call_id"))
         self._touch(call, at)
         n = int(d.get("attempt") or 0)
@@ -366,8 +382,9 @@ class _Builder:
             labels.append(str(failure))
         if setup:
             labels.append(f"start {setup} ms · tool {duration} ms")
-        if d.get("retry_after_s") is not None:
-            labels.append(f"retry after {float(d.get('retry_after_s')):g} s")
+        retry_after = d.get("retry_after_s")
+        if retry_after is not None:
+            labels.append(f"retry after {float(retry_after):g} s")
         if d.get("runtime"):
             labels.append(f"runtime {short(d.get('runtime'), 20)}")
         if d.get("image_id"):
@@ -381,7 +398,7 @@ class _Builder:
         node.children.extend(self.pending_egress.pop((call.call_id, n), []))
         (exec_node.children if exec_node is not None else call.batch.node.children).append(node)
 
-    def on_call_completed(self, e, d, at) -> None:
+    def on_call_completed(self, e: LogEvent, d: Mapping[str, Any], at: float) -> None:
         call = self._call(d.get("call_id"), d.get("tool"))
         self._touch(call, at)
         node = self.open_exec.pop(call.call_id, None)
@@ -399,11 +416,12 @@ class _Builder:
         content = d.get("content")
         if isinstance(content, Mapping) and content.get("reconciled") is True:
             node.labels.append("reconciled: the receiver had it")
-        guard = d.get("guard") if isinstance(d.get("guard"), Mapping) else {}
+        guard_value = d.get("guard")
+        guard: Mapping[str, Any] = guard_value if isinstance(guard_value, Mapping) else {}
         if guard.get("action") == "block":
             node.labels.append("result withheld (secret)")
         elif guard.get("redacted"):
-            node.labels.append("result redacted: " + ", ".join(short(k, 30) for k in guard.get("redacted")))
+            node.labels.append("result redacted: " + ", ".join(short(k, 30) for k in guard["redacted"]))
         attrs: dict[str, Any] = {"ok": ok, "error_class": d.get("error_class"), "attempts": attempts,
                                  "cost": d.get("cost"), "guard": guard.get("action")}
         if ok and content is not None:
@@ -415,7 +433,7 @@ class _Builder:
         if ok:
             self.completed_ok.add(call.call_id)
 
-    def on_observation(self, e, d, at) -> None:
+    def on_observation(self, e: LogEvent, d: Mapping[str, Any], at: float) -> None:
         call = self._call(d.get("call_id"), d.get("tool"))
         self._touch(call, at)
         call.observation = d
@@ -424,7 +442,7 @@ class _Builder:
             if any(n is e for n in group.node.children + group.reads for e in call.execs):
                 group.node.extend(at)
 
-    def on_run_finished(self, e, d, at) -> None:
+    def on_run_finished(self, e: LogEvent, d: Mapping[str, Any], at: float) -> None:
         self.finished = d
         self.root.end = at
 
@@ -467,7 +485,7 @@ class _Builder:
         if len(group.reads) >= 2:
             ends = [n.end for n in group.reads]
             parallel = _Node("parallel", min(n.start for n in group.reads),
-                             None if any(x is None for x in ends) else max(ends),  # type: ignore[type-var]
+                             None if any(x is None for x in ends) else max(ends),  # type: ignore[type-var]  # None is ruled out just before
                              title=[_plural(len(group.reads), "read")], children=list(group.reads),
                              attributes={"calls": [n.attributes.get("call_id") for n in group.reads]},
                              order=min(n.order for n in group.reads))
@@ -531,7 +549,7 @@ class _Builder:
         return uses[-1] if uses else None
 
 
-def trace_from_events(events: Iterable[Any]) -> TraceNode:
+def trace_from_events(events: Iterable[LogEvent]) -> TraceNode:
     """The run's tree: one root, `invoke_agent`. `events` are one run's, in any order (sorted by
     seq here). ValueError when there are none."""
     ordered = sorted(events, key=lambda e: e.seq)

@@ -17,8 +17,10 @@ node with no end is an instant (an event, a verdict): no duration is drawn for i
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from itertools import pairwise
+from typing import Any
 
 PARALLEL_MARK = "∥"
 """Drawn after a node whose execute_tool children overlapped in time."""
@@ -38,19 +40,19 @@ class TraceNode:
     """What happened, printed after the duration: verdicts, outcomes, counts."""
     attributes: Mapping[str, Any] = field(default_factory=dict, hash=False)
     """Machine-readable facts for --json (ids, statuses, counts, sizes, digests: never content)."""
-    children: tuple["TraceNode", ...] = ()
+    children: tuple[TraceNode, ...] = ()
 
     @property
     def duration_ms(self) -> float | None:
         return None if self.end is None else max(0.0, (self.end - self.start) * 1000.0)
 
-    def walk(self) -> Iterable["TraceNode"]:
+    def walk(self) -> Iterable[TraceNode]:
         """This node and every node under it, depth first, in drawing order."""
         yield self
         for child in ordered(self.children):
             yield from child.walk()
 
-    def find(self, name: str) -> list["TraceNode"]:
+    def find(self, name: str) -> list[TraceNode]:
         return [n for n in self.walk() if n.name == name]
 
     def to_dict(self) -> dict[str, Any]:
@@ -87,7 +89,7 @@ def format_duration(ms: float) -> str:
 def overlapping(nodes: Sequence[TraceNode]) -> bool:
     """Did any two of these spans run at the same time? (Spans with no end never count.)"""
     spans = sorted((n for n in nodes if n.end is not None), key=lambda n: n.start)
-    return any(a.end is not None and a.end > b.start for a, b in zip(spans, spans[1:]))
+    return any(a.end is not None and a.end > b.start for a, b in pairwise(spans))
 
 
 def parallel(node: TraceNode) -> bool:

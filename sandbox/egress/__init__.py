@@ -14,9 +14,22 @@
                                                    permitted for that name only
 
 Errors: EgressError (an EngineError: transient) when the proxy cannot be started or reached;
-ProfileError for a malformed grant. The proxy itself (sandbox.egress.server, with addresses,
-allowlist and tlspeek) is stdlib-only; the egress-proxy image lays these very files (its
-image.json `files`), so a change here needs `ringfence images build --update-lock egress-proxy`.
+ProfileError for a malformed grant.
+
+The proxy itself runs in its own container, stdlib only, from these very files (the egress-proxy
+image's image.json `files` lays them as the package `rfegress`; they import each other
+relatively), so a change to any of them needs `ringfence images build --update-lock egress-proxy`:
+
+    server       the listeners and each connection's course; main()
+    admission    every allow/deny decision, pure (no I/O, no socket import)
+    http1        request heads, host:port, refusals, the forwarded head
+    grant_table  the per-call grants: credentials, ceilings, cut_all
+    pump         bytes between client and upstream, charged to the call's budget
+    control      the control channel (its host end: sandbox.egress.channel)
+    config       ProxyConfig and services;  events  the request event and JSON log
+    errors       Deny and Cut;  addresses, allowlist, tlspeek  as above and the ClientHello peek
+
+Test support (the proxy harness, decoys, the Docker testbed) lives in tests/egress_support.
 """
 
 from sandbox.egress.addresses import AddressClass, address_permitted, classify_address

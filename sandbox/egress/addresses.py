@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import enum
 import ipaddress
-from typing import Union
 
-IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
 class AddressClass(enum.Enum):
@@ -79,7 +78,7 @@ _V6_DOC = (ipaddress.ip_network("2001:db8::/32"), ipaddress.ip_network("3fff::/2
 _V6_SITE_LOCAL = ipaddress.ip_network("fec0::/10")
 
 
-def parse_address(ip: str | IPAddress) -> IPAddress | None:
+def parse_address(ip: object) -> IPAddress | None:
     """An address object, or None for anything that is not exactly one IP address.
 
     Zone ids (fe80::1%eth0) are stripped first: the zone picks an interface, not a range.

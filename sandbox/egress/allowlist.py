@@ -22,15 +22,15 @@ This module is laid into the egress-proxy image as it is (images/egress-proxy/im
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Union
 
 from .addresses import AddressClass, classify_address, parse_address  # noqa: F401 - re-exported
 
 __all__ = ["AddressClass", "DEFAULT_PORTS", "HostPattern", "PatternError", "check_port", "classify_address",
            "host_allowed", "intersect", "is_ip_literal", "normalize_host", "parse_pattern", "parse_patterns"]
 
-DEFAULT_PORTS = (80, 443)
+DEFAULT_PORTS: tuple[int, ...] = (80, 443)
 _LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
 _MAX_NAME = 253
 
@@ -141,7 +141,7 @@ def parse_patterns(items: Iterable[str | HostPattern]) -> tuple[HostPattern, ...
     return tuple(sorted(set(parse_pattern(i) for i in items)))
 
 
-Patterns = Union[Iterable[Union[str, HostPattern]], str]
+Patterns = Iterable[str | HostPattern] | str
 
 
 def host_allowed(host: str, port: int, patterns: Patterns) -> bool:

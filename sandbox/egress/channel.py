@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 import socket
-from typing import Any
 
+from sandbox.egress.events import JSONObject
 from sandbox.errors import EngineError
 
 MAX_REPLY = 64 * 1024 * 1024
@@ -29,7 +29,7 @@ class ControlChannel:
         self.path = path
         self.timeout_s = timeout_s
 
-    def request(self, op: str, **fields: Any) -> dict:
+    def request(self, op: str, **fields: object) -> JSONObject:
         body = json.dumps({"op": op, **fields}).encode() + b"\n"
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
@@ -55,7 +55,7 @@ class ControlChannel:
             raise EgressError(f"egress proxy refused {op}: {reply.get('error') if isinstance(reply, dict) else reply}")
         return reply
 
-    def ping(self) -> dict:
+    def ping(self) -> JSONObject:
         return self.request("ping")
 
     def grant(self, *, call_id: str, username: str, password: str, allow: list[str],
@@ -66,8 +66,8 @@ class ControlChannel:
                              max_bytes=max_bytes, max_connections=max_connections, socket_dir=socket_dir)
         return str(reply.get("socket", ""))
 
-    def revoke(self, username: str) -> dict:
+    def revoke(self, username: str) -> JSONObject:
         return self.request("revoke", username=username)
 
-    def events(self, username: str) -> dict:
+    def events(self, username: str) -> JSONObject:
         return self.request("events", username=username)

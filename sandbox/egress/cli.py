@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from sandbox.egress.grant import MiB, EgressGrant
+from sandbox.egress.grant import EgressGrant, MiB
 
 
 def _size(text: str) -> int:

@@ -7,6 +7,7 @@ here. The sandbox layer enforces it and knows nothing of how it was decided.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sandbox.egress.allowlist import HostPattern, PatternError, parse_patterns
@@ -32,10 +33,12 @@ class EgressGrant:
     """Connections (CONNECT tunnels and plain HTTP requests) the call may open in total."""
 
     def __post_init__(self) -> None:
-        allow = self.allow
+        allow: object = self.allow  # a str too, from a command line or config
         if isinstance(allow, str):
             allow = tuple(p for p in allow.split(",") if p.strip())
         try:
+            if not isinstance(allow, Iterable):
+                raise TypeError(f"{type(allow).__name__} is not a sequence")
             patterns = parse_patterns(tuple(allow))
         except PatternError as e:
             raise ProfileError("egress.allow", str(e)) from e

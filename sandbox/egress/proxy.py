@@ -36,7 +36,7 @@ directory also holds the proxy's config file. A sandbox mounts only its own `cal
 
 Services. An operator's internal receivers (the ledger) are declared with their pinned
 addresses (`ProxySettings.services`) and the networks they sit on (`service_networks`, which
-the proxy joins besides its way out); see sandbox.egress.server, admission step 6.
+the proxy joins besides its way out); see sandbox.egress.admission, step 6.
 
 Cleanup. Everything of a call lives under the state directory, which close() removes; when the
 owning process died instead, the reaper (`ringfence sandbox gc`, a running server's periodic
@@ -55,19 +55,28 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 import docker
 import docker.errors
+from docker.models.containers import Container
+from docker.models.networks import Network
 from docker.types import LogConfig, Mount, Ulimit
 
 from sandbox import labels as L
 from sandbox import seccomp
 from sandbox.egress import relay
 from sandbox.egress.channel import ControlChannel, EgressError
-from sandbox.egress.grant import MiB, EgressGrant
-from sandbox.egress.server import CHECKS, PROTOCOL_VERSION, SOCKET_NAME, ProxyConfig, parse_services
+from sandbox.egress.config import CHECKS, ProxyConfig, parse_services
+from sandbox.egress.control import PROTOCOL_VERSION
+from sandbox.egress.events import JSONObject
+from sandbox.egress.grant import EgressGrant, MiB
+from sandbox.egress.grant_table import SOCKET_NAME
+
+if TYPE_CHECKING:
+    from sandbox.images.lock import Lock
 
 PROXY_UID = 10001
 CONTROL_DIR = "/run/rfproxy"
@@ -107,7 +116,7 @@ class ProxySettings:
     -> the pinned private addresses of its container. The proxy never resolves these names and
     permits each address for its own name only; a call still reaches a service only when its
     allowlist names it (policy must grant it, as for any host). Production configuration:
-    valid with either resolver (sandbox.egress.server.parse_services has the rules)."""
+    valid with either resolver (sandbox.egress.config.parse_services has the rules)."""
 
     service_networks: tuple[str, ...] = ()
     """Existing networks the proxy joins, besides its way out, to reach those services (the
@@ -127,8 +136,7 @@ class ProxySettings:
         object.__setattr__(self, "service_networks", tuple(self.service_networks))
         object.__setattr__(self, "services", parse_services(dict(self.services)))
         object.__setattr__(self, "test_networks", tuple(str(n) for n in self.test_networks))
-        object.__setattr__(self, "test_hosts", {k: tuple([v] if isinstance(v, str) else v)
-                                                for k, v in dict(self.test_hosts).items()})
+        object.__setattr__(self, "test_hosts", {k: _addresses(v) for k, v in dict(self.test_hosts).items()})
         if self.resolver != "test" and (self.disabled_checks or self.test_networks or self.test_hosts):
             # A configuration that weakens the proxy must never be a production one.
             raise ValueError("test_hosts, test_networks and disabled_checks need resolver='test'")
@@ -136,8 +144,9 @@ class ProxySettings:
             raise ValueError(f"unknown checks: {sorted(set(self.disabled_checks) - CHECKS)}")
         self.proxy_config()  # what the proxy would refuse (a service also in test_hosts, ...) fails here
 
-    def proxy_config(self) -> dict[str, Any]:
-        doc = {
+    def proxy_config(self) -> JSONObject:
+        """The proxy container's config.json (sandbox.egress.config.ProxyConfig.from_json)."""
+        doc: JSONObject = {
             "control_socket": f"{CONTROL_DIR}/control.sock",
             "calls_dir": f"{CONTROL_DIR}/{CALLS}",
             "resolver": self.resolver,
@@ -148,6 +157,15 @@ class ProxySettings:
         }
         ProxyConfig.from_json(doc)  # the proxy would refuse it: refuse it here, with the cause
         return doc
+
+
+def _addresses(value: object) -> tuple[str, ...]:
+    """A test host's addresses: one address or a sequence of them (checked by ProxyConfig)."""
+    if isinstance(value, str):
+        return (value,)
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"test host addresses must be a list, not {value!r}")
+    return tuple(str(a) for a in value)
 
 
 def egress_mount(socket_dir: str) -> Mount:
@@ -188,7 +206,7 @@ class EgressReport:
     """What the proxy saw of one call, handed back when its credentials were revoked."""
 
     call_id: str
-    events: tuple[dict, ...]
+    events: tuple[JSONObject, ...]
     bytes: int
     connections: int
     events_dropped: int = 0
@@ -196,15 +214,15 @@ class EgressReport:
 
 
 class EgressProxy:
-    def __init__(self, client: docker.DockerClient, *, lock: Any = None,
+    def __init__(self, client: docker.DockerClient, *, lock: Lock | None = None,
                  settings: ProxySettings | None = None, state_root: str | None = None) -> None:
         self.client = client
         self.settings = settings or ProxySettings()
         self._lock = lock
         self._state_root = state_root
         self._mutex = threading.Lock()
-        self._container = None
-        self._own_network = None
+        self._container: Container | None = None
+        self._own_network: Network | None = None
         self._dir: str | None = None
         self.channel: ControlChannel | None = None
         self.name = f"rf-egress-proxy-{uuid.uuid4().hex[:8]}"
@@ -212,8 +230,9 @@ class EgressProxy:
     # -- the proxy container ------------------------------------------------------------
 
     @property
-    def container(self):
+    def container(self) -> Container:
         self.start()
+        assert self._container is not None
         return self._container
 
     @property
@@ -247,9 +266,9 @@ class EgressProxy:
         try:
             networks = list(s.outside_networks)
             if not networks:
-                self._own_network = self.client.networks.create(
-                    f"{self.name}-out", driver="bridge", labels=L.base_labels("network"))
-                networks = [self._own_network.name]
+                own = f"{self.name}-out"
+                self._own_network = self.client.networks.create(own, driver="bridge", labels=L.base_labels("network"))
+                networks = [own]
             networks += [n for n in s.service_networks if n not in networks]
             self._container = self.client.containers.create(
                 image_id, name=self.name, labels=L.base_labels("proxy"), network=networks[0],
@@ -291,6 +310,7 @@ class EgressProxy:
         that happens to hold that private address, not the operator's container."""
         if not self.settings.services:
             return
+        assert self._container is not None
         subnets = []
         for net in (self._container.attrs.get("NetworkSettings") or {}).get("Networks", {}).values():
             for addr, prefix in ((net.get("IPAddress"), net.get("IPPrefixLen")),
@@ -371,9 +391,9 @@ class EgressProxy:
         except docker.errors.DockerException:
             return "(logs unavailable)"
 
-    def logs(self) -> list[dict]:
+    def logs(self) -> list[JSONObject]:
         """The proxy's JSON log lines (every decision of every call)."""
-        out = []
+        out: list[JSONObject] = []
         for line in self._logs(tail=100000).splitlines():
             try:
                 out.append(json.loads(line))
@@ -409,7 +429,7 @@ class EgressProxy:
         self.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # -- per-call sockets and credentials -----------------------------------------------
@@ -459,7 +479,7 @@ class EgressProxy:
         """Revoke the call's credentials (its socket closes, its open connections end) and
         remove its directory."""
         error = None
-        summary: dict = {"events": [], "bytes": 0, "connections": 0, "events_dropped": 0}
+        summary: JSONObject = {"events": [], "bytes": 0, "connections": 0, "events_dropped": 0}
         try:
             assert self.channel is not None
             summary = self.channel.revoke(call.username)
@@ -468,5 +488,12 @@ class EgressProxy:
         shutil.rmtree(call.socket_dir, ignore_errors=True)
         if os.path.exists(call.socket_dir):
             error = error or f"{call.socket_dir} not removed (the proxy's close removes it)"
-        return EgressReport(call.call_id, tuple(summary.get("events", ())), int(summary.get("bytes", 0)),
-                            int(summary.get("connections", 0)), int(summary.get("events_dropped", 0)), error)
+        events = summary.get("events")
+        kept = tuple(e for e in events if isinstance(e, dict)) if isinstance(events, list) else ()
+        return EgressReport(call.call_id, kept, _count(summary, "bytes"), _count(summary, "connections"),
+                            _count(summary, "events_dropped"), error)
+
+
+def _count(summary: JSONObject, key: str) -> int:
+    value = summary.get(key, 0)
+    return int(value) if isinstance(value, (int, float, str)) else 0

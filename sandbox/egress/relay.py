@@ -26,6 +26,8 @@ Bounded: one thread (selectors), at most MAX_CONNECTIONS spliced at once (furthe
 wait in the listen backlog), BUFFER bytes queued per direction per connection.
 """
 
+from __future__ import annotations
+
 import os
 import selectors
 import signal
@@ -41,7 +43,7 @@ BACKLOG = 128
 PARENT_POLL_S = 0.5
 
 
-def _say(message):
+def _say(message: str) -> None:
     try:
         sys.stderr.write(f"ringfence egress relay: {message}\n")
         sys.stderr.flush()
@@ -49,7 +51,7 @@ def _say(message):
         pass
 
 
-def parse(argv):
+def parse(argv: list[str]) -> tuple[str, int, list[str]]:
     """argv = [socket path, port, "--", command...] -> (path, port, command); ValueError."""
     if len(argv) < 4 or argv[2] != "--":
         raise ValueError("usage: relay SOCKET PORT -- COMMAND [ARG...]")
@@ -59,7 +61,7 @@ def parse(argv):
     return path, int(port_text), command
 
 
-def check_socket(path):
+def check_socket(path: str) -> None:
     try:
         st = os.stat(path)
     except OSError as e:
@@ -68,7 +70,7 @@ def check_socket(path):
         raise ValueError(f"{path} is not a socket")
 
 
-def listen(port):
+def listen(port: int) -> socket.socket:
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -85,7 +87,7 @@ class Link:
     """One spliced pair: socks[0] the tool's TCP connection, socks[1] the proxy's socket.
     bufs[i] holds bytes read from socks[i] not yet written to socks[1 - i]."""
 
-    def __init__(self, sel, client, upstream):
+    def __init__(self, sel: selectors.BaseSelector, client: socket.socket, upstream: socket.socket) -> None:
         self.sel = sel
         self.socks = (client, upstream)
         self.bufs = (bytearray(), bytearray())
@@ -97,7 +99,7 @@ class Link:
             s.setblocking(False)
         self.update()
 
-    def update(self):
+    def update(self) -> None:
         for i, s in enumerate(self.socks):
             events = 0
             if not self.eof[i] and len(self.bufs[i]) < BUFFER:
@@ -114,7 +116,7 @@ class Link:
                 self.sel.modify(s, events, (self, i))
             self.wanted[i] = events
 
-    def ready(self, i, mask):
+    def ready(self, i: int, mask: int) -> None:
         if self.closed:  # its other socket, in the same select() round, ended it
             return
         try:
@@ -143,7 +145,7 @@ class Link:
         else:
             self.update()
 
-    def close(self):
+    def close(self) -> None:
         if self.closed:
             return
         self.closed = True
@@ -154,11 +156,11 @@ class Link:
             s.close()
 
 
-def serve(listener, path, parent):
+def serve(listener: socket.socket, path: str, parent: int) -> None:
     """Relay until the tool (our parent) is gone."""
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, None)
-    links = set()
+    links: set[Link] = set()
     accepting = True
     while True:
         for key, mask in sel.select(PARENT_POLL_S):
@@ -195,14 +197,14 @@ def serve(listener, path, parent):
             return
 
 
-def _to_devnull(fds):
+def _to_devnull(fds: tuple[int, ...]) -> None:
     null = os.open(os.devnull, os.O_RDWR)
     for fd in fds:
         os.dup2(null, fd)
     os.close(null)
 
 
-def main(argv):
+def main(argv: list[str]) -> int:
     try:
         path, port, command = parse(argv)
         check_socket(path)

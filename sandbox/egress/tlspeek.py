@@ -49,7 +49,8 @@ def _records(data: bytes) -> tuple[bytes, int]:
     while True:
         if len(data) - pos < 5:
             raise NeedMore()
-        ctype, major, _minor, length = data[pos], data[pos + 1], data[pos + 2], struct.unpack(">H", data[pos + 3 : pos + 5])[0]
+        ctype, major, _minor = data[pos], data[pos + 1], data[pos + 2]
+        length = struct.unpack(">H", data[pos + 3 : pos + 5])[0]
         if ctype != _HANDSHAKE or major != 3:
             raise HelloError("not_tls", "the tunnel did not start with a TLS handshake record")
         if length == 0 or length > 16384 + 2048:

@@ -16,9 +16,10 @@ import json
 import os
 import stat
 import tarfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterable
+from typing import Any, BinaryIO
 
 from sandbox.errors import ImageError
 
@@ -49,6 +50,17 @@ class _HashingWriter:
 
     def tell(self) -> int:  # tarfile asks where it starts
         return self.size
+
+    # The rest of the file interface tarfile.open's `fileobj` is typed with. A stream being
+    # written ("w" mode) is never read or sought, and tarfile does not close a file it was given.
+    def read(self, size: int = -1, /) -> bytes:
+        raise io.UnsupportedOperation("write-only")
+
+    def seek(self, pos: int, /) -> int:
+        raise io.UnsupportedOperation("not seekable")
+
+    def close(self) -> None:
+        pass  # the sink is the caller's to close
 
     @property
     def digest(self) -> str:
@@ -185,9 +197,14 @@ class ContainerConfig:
     exposed_ports: tuple[str, ...] = ()
 
     @classmethod
-    def from_json(cls, doc: dict) -> ContainerConfig:
-        def pairs(items):
-            return tuple(tuple(i.split("=", 1)) for i in items)
+    def from_json(cls, doc: dict[str, Any]) -> ContainerConfig:
+        def pair(item: str) -> tuple[str, str]:
+            # An image config's Env items are "NAME=value" (to_json writes nothing else).
+            name, value = item.split("=", 1)
+            return name, value
+
+        def pairs(items: Iterable[str]) -> tuple[tuple[str, str], ...]:
+            return tuple(pair(i) for i in items)
 
         return cls(
             user=doc.get("User", ""),
@@ -199,8 +216,8 @@ class ContainerConfig:
             exposed_ports=tuple(sorted(doc.get("ExposedPorts") or {})),
         )
 
-    def to_json(self) -> dict:
-        doc: dict = {"User": self.user, "WorkingDir": self.workdir}
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"User": self.user, "WorkingDir": self.workdir}
         if self.env:
             doc["Env"] = [f"{k}={v}" for k, v in self.env]
         if self.entrypoint is not None:

@@ -18,9 +18,10 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from sandbox.errors import ImageError
 from sandbox.images import engine, rootfs
@@ -34,6 +35,9 @@ from sandbox.images.archive import (
 )
 from sandbox.images.lock import IMAGES_DIR, Lock, LockEntry, default_lock_path, load_lock, package_diff
 from sandbox.images.spec import ImageSpec, build_order, load_specs
+
+if TYPE_CHECKING:
+    from docker import DockerClient
 
 Progress = Callable[[str], None]
 
@@ -56,8 +60,9 @@ class Built:
     packages: tuple[str, ...] = ()
 
     @property
-    def doc(self) -> dict:
-        return json.loads(self.config)
+    def doc(self) -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads(self.config)
+        return doc
 
     def container_config(self) -> ContainerConfig:
         return ContainerConfig.from_json(self.doc["config"])
@@ -147,7 +152,7 @@ class Cache:
 
 
 class _Builder:
-    def __init__(self, *, specs: dict[str, ImageSpec], lock: Lock, cache: Cache, client: Any,
+    def __init__(self, *, specs: dict[str, ImageSpec], lock: Lock, cache: Cache, client: DockerClient | None,
                  update_lock: bool, force: frozenset[str], load: bool, tag_prefix: str, progress: Progress,
                  offline: bool = False):
         self.specs, self.lock, self.cache, self.client = specs, lock, cache, client
@@ -162,6 +167,12 @@ class _Builder:
         self.blocked: list[str] = []
         self.drifts: list[Drift] = []
         self.lock_changed = False
+
+    @property
+    def engine_client(self) -> DockerClient:
+        """The engine client: only asked for when `load` is set, and build() then always has one."""
+        assert self.client is not None, "loading images needs a Docker client"
+        return self.client
 
     @contextlib.contextmanager
     def step(self, what: str) -> Iterator[None]:
@@ -184,7 +195,7 @@ class _Builder:
         parent_id = self.ids.get(spec.parent) if spec.parent else None
         if entry.parent_id != parent_id:
             reasons.append(f"parent {spec.parent} is now {parent_id}")
-        if self.load and not engine.has_image(self.client, entry.id):
+        if self.load and not engine.has_image(self.engine_client, entry.id):
             reasons.append("missing from the engine")
         return reasons
 
@@ -202,7 +213,7 @@ class _Builder:
             self.up_to_date.append(name)
             self.progress(f"{name}: up to date ({entry.id[:19]})")
             if self.load:  # a moved tag is put back on the pinned image
-                engine.tag(self.client, entry.id, self.tag_prefix + name)
+                engine.tag(self.engine_client, entry.id, self.tag_prefix + name)
             return
         self.progress(f"{name}: needs work: {'; '.join(reasons)}")
         built = self.obtain(spec, entry)
@@ -335,26 +346,26 @@ class _Builder:
     def install(self, built: Built) -> None:
         if not self.load:
             return
-        if not engine.has_image(self.client, built.id):
+        if not engine.has_image(self.engine_client, built.id):
             archive = self.cache.root / "archives" / f"{built.name}-{os.getpid()}.tar"
             archive.parent.mkdir(parents=True, exist_ok=True)
             try:
                 with self.step(f"{built.name}: docker load {built.id[:19]}"):
                     with open(archive, "wb") as f:
                         write_docker_archive(f, built.config, built.layers)
-                    engine.load_archive(self.client, archive, built.id)
+                    engine.load_archive(self.engine_client, archive, built.id)
             finally:
                 archive.unlink(missing_ok=True)
             self.loaded.append(built.name)
-        engine.tag(self.client, built.id, self.tag_prefix + built.name)
+        engine.tag(self.engine_client, built.id, self.tag_prefix + built.name)
 
 
 def fetch(
     *,
     force: bool = False,
     progress: Progress | None = None,
-    images_dir: str | os.PathLike | None = None,
-    cache_dir: str | os.PathLike | None = None,
+    images_dir: str | os.PathLike[str] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
 ) -> list[Path]:
     """Download the package tarball of every root image that has none yet (all with `force`).
 
@@ -386,10 +397,10 @@ def build(
     update_lock: bool = False,
     force: bool = False,
     progress: Progress | None = None,
-    client: Any = None,
-    images_dir: str | os.PathLike | None = None,
-    lock_path: str | os.PathLike | None = None,
-    cache_dir: str | os.PathLike | None = None,
+    client: DockerClient | None = None,
+    images_dir: str | os.PathLike[str] | None = None,
+    lock_path: str | os.PathLike[str] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
     load: bool = True,
     tag_prefix: str = engine.TAG_PREFIX,
     offline: bool = False,

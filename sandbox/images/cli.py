@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 
 from sandbox.errors import SandboxError
 
@@ -17,7 +18,7 @@ EXIT_PROBLEMS = 1  # drift or missing images: the operator has something to do
 EXIT_ERROR = 2  # the command itself could not run (engine down, debootstrap failed, bad spec)
 
 
-def _progress_printer():
+def _progress_printer() -> Callable[[str], None]:
     t0 = time.monotonic()
 
     def progress(msg: str) -> None:
@@ -74,12 +75,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(str(p), file=sys.stderr)
     if problems:
         return EXIT_PROBLEMS
-    for e in lock.entries:
-        print(f"{e.name}\t{e.id}")
+    for entry in lock.entries:
+        print(f"{entry.name}\t{entry.id}")
     return EXIT_OK
 
 
-def register(subparsers) -> argparse.ArgumentParser:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     images = subparsers.add_parser("images", help="build and verify the pinned sandbox images")
     sub = images.add_subparsers(dest="images_command", required=True)
 
@@ -110,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["images"] + argv
     args = parser.parse_args(argv)
     del images
-    return args.func(args)
+    func: Callable[[argparse.Namespace], int] = args.func  # set by each leaf (register)
+    return func(args)
 
 
 if __name__ == "__main__":

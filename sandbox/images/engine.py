@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import TYPE_CHECKING
 
 from sandbox.errors import EngineError, ImageError
+
+if TYPE_CHECKING:  # docker is imported where it is used (the image code may run without it)
+    from docker import DockerClient
 
 TAG_PREFIX = "ringfence/"
 
 
-def client_from_env() -> Any:
+def client_from_env() -> DockerClient:
     try:
         import docker
 
@@ -18,7 +22,7 @@ def client_from_env() -> Any:
         raise EngineError(f"cannot reach the Docker engine: {e}") from e
 
 
-def has_image(client: Any, image_id: str) -> bool:
+def has_image(client: DockerClient, image_id: str) -> bool:
     """True only if the engine holds an image whose ID is exactly `image_id`.
 
     `images.get` also resolves tags and ID prefixes, so the returned ID is compared: a name
@@ -38,7 +42,7 @@ def has_image(client: Any, image_id: str) -> bool:
         raise EngineError(f"engine unreachable inspecting {image_id}: {e}") from e
 
 
-def tagged_id(client: Any, ref: str) -> str | None:
+def tagged_id(client: DockerClient, ref: str) -> str | None:
     """The ID a tag currently names, or None."""
     import docker.errors
 
@@ -50,7 +54,7 @@ def tagged_id(client: Any, ref: str) -> str | None:
         raise EngineError(f"engine failed to inspect {ref}: {e}") from e
 
 
-def load_archive(client: Any, path, expected_id: str) -> None:
+def load_archive(client: DockerClient, path: str | os.PathLike[str], expected_id: str) -> None:
     import docker.errors
 
     try:
@@ -62,7 +66,7 @@ def load_archive(client: Any, path, expected_id: str) -> None:
         raise ImageError(f"docker load of {path} did not produce {expected_id}")
 
 
-def tag(client: Any, image_id: str, repo: str, tag_: str = "latest") -> None:
+def tag(client: DockerClient, image_id: str, repo: str, tag_: str = "latest") -> None:
     import docker.errors
 
     try:

@@ -11,6 +11,7 @@ import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from sandbox.errors import ImageError
 
@@ -68,8 +69,8 @@ class LockEntry:
             raise ImageError(f"lock entry {self.name!r}: bad parent_id {self.parent_id!r}")
         object.__setattr__(self, "packages", tuple(self.packages))
 
-    def to_json(self) -> dict:
-        doc: dict = {
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
             "id": self.id,
             "inputs_sha256": self.inputs_sha256,
             "parent": self.parent,
@@ -108,7 +109,8 @@ class Lock:
         e = self.get(name)
         if e is None:
             where = self.path or "images.lock"
-            raise ImageError(f"image {name!r} is not pinned in {where}: run `make images` (or `ringfence images build`)")
+            raise ImageError(f"image {name!r} is not pinned in {where}: "
+                             "run `make images` (or `ringfence images build`)")
         return e
 
     def image_id(self, name: str) -> str:
@@ -138,18 +140,18 @@ class Lock:
         if not isinstance(images, dict):
             raise ImageError(f"{where}: 'images' must be an object")
         entries = []
-        for name, e in images.items():
-            if not isinstance(e, dict):
+        for name, item in images.items():
+            if not isinstance(item, dict):
                 raise ImageError(f"{where}: entry {name!r} must be an object")
             try:
                 entries.append(
                     LockEntry(
                         name=name,
-                        id=e["id"],
-                        inputs_sha256=e["inputs_sha256"],
-                        parent=e.get("parent"),
-                        parent_id=e.get("parent_id"),
-                        packages=tuple(e.get("packages", ())),
+                        id=item["id"],
+                        inputs_sha256=item["inputs_sha256"],
+                        parent=item.get("parent"),
+                        parent_id=item.get("parent_id"),
+                        packages=tuple(item.get("packages", ())),
                     )
                 )
             except (KeyError, TypeError) as err:
@@ -164,7 +166,7 @@ class Lock:
         return path
 
 
-def load_lock(path: str | os.PathLike | None = None) -> Lock:
+def load_lock(path: str | os.PathLike[str] | None = None) -> Lock:
     """Read the lock (default: $RINGFENCE_IMAGES_LOCK, else images.lock in images_dir())."""
     path = Path(path) if path is not None else default_lock_path()
     try:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sandbox.errors import ImageError
 from sandbox.images import engine
 from sandbox.images.lock import IMAGES_DIR, Lock, load_lock
 from sandbox.images.spec import load_specs
+
+if TYPE_CHECKING:
+    from docker import DockerClient
 
 FIX = "run `make images` (or `ringfence images build`)"
 
@@ -24,7 +27,7 @@ class Problem:
         return f"{self.name}: {self.kind}: {self.message}"
 
 
-def resolve_pinned(client: Any, name: str, lock: Lock | None = None) -> str:
+def resolve_pinned(client: DockerClient, name: str, lock: Lock | None = None) -> str:
     """The locked image ID for `name`, only if the engine holds exactly that image.
 
     Tags are never consulted: `ringfence/tool:latest` may point anywhere, the ID cannot.
@@ -37,7 +40,7 @@ def resolve_pinned(client: Any, name: str, lock: Lock | None = None) -> str:
 
 
 def verify(
-    client: Any,
+    client: DockerClient,
     lock: Lock | None = None,
     *,
     images_dir: str | Path | None = IMAGES_DIR,
@@ -67,10 +70,11 @@ def verify(
     if images_dir is not None and Path(images_dir).is_dir():
         specs = load_specs(Path(images_dir))
         for name, spec in sorted(specs.items()):
-            e = lock.get(name)
-            if e is None:
-                problems.append(Problem(name, "missing", f"images/{name} has no entry in the lock: {FIX} --update-lock"))
-            elif e.inputs_sha256 != spec.inputs_sha256():
+            entry = lock.get(name)
+            if entry is None:
+                problems.append(Problem(name, "missing",
+                                        f"images/{name} has no entry in the lock: {FIX} --update-lock"))
+            elif entry.inputs_sha256 != spec.inputs_sha256():
                 problems.append(Problem(name, "drifted", f"images/{name} changed since the lock was "
                                         f"written: {FIX} --update-lock"))
     return problems

@@ -122,7 +122,7 @@ def clean(root: Path) -> None:
     _write(root / "etc/resolv.conf", "")
     # Setuid/setgid binaries (su, mount, passwd...): no-new-privileges already neuters them,
     # but a sandbox has no use for them, so they go as defence in depth.
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _dirnames, filenames in os.walk(root):
         for f in filenames:
             p = Path(dirpath) / f
             st = os.lstat(p)
@@ -157,7 +157,7 @@ def add_account(root: Path, acct: Account) -> None:
     def append(name: str, line: str, key: str) -> None:
         p = etc / name
         text = p.read_text() if p.exists() else ""
-        if any(l.split(":", 1)[0] == key for l in text.splitlines()):
+        if any(existing.split(":", 1)[0] == key for existing in text.splitlines()):
             return
         if text and not text.endswith("\n"):
             text += "\n"

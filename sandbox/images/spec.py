@@ -36,9 +36,9 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from sandbox.errors import ImageError
 from sandbox.images.archive import ContainerConfig, tree_entries
@@ -159,7 +159,7 @@ class ImageSpec:
         return "sha256:" + h.hexdigest()
 
 
-def _str_list(name: str, field_: str, value) -> tuple[str, ...] | None:
+def _str_list(name: str, field_: str, value: object) -> tuple[str, ...] | None:
     if value is None:
         return None
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -167,7 +167,7 @@ def _str_list(name: str, field_: str, value) -> tuple[str, ...] | None:
     return tuple(value)
 
 
-def _str_map(name: str, field_: str, value) -> tuple[tuple[str, str], ...] | None:
+def _str_map(name: str, field_: str, value: object) -> tuple[tuple[str, str], ...] | None:
     if value is None:
         return None
     if not isinstance(value, dict) or not all(
@@ -236,7 +236,7 @@ def load_spec(directory: Path) -> ImageSpec:
     )
 
 
-def _files(path: Path, value) -> tuple[tuple[str, str], ...]:
+def _files(path: Path, value: object) -> tuple[tuple[str, str], ...]:
     """`files`: {"opt/x/y.py": "sandbox/x/y.py"}: relative paths on both sides, no `..`."""
     if value is None:
         return ()

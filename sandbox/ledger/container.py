@@ -23,11 +23,14 @@ nothing reached it through the proxy.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import docker
 
 from sandbox.services import SERVICE_UID, ServiceContainer, ServiceError, ServiceSettings
+
+if TYPE_CHECKING:
+    from sandbox.images.lock import Lock
 
 LEDGER_HOST = "ledger.ringfence.internal"
 """The name tools use for the ledger (control/tools/credit.json declares it as an egress host);
@@ -78,8 +81,9 @@ class Ledger(ServiceContainer):
     kind = "ledger"
     host = LEDGER_HOST
     error = LedgerError
+    settings: LedgerSettings  # what __init__ gives the base class
 
-    def __init__(self, client: docker.DockerClient, *, lock: Any = None, network: str | None = None,
+    def __init__(self, client: docker.DockerClient, *, lock: Lock | None = None, network: str | None = None,
                  settings: LedgerSettings | None = None) -> None:
         super().__init__(client, settings or LedgerSettings(), lock=lock, network=network)
 
@@ -93,25 +97,29 @@ class Ledger(ServiceContainer):
                     f"uid={LEDGER_UID},gid={LEDGER_UID}",
         }
 
-    def services(self, name: str = LEDGER_HOST) -> dict[str, tuple[str, ...]]:
+    def services(self, name: str | None = LEDGER_HOST) -> dict[str, tuple[str, ...]]:
         """The ProxySettings.services entry that makes `name` the ledger."""
         return super().services(name)
 
     # -- asking it -------------------------------------------------------------------------
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """{"credits", "replays", "conflicts", "rejected", "dropped_replies",
         "network": {"connections", "requests"}} (see sandbox.ledger.server)."""
-        return self._get("/stats")
+        stats: dict[str, Any] = self._get("/stats")
+        return stats
 
-    def credits(self, key: str) -> dict | None:
+    def credits(self, key: str) -> dict[str, Any] | None:
         """The record applied under `key`, or None."""
-        return self._get(f"/credits/{key}", allow_404=True)
+        record: dict[str, Any] | None = self._get(f"/credits/{key}", allow_404=True)
+        return record
 
-    def all_credits(self) -> list[dict]:
+    def all_credits(self) -> list[dict[str, Any]]:
         """Every credit on record, in the order applied (asked on the ledger's loopback)."""
-        return self._get("/credits")["credits"]
+        records: list[dict[str, Any]] = self._get("/credits")["credits"]
+        return records
 
-    def balance(self, account: str) -> dict:
+    def balance(self, account: str) -> dict[str, Any]:
         """{"account", "balance", "credits"}."""
-        return self._get(f"/accounts/{account}")
+        balance: dict[str, Any] = self._get(f"/accounts/{account}")
+        return balance

@@ -56,7 +56,7 @@ import struct
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, NoReturn, TextIO
 
 MAX_BODY = 64 * 1024
 MAX_AMOUNT = decimal.Decimal(1_000_000_000)
@@ -87,7 +87,7 @@ class BadRequest(ValueError):
 
 
 class Conflict(Exception):
-    def __init__(self, record: dict) -> None:
+    def __init__(self, record: dict[str, Any]) -> None:
         super().__init__("idempotency key reused with other arguments")
         self.record = record
 
@@ -105,7 +105,8 @@ def parse_amount(value: Any) -> str:
     d = decimal.Decimal(value)
     if not d.is_finite() or not 0 < d <= MAX_AMOUNT:
         raise BadRequest(f"amount must be in (0, {MAX_AMOUNT}]")
-    if d.as_tuple().exponent < -2 and d != d.quantize(decimal.Decimal("0.01")):
+    exponent = d.as_tuple().exponent  # an int: d is finite (the letters are for NaN and infinity)
+    if isinstance(exponent, int) and exponent < -2 and d != d.quantize(decimal.Decimal("0.01")):
         raise BadRequest("amount has more than two fractional digits")
     return format(d.quantize(decimal.Decimal("0.01")).normalize(), "f")
 
@@ -124,7 +125,7 @@ def parse_reason(value: Any) -> str | None:
 def parse_credit(body: bytes) -> tuple[str, str, str, str | None]:
     """(idempotency_key, account, canonical amount, reason or None) of a POST /credits body, or
     BadRequest."""
-    def refuse_constant(name: str):
+    def refuse_constant(name: str) -> NoReturn:
         raise BadRequest(f"{name} is not a number")
 
     try:
@@ -170,19 +171,20 @@ class LedgerStore:
             self._db.close()
 
     @staticmethod
-    def _record(row) -> dict:
-        record = {"id": row[0], "idempotency_key": row[1], "account": row[2], "amount": _number(row[3]),
+    def _record(row: tuple[Any, ...]) -> dict[str, Any]:
+        record: dict[str, Any] = {"id": row[0], "idempotency_key": row[1], "account": row[2], "amount": _number(row[3]),
                   "applied_at": row[4]}
         if row[5] is not None:
             record["reason"] = row[5]
         return record
 
-    def _by_key(self, key: str):
-        return self._db.execute(
+    def _by_key(self, key: str) -> tuple[Any, ...] | None:
+        row: tuple[Any, ...] | None = self._db.execute(
             "SELECT id, idempotency_key, account, amount, applied_at, reason FROM credits WHERE idempotency_key = ?",
             (key,)).fetchone()
+        return row
 
-    def apply(self, key: str, account: str, amount: str, reason: str | None = None) -> tuple[dict, bool]:
+    def apply(self, key: str, account: str, amount: str, reason: str | None = None) -> tuple[dict[str, Any], bool]:
         """(record, replayed). Applies the credit unless the key is on record; raises Conflict
         when it is on record with another account, amount or reason (nothing applied)."""
         with self._lock:
@@ -195,7 +197,7 @@ class LedgerStore:
                     if row[2] != account or row[3] != amount or row[5] != reason:
                         raise Conflict(record)
                     return record, True
-                now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds")
+                now = datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds")
                 self._db.execute("INSERT INTO credits (idempotency_key, account, amount, applied_at, reason) "
                                  "VALUES (?, ?, ?, ?, ?)", (key, account, amount, now, reason))
                 acct = self._db.execute("SELECT balance, credits FROM accounts WHERE account = ?",
@@ -212,20 +214,22 @@ class LedgerStore:
                 if self._db.in_transaction:
                     self._db.execute("ROLLBACK")
                 raise
-            return self._record(self._by_key(key)), False
+            row = self._by_key(key)
+            assert row is not None  # inserted and committed just above, under the lock
+            return self._record(row), False
 
-    def lookup(self, key: str) -> dict | None:
+    def lookup(self, key: str) -> dict[str, Any] | None:
         with self._lock:
             row = self._by_key(key)
         return self._record(row) if row is not None else None
 
-    def account(self, account: str) -> dict:
+    def account(self, account: str) -> dict[str, Any]:
         with self._lock:
             row = self._db.execute("SELECT balance, credits FROM accounts WHERE account = ?", (account,)).fetchone()
         balance, credits = row if row is not None else ("0", 0)
         return {"account": account, "balance": _number(balance), "credits": credits}
 
-    def all(self) -> list[dict]:
+    def all(self) -> list[dict[str, Any]]:
         with self._lock:
             rows = self._db.execute("SELECT id, idempotency_key, account, amount, applied_at, reason "
                                     "FROM credits ORDER BY id").fetchall()
@@ -233,7 +237,8 @@ class LedgerStore:
 
     def count(self) -> int:
         with self._lock:
-            return self._db.execute("SELECT count(*) FROM credits").fetchone()[0]
+            count: int = self._db.execute("SELECT count(*) FROM credits").fetchone()[0]
+            return count
 
 
 class Counters:
@@ -255,7 +260,7 @@ class LedgerServer(ThreadingHTTPServer):
     allow_reuse_address = True
 
     def __init__(self, address: tuple[str, int], store: LedgerStore, *, fail_after_commit: int | None = None,
-                 log=None) -> None:
+                 log: TextIO | None = None) -> None:
         self.store = store
         self.counters = Counters()
         self.fail_after_commit = fail_after_commit
@@ -263,7 +268,7 @@ class LedgerServer(ThreadingHTTPServer):
         self._log_lock = threading.Lock()
         super().__init__(address, LedgerHandler)
 
-    def emit(self, event: dict) -> None:
+    def emit(self, event: dict[str, Any]) -> None:
         with self._log_lock:
             try:
                 self.log.write(json.dumps(event, sort_keys=True) + "\n")
@@ -271,7 +276,7 @@ class LedgerServer(ThreadingHTTPServer):
             except (OSError, ValueError):
                 pass  # a closed stdout must not take the ledger down
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         v = dict(self.counters.values)
         return {"credits": self.store.count(), "replays": v["replays"], "conflicts": v["conflicts"],
                 "rejected": v["rejected"], "dropped_replies": v["dropped_replies"],
@@ -337,7 +342,7 @@ class LedgerHandler(BaseHTTPRequestHandler):
             return self._reply(200, store.account(account))
         return self._reply(404, {"error": "not_found"})
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:  # noqa: N802 - http.server dispatches on this name
         self._count()
         if self.path.split("?", 1)[0] != "/credits":
             return self._reply(404, {"error": "not_found"})
@@ -366,11 +371,11 @@ class LedgerHandler(BaseHTTPRequestHandler):
             return self._drop(key)
         return self._reply(201, {**record, "replayed": False}, key=key)
 
-    def do_PUT(self) -> None:  # noqa: N802
+    def do_PUT(self) -> None:  # noqa: N802 - http.server dispatches on this name
         self._count()
         self._reply(405, {"error": "method_not_allowed"})
 
-    do_DELETE = do_PATCH = do_PUT  # noqa: N815
+    do_DELETE = do_PATCH = do_PUT  # noqa: N815 - http.server dispatches on these names
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -388,7 +393,7 @@ class LedgerHandler(BaseHTTPRequestHandler):
             raise BadRequest(f"the body is over {MAX_BODY} bytes")
         return self.rfile.read(int(length))
 
-    def _reply(self, status: int, doc: dict, key: str | None = None) -> None:
+    def _reply(self, status: int, doc: dict[str, Any], key: str | None = None) -> None:
         body = json.dumps(doc, sort_keys=True).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")

@@ -16,11 +16,14 @@ loopback are the shared service container's (sandbox.services.ServiceContainer).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import docker
 
 from sandbox.services import ServiceContainer, ServiceError, ServiceSettings
+
+if TYPE_CHECKING:
+    from sandbox.images.lock import Lock
 
 RUNBOOKS_HOST = "runbooks.internal.corp"
 """The name tools use for the service (control/tools/fetch_url.json declares it as its one egress
@@ -53,23 +56,25 @@ class Runbooks(ServiceContainer):
     host = RUNBOOKS_HOST
     error = RunbooksError
 
-    def __init__(self, client: docker.DockerClient, *, lock: Any = None, network: str | None = None,
+    def __init__(self, client: docker.DockerClient, *, lock: Lock | None = None, network: str | None = None,
                  settings: RunbooksSettings | None = None) -> None:
         super().__init__(client, settings or RunbooksSettings(), lock=lock, network=network)
 
     def __enter__(self) -> Runbooks:
         return super().__enter__()
 
-    def services(self, name: str = RUNBOOKS_HOST) -> dict[str, tuple[str, ...]]:
+    def services(self, name: str | None = RUNBOOKS_HOST) -> dict[str, tuple[str, ...]]:
         """The ProxySettings.services entry that makes `name` this service."""
         return super().services(name)
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """{"network": {"connections", "requests"}, "served": {name: n}, "not_found": n}: what
         came over the network (see sandbox.runbooks.server); the host's own asks are not in it."""
-        return self._get("/stats")
+        stats: dict[str, Any] = self._get("/stats")
+        return stats
 
-    def runbook(self, name: str) -> dict | None:
+    def runbook(self, name: str) -> dict[str, Any] | None:
         """The document `name` as the service serves it, or None (asked on loopback: not counted
         in `network`, but counted in `served`)."""
-        return self._get(f"/runbooks/{name}", allow_404=True)
+        document: dict[str, Any] | None = self._get(f"/runbooks/{name}", allow_404=True)
+        return document

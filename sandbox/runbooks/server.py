@@ -33,7 +33,7 @@ import signal
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, TextIO
 
 NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
 
@@ -76,7 +76,7 @@ class Counters:
         with self._lock:
             self.served[runbook] = self.served.get(runbook, 0) + 1
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, Any]:
         with self._lock:
             return {"network": {"connections": self.connections, "requests": self.requests},
                     "served": dict(sorted(self.served.items())), "not_found": self.not_found}
@@ -86,13 +86,13 @@ class RunbookServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], *, log=None) -> None:
+    def __init__(self, address: tuple[str, int], *, log: TextIO | None = None) -> None:
         self.counters = Counters()
         self.log = log if log is not None else sys.stdout
         self._log_lock = threading.Lock()
         super().__init__(address, RunbookHandler)
 
-    def emit(self, event: dict) -> None:
+    def emit(self, event: dict[str, Any]) -> None:
         with self._log_lock:
             try:
                 self.log.write(json.dumps(event, sort_keys=True) + "\n")
@@ -156,9 +156,9 @@ class RunbookHandler(BaseHTTPRequestHandler):
             self.server.counters.add("requests")
         self._json(405, {"error": "method_not_allowed"})
 
-    do_POST = do_PUT = do_DELETE = do_PATCH = _not_allowed  # noqa: N815
+    do_POST = do_PUT = do_DELETE = do_PATCH = _not_allowed  # noqa: N815 - http.server dispatches on these names
 
-    def _json(self, status: int, doc: dict, runbook: str | None = None) -> None:
+    def _json(self, status: int, doc: dict[str, Any], runbook: str | None = None) -> None:
         self._reply(status, json.dumps(doc, sort_keys=True).encode(), "application/json", runbook)
 
     def _reply(self, status: int, body: bytes, content_type: str, runbook: str | None = None) -> None:

@@ -13,16 +13,15 @@ import threading
 from collections import Counter
 
 import pytest
+from recording_backend import RecordingBackend
 
 from control.api.background import BackgroundServer
 from control.api.client import RingfenceClient
 from control.config import load_config, token_digest
-from control.orchestration import Orchestrator
 from control.model import ApprovalStatus, ObservationStatus, RunOutcome
+from control.orchestration import Orchestrator
 from control.store import SqliteEventStore
 from sandbox.ledger.container import LEDGER_HOST
-
-from recording_backend import RecordingBackend
 
 pytestmark = pytest.mark.docker
 
@@ -140,7 +139,8 @@ def test_a_run_through_the_real_server_and_real_containers(stack):
 
     # The exact log. The two reads run in parallel, so their dispatch events may interleave:
     # that stretch is compared as a multiset, everything else in order.
-    head = ["run_started", "batch_started"] + ["call_decided"] * 4 + ["observation", "approval_requested", "observation"]
+    head = (["run_started", "batch_started"] + ["call_decided"] * 4
+            + ["observation", "approval_requested", "observation"])
     reads = Counter({"dispatch_started": 2, "attempt": 2, "call_completed": 2})
     after_reads = ["observation", "observation"]
     # The credit's attempt carries the egress proxy's decision (its request to the ledger).

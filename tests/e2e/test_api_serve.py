@@ -3,8 +3,6 @@ container, stops cleanly on SIGTERM, and a restarted server finds the run in its
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import threading
@@ -13,11 +11,11 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from serve_support import Served
 
 from control.api.client import RingfenceClient
 from control.config import token_digest
 from control.model import ObservationStatus, RunStatus
-from serve_support import Served
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "serve-agent-token"

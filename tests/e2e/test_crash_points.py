@@ -15,9 +15,9 @@ batch id, the approvals that are pending). Then:
 from __future__ import annotations
 
 import threading
-import uuid
 
 import pytest
+from serve_support import Served
 
 from control.api.client import RingfenceClient
 from control.config import token_digest
@@ -26,7 +26,6 @@ from control.model import ApprovalStatus, ObservationStatus, RunOutcome
 from control.orchestration.crashpoints import ENV, POINTS
 from control.store import open_store, verify
 from sandbox.ledger.container import LEDGER_HOST
-from serve_support import Served
 
 pytestmark = pytest.mark.docker
 

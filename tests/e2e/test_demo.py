@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -56,7 +57,7 @@ def test_the_reference_demo_runs_end_to_end(pinned_images, tmp_path):
     # The context grows turn by turn (each holds every earlier result) until it passes the
     # demo's budget before turn 7: one compaction folds the oldest turns, and the context shrinks.
     tokens = [int(n) for n in re.findall(r"\d+", line(out, "context tokens").split("(")[0])]
-    assert len(tokens) == 7 and all(a < b for a, b in zip(tokens[:6], tokens[1:6])), tokens
+    assert len(tokens) == 7 and all(a < b for a, b in pairwise(tokens[:6])), tokens
     assert tokens[6] < tokens[5], tokens
     assert line(out, "compactions").startswith("compactions     1 (budget 2400 tokens;")
     assert line(out, "containers left") == "containers left 0"
@@ -72,12 +73,13 @@ def test_the_reference_demo_runs_end_to_end(pinned_images, tmp_path):
         # The agent's run, and the two fresh runs of the skill's trials.
         runs = store.runs("demo")
         assert run_id in runs and len(runs) == 3
-        trial_tools = [e.data["tool"] for r in runs if r != run_id for e in store.read(r) if e.type == "dispatch_started"]
+        trial_tools = [e.data["tool"] for r in runs if r != run_id
+                       for e in store.read(r) if e.type == "dispatch_started"]
         assert trial_tools == ["read_file", "read_file"]
         events = store.read(run_id)
     finally:
         store.close()
-    of = lambda kind: [e.data["call_id"] for e in events if e.type == kind]  # noqa: E731
+    of = lambda kind: [e.data["call_id"] for e in events if e.type == kind]  # noqa: E731 - a one-line helper reads better as a lambda here
     # Executed means dispatched to a sandbox: the denied, declined and deduplicated calls never were.
     assert sorted(of("dispatch_started")) == ["t1.incident", "t1.runbook", "t4.refund", "t6.summary"]
     assert of("approval_requested") == ["t3.goodwill", "t4.refund"]

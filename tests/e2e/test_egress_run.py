@@ -13,16 +13,16 @@ call in the run's log, attributed to that call's attempt.
 from __future__ import annotations
 
 import pytest
+from egress_support import EgressTestbed
 
 from control.api.background import BackgroundServer
 from control.api.client import RingfenceClient
 from control.config import load_config, token_digest
-from control.orchestration import Orchestrator
 from control.model import ObservationStatus
+from control.orchestration import Orchestrator
 from control.registry import Registry, ToolManifest
 from control.store import SqliteEventStore
 from sandbox.docker_backend import DockerBackend
-from sandbox.egress.testing import EgressTestbed
 
 pytestmark = pytest.mark.docker
 
@@ -82,7 +82,8 @@ def test_a_calls_allowlist_is_the_tools_hosts_and_the_policy_grant(stack):
     assert egress.data["call_id"] == "ok"
     # The proxy attributed the request to the sandbox call of that attempt (its socket's).
     assert {d["call_id"] for d in egress.data["decisions"]} == {f"ok.a{egress.data['attempt']}"}
-    assert [(d["host"], d["port"], d["decision"]) for d in egress.data["decisions"]] == [("allowed.test", 80, "allowed")]
+    decisions = [(d["host"], d["port"], d["decision"]) for d in egress.data["decisions"]]
+    assert decisions == [("allowed.test", 80, "allowed")]
 
 
 @pytest.mark.parametrize("stack", [["allowed.test", "denied.test"]], indirect=True)

@@ -20,10 +20,10 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1 import trace_pb2
 from opentelemetry.sdk.trace import TracerProvider
+from serve_support import Served
 
 from control.client import Client
 from control.model import ObservationStatus
-from serve_support import Served
 
 pytestmark = pytest.mark.docker
 

@@ -12,9 +12,9 @@ One server serves the whole module; every test uses plan ids and evidence refs o
 
 from __future__ import annotations
 
-
 import grpc
 import pytest
+from recording_backend import RecordingBackend
 
 from control.api.background import BackgroundServer
 from control.client import Client
@@ -23,8 +23,6 @@ from control.errors import AlreadyExists, InvalidArgument, NotFound, PermissionD
 from control.model import ObservationStatus
 from control.orchestration import Orchestrator
 from control.store import SqliteEventStore
-
-from recording_backend import RecordingBackend
 
 pytestmark = pytest.mark.docker
 

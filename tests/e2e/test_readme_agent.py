@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from serve_support import ROOT, Served
 
 pytestmark = pytest.mark.docker

@@ -29,7 +29,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from serve_support import ROOT, Served
 
 pytestmark = pytest.mark.docker

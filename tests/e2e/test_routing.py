@@ -15,10 +15,10 @@ import time
 import tomllib
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
+from recording_backend import RecordingBackend
 
 from control.api.background import BackgroundServer
 from control.client import Client
@@ -28,8 +28,6 @@ from control.model import RunOutcome
 from control.orchestration import Orchestrator
 from control.store import SqliteEventStore
 from sandbox import labels as L
-
-from recording_backend import RecordingBackend
 
 pytestmark = pytest.mark.docker
 

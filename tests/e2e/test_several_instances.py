@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from serve_support import Served
 
 from control.api.client import RingfenceClient
 from control.config import token_digest
@@ -22,7 +23,6 @@ from control.errors import ControlError
 from control.model import ApprovalStatus, ObservationStatus, RunOutcome
 from control.store import open_store, verify
 from sandbox.ledger.container import LEDGER_HOST
-from serve_support import Served
 
 pytestmark = pytest.mark.docker
 

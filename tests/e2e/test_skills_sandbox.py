@@ -8,6 +8,7 @@ step the path policy denies never reaches it.
 from __future__ import annotations
 
 import pytest
+from recording_backend import RecordingBackend
 
 from control.api.background import BackgroundServer
 from control.client import Client
@@ -16,8 +17,6 @@ from control.config import load_config
 from control.demo.skills_scene import run_skill_scene
 from control.orchestration import Orchestrator
 from control.store import SqliteEventStore
-
-from recording_backend import RecordingBackend
 
 pytestmark = pytest.mark.docker
 

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from serve_support import Served
 
 pytestmark = pytest.mark.slow
@@ -80,7 +79,8 @@ class Installed:
         return subprocess.run([str(a) for a in argv], cwd=self.work, env={**self.env, **(env or {})},
                               capture_output=True, text=True, timeout=timeout)
 
-    def ringfence(self, *args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    def ringfence(self, *args: str, env: dict[str, str] | None = None,
+                  timeout: float = 120) -> subprocess.CompletedProcess:
         return self.run(self.bin / "ringfence", *args, env=env, timeout=timeout)
 
     def under_venv(self, path: str | Path) -> bool:
@@ -88,7 +88,8 @@ class Installed:
 
 
 def _ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
-    assert proc.returncode == 0, f"{proc.args} exited {proc.returncode}\nstdout: {proc.stdout[-3000:]}\nstderr: {proc.stderr[-3000:]}"
+    assert proc.returncode == 0, (f"{proc.args} exited {proc.returncode}\n"
+                                  f"stdout: {proc.stdout[-3000:]}\nstderr: {proc.stderr[-3000:]}")
     return proc
 
 
@@ -169,6 +170,10 @@ def test_the_wheel_carries_the_packages_their_data_and_the_image_specs_and_nothi
         shipped = {n.split("/", 1)[1] for n in names if n.startswith(f"{package}/")}
         assert shipped == _shippable(installed.src / package, top_cache=False), package
     assert {"default_config.toml", "tools/echo.json"} <= {n.split("/", 1)[1] for n in names if n.startswith("control/")}
+    # No test harness ships: the egress testbed, its decoys and the scripted proxies live in tests/.
+    harness = [n for n in names if n.rsplit("/", 1)[-1] in ("testing.py", "decoy.py", "conftest.py")
+               or "/tests/" in n or n.rsplit("/", 1)[-1].startswith("test_")]
+    assert harness == []
     # images/ ships as ringfence_images/, exactly, minus its build cache and the decoys.
     shipped = {n.split("/", 1)[1] for n in names if n.startswith("ringfence_images/")}
     assert shipped == _shippable(installed.src / "images", top_cache=True)
@@ -298,7 +303,8 @@ def test_serve_on_the_embedded_defaults_lists_the_shipped_tools_and_stops_on_sig
         assert "error: the sandbox engine is not usable" in proc.stderr and "Traceback" not in proc.stderr
         return
 
-    seccomp = next((p for p in (SECCOMP_SYSTEM, ROOT / "build" / "seccomp" / "docker-default.json") if p.is_file()), None)
+    seccomp = next((p for p in (SECCOMP_SYSTEM, ROOT / "build" / "seccomp" / "docker-default.json") if p.is_file()),
+                   None)
     if seccomp is None:
         # Without Docker's default seccomp profile nothing could run: serve says so at start.
         proc = installed.ringfence("serve", "--listen", "127.0.0.1:0", "--state-dir", str(tmp_path / "state"))
@@ -309,7 +315,8 @@ def test_serve_on_the_embedded_defaults_lists_the_shipped_tools_and_stops_on_sig
         assert served.lines[0].startswith("ringfence: serving ringfence.v1 on 127.0.0.1:")
         with Client(served.address, DEMO_AGENT_TOKEN, timeout=30) as client:
             tools = client.list_tools()
-        expected = sorted(json.loads(p.read_text())["name"] for p in (installed.src / "control" / "tools").glob("*.json"))
+        manifests = (installed.src / "control" / "tools").glob("*.json")
+        expected = sorted(json.loads(p.read_text())["name"] for p in manifests)
         assert sorted(t.name for t in tools) == expected
         assert all(t.description and t.schema for t in tools)
         # The installed CLI's own client says the same.
@@ -332,7 +339,8 @@ def test_a_call_through_the_installed_server_runs_the_image_the_shipped_lock_pin
         pytest.skip(f"the pinned tool image is not in the engine (run `make images`): {pinned.stderr.strip()[-300:]}")
     # Docker's default seccomp profile is a host file (sandbox/seccomp.py): the system's, else the
     # checkout's copy (scripts/ensure-packages.sh).
-    seccomp = next((p for p in (SECCOMP_SYSTEM, ROOT / "build" / "seccomp" / "docker-default.json") if p.is_file()), None)
+    seccomp = next((p for p in (SECCOMP_SYSTEM, ROOT / "build" / "seccomp" / "docker-default.json") if p.is_file()),
+                   None)
     if seccomp is None:
         pytest.skip("no Docker default seccomp profile on this host (run `make packages`)")
     from control.client import Client

@@ -17,16 +17,16 @@ from __future__ import annotations
 import io
 import os
 import tarfile
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
+from weaken import Settings, WeakenedBackend
 
 from sandbox.backend import SandboxRequest
 from sandbox.docker_backend import DockerBackend
 from sandbox.pool import PoolSettings
 from sandbox.profile import SandboxProfile
 from sandbox.result import SandboxResult
-from weaken import Settings, WeakenedBackend
 
 pytestmark = pytest.mark.docker
 

@@ -20,18 +20,18 @@ import subprocess
 import threading
 import time
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import docker
 import pytest
+from weaken import Settings, WeakenedBackend
 
 from sandbox import labels as L
 from sandbox.backend import SandboxRequest
 from sandbox.docker_backend import DockerBackend, engine_pids_limit
 from sandbox.profile import KiB, MiB, SandboxProfile
 from sandbox.result import Outcome, SandboxResult
-from weaken import Settings, WeakenedBackend
 
 pytestmark = pytest.mark.docker
 
@@ -121,7 +121,7 @@ class CgroupWatch(threading.Thread):
                 self.token_pids_seen |= host_pids_with(self._scan_token)
             time.sleep(0.1)
 
-    def __enter__(self) -> "CgroupWatch":
+    def __enter__(self) -> CgroupWatch:
         self.start()
         return self
 
@@ -316,7 +316,8 @@ print(json.dumps({"written": written, "error": error}))
 
 def test_tmp_fill_stops_at_the_tmpfs_cap(attack, runtime) -> None:
     cap = 4 * MiB
-    report = parsed(attack(["python3", "-c", WRITER, str(cap + MiB)], runtime=runtime, tmpfs_bytes=cap, fsize_bytes=64 * MiB))
+    report = parsed(attack(["python3", "-c", WRITER, str(cap + MiB)], runtime=runtime, tmpfs_bytes=cap,
+                           fsize_bytes=64 * MiB))
     assert report["error"] == "ENOSPC"
     assert report["written"] <= cap
 
@@ -347,7 +348,8 @@ def _without_ulimit(name: str) -> Callable[[Settings], Settings]:
 
 def test_red_check_without_fsize_ulimit_the_write_passes(weakened) -> None:
     limit = 1 * MiB
-    report = parsed(weakened(_without_ulimit("fsize"))(["python3", "-c", WRITER, str(limit + 64 * KiB)], fsize_bytes=limit))
+    report = parsed(weakened(_without_ulimit("fsize"))(["python3", "-c", WRITER, str(limit + 64 * KiB)],
+                                                       fsize_bytes=limit))
     assert report == {"written": limit + 64 * KiB, "error": None}
 
 
@@ -464,7 +466,8 @@ def test_setsid_and_term_trapping_processes_die_with_the_container(backend, dock
     token = str(secrets.randbelow(10**9)).zfill(9)
     call_id = secrets.token_hex(8)
     with CgroupWatch(call_id, {}, scan_token=token if runtime == "runc" else None) as watch:
-        result = call(backend, ["sh", "-c", LINGERERS.format(token=token)], runtime=runtime, call_id=call_id, timeout_s=2)
+        result = call(backend, ["sh", "-c", LINGERERS.format(token=token)], runtime=runtime, call_id=call_id,
+                      timeout_s=2)
     assert result.outcome is Outcome.TIMEOUT, result
     assert b"survived TERM" in result.stdout
     assert watch.container_seen

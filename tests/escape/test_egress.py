@@ -4,7 +4,7 @@ Every request runs from inside a real sandbox (pinned tool image, DockerBackend 
 grant) through the real egress-proxy container: the sandbox has no network (only lo); the
 relay in it listens on 127.0.0.1:3128 and splices to the call's own unix socket, on which the
 proxy serves that call alone. The decoys are `base` containers on this test's own internal
-networks (sandbox.egress.testing.EgressTestbed) that log every TCP connection at accept and
+networks (egress_support.EgressTestbed) that log every TCP connection at accept and
 every UDP datagram: "refused" is shown by the decoy's log staying empty, never by the mere
 absence of an error. Each protection has a red check: the same attack with exactly that
 protection removed (a proxy with one check switched off by its TEST config, a sandbox attached
@@ -25,15 +25,16 @@ import socket
 import threading
 import urllib.parse
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from docker.types import Mount
+from egress_support import SANDBOX_CLIENT, connect, http_get
 
 from sandbox.backend import SandboxRequest
 from sandbox.docker_backend import DockerBackend
-from sandbox.egress.grant import MiB, EgressGrant
-from sandbox.egress.testing import SANDBOX_CLIENT, connect, http_get
+from sandbox.egress.grant import EgressGrant, MiB
 from sandbox.profile import SandboxProfile
 from sandbox.result import Outcome
 

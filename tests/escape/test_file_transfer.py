@@ -186,7 +186,7 @@ def test_links_in_a_tools_output_are_never_followed(attack, runtime, host: Host)
     # inside, never host content) or as a recorded link.
     host_passwd = Path("/etc/passwd").read_bytes()
     swaps = [rel for rel in entries if os.path.basename(rel).startswith("swap")]
-    swapped_links = [l for l in tree.links if os.path.basename(l.path).startswith("swap")]
+    swapped_links = [link for link in tree.links if os.path.basename(link.path).startswith("swap")]
     assert len(swaps) + len(swapped_links) >= 40
     for rel in swaps:
         assert (host.dest / rel).read_bytes() != host_passwd
@@ -306,7 +306,8 @@ def test_red_check_a_writable_input_mount_lets_the_tool_write_the_host(weakened,
 
     def writable(settings: dict) -> dict:
         settings["mounts"] = [
-            Mount(target=m["Target"], source=m["Source"], type="bind", read_only=False) if m["Target"] == "/input" else m
+            Mount(target=m["Target"], source=m["Source"], type="bind", read_only=False)
+            if m["Target"] == "/input" else m
             for m in settings["mounts"]
         ]
         return settings

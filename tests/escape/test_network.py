@@ -39,15 +39,15 @@ TCP_PORTS = (80, 2375, 8080)
 UDP_PORTS = (53, 9999)
 
 # The decoy: logs every connection and datagram, one line each, flushed at once.
-DECOY = r"""
+DECOY = rf"""
 import selectors, socket
 sel = selectors.DefaultSelector()
-for port in %(tcp)r:
+for port in {TCP_PORTS!r}:
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind(("0.0.0.0", port)); s.listen(64); s.setblocking(False)
     sel.register(s, selectors.EVENT_READ, ("TCP", port))
-for port in %(udp)r:
+for port in {UDP_PORTS!r}:
     u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     u.bind(("0.0.0.0", port)); u.setblocking(False)
     sel.register(u, selectors.EVENT_READ, ("UDP", port))
@@ -68,7 +68,7 @@ while True:
         else:
             data, peer = key.fileobj.recvfrom(4096)
             print("UDP", port, peer[0], repr(data), flush=True)
-""" % {"tcp": TCP_PORTS, "udp": UDP_PORTS}
+"""
 
 # What the sandbox sees, and (only when that view holds nothing but lo) whether the metadata
 # address and names can be reached. Prints one JSON object.
@@ -79,7 +79,8 @@ def ename(e):
 ifaces = [l.split(":")[0].strip() for l in open("/proc/net/dev").read().splitlines()[2:]]
 routes = [l for l in open("/proc/net/route").read().splitlines()[1:] if l.strip()]
 try:
-    routes6 = [l for l in open("/proc/net/ipv6_route").read().splitlines() if l.strip() and not l.rstrip().endswith("lo")]
+    routes6 = [l for l in open("/proc/net/ipv6_route").read().splitlines()
+               if l.strip() and not l.rstrip().endswith("lo")]
 except OSError:
     routes6 = []
 resolv = [l.split() for l in open("/etc/resolv.conf").read().splitlines() if l.strip() and not l.startswith("#")]
@@ -275,7 +276,8 @@ def test_sandbox_view_has_only_loopback(attack, runtime) -> None:
 def test_tcp_and_udp_to_a_decoy_fail_and_it_sees_nothing(attack, runtime, decoy: Decoy) -> None:
     marker = f"probe-{secrets.token_hex(6)}"
     before = decoy.log()
-    results = report(attack(["python3", "-I", "-c", CONNECT_PROBE, marker, json.dumps(decoy_targets(decoy))], runtime=runtime))
+    results = report(attack(["python3", "-I", "-c", CONNECT_PROBE, marker, json.dumps(decoy_targets(decoy))],
+                            runtime=runtime))
     assert results == {t: NO_ROUTE[runtime] for t in decoy_targets(decoy)}
     assert decoy.hits_since(before) == []
 
@@ -305,7 +307,8 @@ def test_metadata_address_and_names_are_unreachable(attack, runtime, decoy: Deco
     assert "169.254" not in view["hosts"] and "metadata" not in view["hosts"]
     before = decoy.log()
     marker = f"imds-{secrets.token_hex(6)}"
-    results = report(attack(["python3", "-I", "-c", CONNECT_PROBE, marker, json.dumps([f"tcp:{decoy.ip}:80"])], runtime=runtime))
+    results = report(attack(["python3", "-I", "-c", CONNECT_PROBE, marker, json.dumps([f"tcp:{decoy.ip}:80"])],
+                            runtime=runtime))
     assert results == {f"tcp:{decoy.ip}:80": NO_ROUTE[runtime]}
     assert decoy.hits_since(before) == []
 
@@ -335,7 +338,7 @@ class HostListener:
             self.accepted += 1
             conn.close()
 
-    def __enter__(self) -> "HostListener":
+    def __enter__(self) -> HostListener:
         self._thread.start()
         return self
 
@@ -386,7 +389,8 @@ def test_dns_lookups_get_no_answer(attack, runtime, decoy: Decoy) -> None:
     token = secrets.token_hex(6)
     before = decoy.log()
     out = report(
-        attack(["python3", "-I", "-c", DNS_PROBE, f"exfil-{token}.example.com", "--local"], runtime=runtime, env=FAST_RESOLVER)
+        attack(["python3", "-I", "-c", DNS_PROBE, f"exfil-{token}.example.com", "--local"], runtime=runtime,
+               env=FAST_RESOLVER)
     )
     assert out["lookup"] == "gaierror"
     assert out["tcp53"] == "ECONNREFUSED" and out["udp53"] == "ECONNREFUSED"

@@ -20,12 +20,12 @@ import threading
 import time
 
 import docker.errors
+import probes
 import pytest
 from docker.types import Mount
 
-import probes
-from sandbox.docker_backend import GVISOR_HIDDEN_DEVICES
 from sandbox import labels as L
+from sandbox.docker_backend import GVISOR_HIDDEN_DEVICES
 from sandbox.profile import InputMount
 
 pytestmark = pytest.mark.docker
@@ -46,12 +46,14 @@ def test_case_12_root_fs_readonly(attack, runtime):
     # /etc/passwd is root's 0644: the uid answers first, before the mount is consulted.
     assert probes.errnos({"w": p["write_passwd"], "a": p["append_passwd"]}) == {"w": "EACCES", "a": "EACCES"}
     if runtime == "runc":
-        assert probes.errnos({"root": p["create_root"], "chmod": p["chmod_runner"]}) == {"root": "EROFS", "chmod": "EROFS"}
+        errnos = probes.errnos({"root": p["create_root"], "chmod": p["chmod_runner"]})
+        assert errnos == {"root": "EROFS", "chmod": "EROFS"}
         assert p["readonly"] is True
     else:
         # gVisor checks the directory permission before the read-only mount, and does not
         # report ST_RDONLY through statvfs; the writes still fail.
-        assert probes.errnos({"root": p["create_root"], "chmod": p["chmod_runner"]}) == {"root": "EACCES", "chmod": "EPERM"}
+        errnos = probes.errnos({"root": p["create_root"], "chmod": p["chmod_runner"]})
+        assert errnos == {"root": "EACCES", "chmod": "EPERM"}
 
 
 def test_case_12_red_without_read_only(weakened):
@@ -121,7 +123,7 @@ class DecoyEngine:
         while not self._stop.is_set():
             try:
                 conn, _ = self._sock.accept()
-            except (socket.timeout, OSError):
+            except (TimeoutError, OSError):
                 continue
             with conn:
                 conn.settimeout(2)
@@ -264,7 +266,8 @@ def test_case_16_only_declared_host_mounts(attack, runtime, declared_input):
     if runtime == "runc":
         assert backed["/inputs"]["root"] == declared_input[0].host_path
         # No mount is the host's root directory or the engine's data root.
-        assert not [m for m in mounts if m["root"] in ("/", "/var/lib/docker") and not m["major_minor"].startswith("0:")]
+        assert not [m for m in mounts
+                    if m["root"] in ("/", "/var/lib/docker") and not m["major_minor"].startswith("0:")]
     assert not [m for m in mounts if m["mountpoint"] == "/var/run/docker.sock" or m["root"].endswith("docker.sock")]
 
 
@@ -281,7 +284,8 @@ def test_case_16_red_undeclared_host_mount(weakened, tmp_path):
     os.chmod(tmp_path, 0o755)
 
     def change(s):
-        return {**s, "mounts": list(s["mounts"]) + [Mount(target="/hostdir", source=str(tmp_path), type="bind", read_only=True)]}
+        hostdir = Mount(target="/hostdir", source=str(tmp_path), type="bind", read_only=True)
+        return {**s, "mounts": list(s["mounts"]) + [hostdir]}
 
     p = probes.report(weakened(change)(probes.argv("mountinfo")))
     assert undeclared(p["mounts"], set()) == ["/hostdir"]
@@ -290,7 +294,8 @@ def test_case_16_red_undeclared_host_mount(weakened, tmp_path):
 
 # ---- case 17: /dev is minimal, no block devices --------------------------------------------------------
 
-DEV_RUNC = ["fd", "full", "mqueue", "null", "ptmx", "pts", "random", "shm", "stderr", "stdin", "stdout", "tty", "urandom", "zero"]
+DEV_RUNC = ["fd", "full", "mqueue", "null", "ptmx", "pts", "random", "shm", "stderr", "stdin", "stdout", "tty",
+            "urandom", "zero"]
 # gVisor's /dev also has fuse and net (its own emulated /dev/fuse and /dev/net/tun): both names
 # stay, but as an empty read-only file and an empty read-only tmpfs (case 44).
 DEV_GVISOR = sorted(DEV_RUNC + ["fuse", "net"])

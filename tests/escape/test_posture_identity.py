@@ -15,10 +15,10 @@ from __future__ import annotations
 import os
 import shutil
 
-import pytest
-
 import probes
+import pytest
 from weaken import without_security_opt
+
 from sandbox.profile import InputMount
 
 pytestmark = pytest.mark.docker

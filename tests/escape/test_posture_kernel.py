@@ -19,9 +19,8 @@ settings. The green tests run under both runtimes.
 
 from __future__ import annotations
 
-import pytest
-
 import probes
+import pytest
 from weaken import without_security_opt
 
 pytestmark = pytest.mark.docker
@@ -77,7 +76,8 @@ def test_case_07_cgroup_release_agent(attack, runtime):
     assert p["release_agents"] == {}  # no release_agent is visible at all
     assert p["fresh_hierarchy"] == {"mounted": False, "errno": "EPERM"}
     if runtime == "runc":
-        assert p["controllers"] == ["blkio", "cpu", "cpuacct", "cpuset", "devices", "freezer", "memory", "pids", "systemd"]
+        assert p["controllers"] == ["blkio", "cpu", "cpuacct", "cpuset", "devices", "freezer", "memory", "pids",
+                                    "systemd"]
         assert set(probes.errnos(p["mkdir"]).values()) == {"EROFS"}
         assert all(p["readonly"].values())
         assert probes.errnos(p["remount"]) == {"memory": "EPERM", "devices": "EPERM"}
@@ -94,7 +94,7 @@ def test_case_07_red_root_with_sys_admin(weakened):
     escape, stopped one write short. (Our private cgroup namespace alone already hides the
     root's release_agent from a fresh mount; the non-root uid and the dropped capability stop
     the mount itself.)"""
-    change = lambda s: {**ROOT_WITH_SYS_ADMIN(s), "cgroupns": "host"}  # noqa: E731
+    change = lambda s: {**ROOT_WITH_SYS_ADMIN(s), "cgroupns": "host"}  # noqa: E731 - a one-line helper reads better as a lambda here
     p = probes.report(weakened(change)(probes.argv("cgroups")))
     assert probes.errnos(p["remount"]) == {"memory": "ok", "devices": "ok"}
     assert probes.errnos(p["mkdir_after_remount"]) == {"memory": "ok"}

@@ -16,14 +16,13 @@ import json
 import os
 import re
 
-import pytest
-
 import probes
+import pytest
 from weaken import with_readable_init, without_security_opt
+
 from sandbox import labels as L
-from sandbox import seccomp
-from sandbox.errors import ProfileError
 from sandbox.docker_backend import INIT
+from sandbox.errors import ProfileError
 from sandbox.profile import SandboxProfile
 
 pytestmark = pytest.mark.docker
@@ -175,7 +174,8 @@ def test_case_22_socket_families_refused(attack, runtime):
 def test_case_22_red_docker_default_profile_vsock(weakened):
     """With Docker's stock profile (no AF_VSOCK rule) a vsock stream socket is created: on this
     Firecracker guest it would reach the hypervisor's host side. It is never connected."""
-    p = probes.errnos(probes.report(weakened(probes.with_seccomp(probes.docker_stock_seccomp()))(probes.argv("families"))))
+    stock = weakened(probes.with_seccomp(probes.docker_stock_seccomp()))
+    p = probes.errnos(probes.report(stock(probes.argv("families"))))
     assert p["AF_VSOCK/SOCK_STREAM"] == "ok"
     assert p["AF_PACKET/SOCK_RAW"] == "EPERM"  # still no CAP_NET_RAW
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 import probes
+import pytest
 from weaken import WeakenedBackend, with_readable_init
+
 from sandbox import seccomp
 from sandbox.backend import SandboxRequest
 from sandbox.docker_backend import DOCKER_DEFAULT_MASKED_PATHS

@@ -6,7 +6,8 @@ too). Exists only in tests: production code has no switch to weaken a sandbox.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from docker.types import Mount
 

@@ -23,6 +23,7 @@ import uuid
 from dataclasses import dataclass
 
 import pytest
+from egress_support import INHIBIT
 
 from control.resource_policy import call_allowlist
 from control.tools import load_builtin
@@ -31,7 +32,6 @@ from sandbox.backend import SandboxRequest
 from sandbox.docker_backend import DockerBackend
 from sandbox.egress.grant import EgressGrant
 from sandbox.egress.proxy import EgressProxy, ProxySettings
-from sandbox.egress.testing import INHIBIT
 from sandbox.ledger import LEDGER_HOST, Ledger
 from sandbox.profile import SandboxProfile
 from sandbox.result import Outcome, ToolErrorClass

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from egress_support import SANDBOX_CLIENT, connect
 
 from sandbox import labels as L
 from sandbox.backend import SandboxRequest
@@ -25,7 +26,6 @@ from sandbox.docker_backend import DockerBackend
 from sandbox.egress.grant import EgressGrant
 from sandbox.egress.proxy import CALLS, CONTROL_DIR, SANDBOX_EGRESS_DIR, STATE_PREFIX, ProxySettings
 from sandbox.egress.server import SOCKET_NAME
-from sandbox.egress.testing import SANDBOX_CLIENT, connect
 from sandbox.profile import SandboxProfile
 from sandbox.reaper import reap
 from sandbox.result import Outcome
@@ -274,5 +274,6 @@ def test_the_proxys_decisions_are_part_of_the_calls_result(docker_client, pinned
     r = call(docker_client, pinned_images, proxy, ARGV, ops, reports=reports)
     decisions = [(e.get("host"), e.get("decision"), e.get("reason")) for e in r.egress_events]
     assert decisions == [(e.get("host"), e.get("decision"), e.get("reason")) for e in reports[0].events]
-    assert [(host, decision) for host, decision, _ in decisions] == [("allowed.test", "allowed"), ("denied.test", "denied")]
+    assert [(host, decision) for host, decision, _ in decisions] == [("allowed.test", "allowed"),
+                                                                      ("denied.test", "denied")]
     assert r.to_json()["egress_events"][1]["reason"] == "not_allowlisted"

@@ -13,9 +13,9 @@ import threading
 import pytest
 
 from control.config import load_config
-from control.orchestration import Orchestrator
 from control.model import ObservationStatus as S
 from control.model import Principal, ProposedCall, Role
+from control.orchestration import Orchestrator
 from control.store.sqlite import SqliteEventStore
 
 pytestmark = pytest.mark.docker

@@ -3,11 +3,12 @@ database is down, and SERVING again by itself once the database is back."""
 
 from __future__ import annotations
 
+from health_support import NOT_SERVING, SERVING, wait_for
+
 from control.api.background import BackgroundServer
 from control.config import load_config
 from control.orchestration import Orchestrator
 from control.store.postgres import PostgresEventStore
-from health_support import NOT_SERVING, SERVING, wait_for
 from sandbox.fake import FakeBackend
 
 

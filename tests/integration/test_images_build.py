@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.errors import ImageError
-from sandbox.images import Lock, LockEntry, build, load_lock, resolve_pinned, verify
-from sandbox.images import engine
+from sandbox.images import Lock, LockEntry, build, engine, load_lock, resolve_pinned, verify
 from sandbox.images.archive import (
     ContainerConfig,
     digest_of,
@@ -40,7 +39,7 @@ def client():
 
         c = docker.from_env()
         c.ping()
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - any failure to reach the engine means "no engine here"
         if os.environ.get("RINGFENCE_REQUIRE_DOCKER") == "1":
             pytest.fail(f"Docker is required but unreachable: {e}")
         pytest.skip(f"Docker unreachable: {e}")
@@ -104,8 +103,8 @@ def test_base_rebuilds_to_the_pinned_id(client, pinned, tmp_path):
         rebuilt = load_lock(scratch_lock)
         assert rebuilt.image_id("base") == pinned.image_id("base")
         assert client.images.get(f"{prefix}base:latest").id == pinned.image_id("base")
-        assert any("debootstrap" in l and "no network: done in" in l for l in lines)
-        assert not any("fetch packages" in l for l in lines)
+        assert any("debootstrap" in line and "no network: done in" in line for line in lines)
+        assert not any("fetch packages" in line for line in lines)
     finally:
         _remove_scratch(client, f"{prefix}base:latest", pinned.ids())
 

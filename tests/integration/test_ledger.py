@@ -22,6 +22,7 @@ import os
 import uuid
 
 import pytest
+from egress_support import INHIBIT, SANDBOX_CLIENT
 
 from sandbox import labels as L
 from sandbox.backend import SandboxRequest
@@ -29,7 +30,6 @@ from sandbox.docker_backend import DockerBackend
 from sandbox.egress.channel import EgressError
 from sandbox.egress.grant import EgressGrant
 from sandbox.egress.proxy import EgressProxy, ProxySettings
-from sandbox.egress.testing import INHIBIT, SANDBOX_CLIENT
 from sandbox.ledger import LEDGER_HOST, Ledger, LedgerError, LedgerSettings
 from sandbox.profile import SandboxProfile
 from sandbox.result import Outcome, ToolErrorClass
@@ -69,7 +69,7 @@ class Stack:
         return self.run_tool("credit", {"account": account, "amount": amount}, key, **kw)
 
     def probe(self, ops: list[dict], grant: EgressGrant):
-        """The stdlib client of sandbox.egress.testing, run in a sandbox behind the proxy."""
+        """The stdlib client of tests/egress_support, run in a sandbox behind the proxy."""
         profile = SandboxProfile(egress=grant, timeout_s=30)
         r = self.backend.run(SandboxRequest(profile=profile, argv=("python3", "-I", "-S", "-B", "-c", SANDBOX_CLIENT),
                                             stdin=json.dumps(ops).encode(), run_id="it-ledger"))

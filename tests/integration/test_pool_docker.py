@@ -29,12 +29,12 @@ from pathlib import Path
 import docker
 import docker.errors
 import pytest
+from egress_support import SANDBOX_CLIENT
 
 from sandbox import labels as L
 from sandbox.backend import SandboxRequest
 from sandbox.docker_backend import DockerBackend, _claimed_prefix
 from sandbox.egress.grant import EgressGrant
-from sandbox.egress.testing import SANDBOX_CLIENT
 from sandbox.pool import PoolSettings
 from sandbox.profile import SandboxProfile
 from sandbox.reaper import reap

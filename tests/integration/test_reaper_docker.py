@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import time
-
-import contextlib
 
 import docker.errors
 import pytest
@@ -55,7 +54,8 @@ def test_reaps_a_dead_instances_container_and_keeps_a_live_ones(docker_client, p
     live = labelled_sleeper(base)  # this test process's own pid: alive
     expired = labelled_sleeper(base, **{L.DEADLINE_LABEL: str(int(time.time()) - 10)})
     with started(orphan, live, expired):
-        ids = {name: c.get_wrapped_container().id for name, c in (("orphan", orphan), ("live", live), ("expired", expired))}
+        ids = {name: c.get_wrapped_container().id
+               for name, c in (("orphan", orphan), ("live", live), ("expired", expired))}
         reaped = reap(docker_client)
         names = {r.name for r in reaped}
         assert orphan.get_wrapped_container().name in names

@@ -68,7 +68,8 @@ def test_verify_says_ok_or_names_the_first_bad_seq(capsys, state_dir):
     raw = sqlite3.connect(state_dir / "events.sqlite3", isolation_level=None)
     try:
         raw.execute("DROP TRIGGER events_append_only_u")
-        raw.execute("""UPDATE events SET data = '{"outcome":"cancelled","reason":""}' WHERE run_id = 'r1' AND seq = 3""")
+        raw.execute("""UPDATE events SET data = '{"outcome":"cancelled","reason":""}'"""
+                    """ WHERE run_id = 'r1' AND seq = 3""")
     finally:
         raw.close()
     code, out, _ = ringfence(capsys, "runs", "verify", "r1", "--state-dir", str(state_dir))

@@ -10,9 +10,10 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -233,7 +234,7 @@ def test_the_same_events_hash_the_same_in_every_store(tmp_path, pg_url):
     chains = []
     for where in (str(tmp_path / "events.sqlite3"), pg_url):
         times = iter([1700000000, 1700000000.125])  # an int from a clock is stored, and hashed, as a float
-        store = open_store(where, clock=lambda: next(times))
+        store = open_store(where, clock=lambda times=times: next(times))
         try:
             started(store)
             store.append("r1", "x", {"v": [1, 2.5, "ü", 1e16], "n": None})

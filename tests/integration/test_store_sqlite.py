@@ -221,7 +221,8 @@ V1_ROWS = [
 def _tables(path: Path) -> dict[str, str]:
     db = sqlite3.connect(path)
     try:
-        return {name: kind for name, kind in db.execute("SELECT name, type FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'")}
+        rows = db.execute("SELECT name, type FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'")
+        return {name: kind for name, kind in rows}
     finally:
         db.close()
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from control.config import load_config, token_digest
 from control.errors import NotFound
@@ -26,6 +26,9 @@ from control.model import (
     ToolView,
     Usage,
 )
+
+if TYPE_CHECKING:
+    from sandbox.result import SandboxResult
 
 TOKENS = {
     ("acme", Role.AGENT): "acme-agent-token",
@@ -134,7 +137,8 @@ class StubOrchestrator:
         self._hook("decide_approval", p)
         now = time.time()
         status = ApprovalStatus.APPROVED if approve else ApprovalStatus.DECLINED
-        return Approval(approval_id, p.tenant, "run-1", "c1", "credit", {}, "d", status, now, now + 60, p.subject, reason)
+        return Approval(approval_id, p.tenant, "run-1", "c1", "credit", {}, "d", status, now, now + 60, p.subject,
+                        reason)
 
     def close(self) -> None:
         pass
@@ -143,7 +147,7 @@ class StubOrchestrator:
 # --- the real core with an in-memory sandbox ------------------------------------------------
 
 
-def runner_result(request) -> "SandboxResult":
+def runner_result(request) -> SandboxResult:
     """What the tool runner in the `tool` image answers, for the FakeBackend: echo returns its
     arguments, any other tool returns what it was asked to do and the idempotency key it saw."""
     import json as _json
@@ -188,7 +192,7 @@ class RealCore:
         self.orchestrator.close()
         self.store.close()
 
-    def __enter__(self) -> "RealCore":
+    def __enter__(self) -> RealCore:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from control.config import load_config
 from control.model import ObservationStatus as S
 from control.model import Principal, ProposedCall, Role
 from control.orchestration import Orchestrator
-from control.state import fold
 from control.registry import Registry
+from control.state import fold
 from control.store.sqlite import SqliteEventStore
 from control.tools import BUILTIN_DIR
 from sandbox.backend import SandboxRequest
@@ -209,7 +210,8 @@ class Harness:
 def replay_equals_live_at_every_prefix(tmp_path, store_url=None):
     """A rich run (every observation status, retries, approvals, a dedup): the state after each
     live append equals the fold of the log up to it (also run on PostgreSQL)."""
-    h = Harness(tmp_path, store_url=store_url, rules=[{"tool": "echo", "verdict": "allow"}, {"tool": "fail", "verdict": "allow"},
+    h = Harness(tmp_path, store_url=store_url, rules=[{"tool": "echo", "verdict": "allow"},
+                                 {"tool": "fail", "verdict": "allow"},
                                  {"tool": "write_note", "verdict": "allow"},
                                  {"tool": "credit", "verdict": "ask", "when": {"amount": {"lte": 100}}}])
     live: dict[int, dict] = {}

@@ -16,9 +16,10 @@ import json
 import socket
 import sys
 import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNNER = ROOT / "images/tool/rootfs/opt/ringfence/runner.py"

@@ -10,9 +10,12 @@ cancelled, error, uncertain).
 
 from __future__ import annotations
 
-import pytest
+from itertools import pairwise
 
+import pytest
 from api_support import TOKENS, RealCore, fake_backend, make_config, runner_result
+from control_support import FakeClock
+
 from control.api.background import BackgroundServer
 from control.client import Approver, Client, RetryPolicy, Unavailable
 from control.client.agent import (
@@ -28,7 +31,6 @@ from control.client.agent import (
 from control.model import ObservationStatus, Role, RunOutcome, RunStatus
 from control.orchestration import Orchestrator
 from control.store import SqliteEventStore
-from control_support import FakeClock
 from sandbox.fake import FakeBackend
 
 AGENT = TOKENS[("acme", Role.AGENT)]
@@ -100,10 +102,10 @@ def assert_honest_accounting(result: AgentResult, model: ScriptedModel, loop: Ag
     these scripts); the context, and so the input, grows every turn; the cost adds up."""
     assert len(result.input_tokens) == len(result.output_tokens) == result.turns == len(model.contexts)
     assert list(result.input_tokens) == [estimate_tokens(c.render()) for c in model.contexts]
-    assert all(a < b for a, b in zip(result.input_tokens, result.input_tokens[1:])), result.input_tokens
+    assert all(a < b for a, b in pairwise(result.input_tokens)), result.input_tokens
     assert [c.turn for c in model.contexts] == list(range(1, result.turns + 1))
     expected = sum(i * loop.cost_per_input_token + o * loop.cost_per_output_token
-                   for i, o in zip(result.input_tokens, result.output_tokens))
+                   for i, o in zip(result.input_tokens, result.output_tokens, strict=True))
     assert result.total_cost == pytest.approx(expected)
 
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from api_support import TOKENS, StubOrchestrator, make_config
 from google.protobuf import message_factory
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from api_support import TOKENS, StubOrchestrator, make_config
 from control.api.auth import METHOD_ROLES, Authenticator, TokenEntry
 from control.api.background import BackgroundServer
 from control.api.servicer import PROTO_MODULES, SERVICE_NAMES

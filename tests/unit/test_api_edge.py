@@ -7,6 +7,7 @@ import threading
 
 import grpc
 import pytest
+from api_support import TOKENS, StubOrchestrator, make_config
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from opentelemetry import trace
@@ -14,7 +15,6 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from api_support import TOKENS, StubOrchestrator, make_config
 from control.api.background import BackgroundServer
 from control.api.client import RingfenceClient
 from control.api.gen.ringfence.v1 import runs_pb2, types_pb2

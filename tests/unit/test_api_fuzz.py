@@ -14,10 +14,10 @@ import json
 
 import grpc
 import pytest
+from api_support import TOKENS, RealCore, fake_backend, make_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from api_support import TOKENS, RealCore, fake_backend, make_config
 from control.api.background import BackgroundServer
 from control.api.gen.ringfence.v1 import approvals_pb2, runs_pb2, tools_pb2, types_pb2
 from control.model import Role
@@ -90,7 +90,8 @@ steps = st.builds(types_pb2.PlanStep, key=ids, tool=tools, arguments_json=argume
 uint32 = st.one_of(st.integers(0, 20), st.integers(0, 2**32 - 1))
 
 UNARY = {
-    "/ringfence.v1.ToolService/ListTools": (st.builds(tools_pb2.ListToolsRequest, query=text), tools_pb2.ListToolsResponse),
+    "/ringfence.v1.ToolService/ListTools": (st.builds(tools_pb2.ListToolsRequest, query=text),
+                                            tools_pb2.ListToolsResponse),
     "/ringfence.v1.RunService/StartRun": (st.builds(runs_pb2.StartRunRequest, goal=text, run_id=ids), types_pb2.Run),
     "/ringfence.v1.RunService/GetRun": (st.builds(runs_pb2.GetRunRequest, run_id=ids), types_pb2.Run),
     "/ringfence.v1.RunService/ListRuns": (st.just(runs_pb2.ListRunsRequest()), runs_pb2.ListRunsResponse),
@@ -171,7 +172,8 @@ def test_fuzzed_plans_get_a_defined_answer(env):
     @given(run_id=ids, plan=st.lists(steps, max_size=12), max_steps=uint32)
     def check(run_id, plan, max_steps):
         request = runs_pb2.ExecutePlanRequest(run_id=run_id, steps=plan, max_steps=max_steps)
-        code, details = code_of_stream(channel, "/ringfence.v1.RunService/ExecutePlan", request.SerializeToString(), agent)
+        code, details = code_of_stream(channel, "/ringfence.v1.RunService/ExecutePlan", request.SerializeToString(),
+                                       agent)
         assert code in EXPECTED, (code, details, request)
 
     check()
@@ -204,7 +206,8 @@ def test_fuzzed_watches_get_a_defined_answer(env):
 
 
 @SETTINGS
-@given(path=st.sampled_from(sorted(UNARY) + ["/ringfence.v1.RunService/ExecutePlan", "/ringfence.v1.RunService/WatchRun"]),
+@given(path=st.sampled_from(sorted(UNARY)
+                            + ["/ringfence.v1.RunService/ExecutePlan", "/ringfence.v1.RunService/WatchRun"]),
        data=st.binary(max_size=300))
 def test_raw_bytes_never_produce_internal_or_unknown(env, path, data):
     server, channel, *_ = env

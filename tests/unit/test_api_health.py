@@ -4,8 +4,9 @@ answer, SERVING again by itself once it does. Through the real server on a real 
 from __future__ import annotations
 
 from api_support import RealCore, fake_backend, make_config
-from control.api.background import BackgroundServer
 from health_support import NOT_SERVING, SERVING, status_of, wait_for
+
+from control.api.background import BackgroundServer
 
 
 def test_health_follows_the_sandbox_engine(tmp_path):

@@ -6,18 +6,18 @@ time. The client must see the outcome in GetRun and as the last event of WatchRu
 from __future__ import annotations
 
 import pytest
-
 from api_support import TOKENS, tenants_table
+from control_support import FakeClock, ToolEmulator
+
 from control.api.background import BackgroundServer
 from control.api.client import RingfenceClient
 from control.config import load_config
 from control.errors import FailedPrecondition
-from control.orchestration import Orchestrator
 from control.model import ObservationStatus, Role, RunOutcome
+from control.orchestration import Orchestrator
 from control.registry import Registry
 from control.store.sqlite import SqliteEventStore
 from control.tools import BUILTIN_DIR
-from control_support import FakeClock, ToolEmulator
 from sandbox.fake import FakeBackend
 
 AGENT = TOKENS[("acme", Role.AGENT)]

@@ -13,15 +13,14 @@ import threading
 
 import grpc
 import pytest
-
 from api_support import TOKENS, RealCore, fake_backend, make_config
+
 from control.api.background import BackgroundServer
 from control.api.client import RingfenceClient
 from control.api.gen.ringfence.v1 import tools_pb2
 from control.errors import FailedPrecondition, InvalidArgument, NotFound
-from control.orchestration import Orchestrator
-from control.orchestration.runs import RunRepository
 from control.model import ApprovalStatus, ObservationStatus, Role, RunOutcome, RunStatus
+from control.orchestration.runs import RunRepository
 from control.tools import BUILTIN_DIR
 
 AGENT = TOKENS[("acme", Role.AGENT)]
@@ -157,7 +156,8 @@ def test_list_tools_narrows_by_query_past_twelve_tools(tmp_path, tools_dir):
 
 def test_a_tenant_cannot_see_or_touch_another_tenants_run(agent, approver, other, server):
     run = agent.start_run("acme's secret goal", "acme-run-1")
-    agent.submit_batch(run.run_id, [{"call_id": "c1", "tool": "credit", "arguments": {"account": "acme-9", "amount": 50}}])
+    agent.submit_batch(run.run_id,
+                       [{"call_id": "c1", "tool": "credit", "arguments": {"account": "acme-9", "amount": 50}}])
     approval = approver.list_approvals(run.run_id)[0]
     with pytest.raises(NotFound) as missing:
         other.get_run("no-such-run")
@@ -350,7 +350,8 @@ def test_tool_errors_declines_halts_and_cancels_reach_the_client(agent, approver
     assert failed.status is ObservationStatus.EXECUTED and failed.executed
     assert failed.error and failed.error_class == "invalid" and failed.content is None
 
-    [asked] = agent.submit_batch(run.run_id, [{"call_id": "c", "tool": "credit", "arguments": {"account": "acme-1", "amount": 9}}])
+    [asked] = agent.submit_batch(run.run_id,
+                                 [{"call_id": "c", "tool": "credit", "arguments": {"account": "acme-1", "amount": 9}}])
     approver.decide_approval(asked.approval_id, False, "not today")
     declined = {o.call_id: o for o in agent.get_run(run.run_id).trajectory}["c"]
     assert declined.status is ObservationStatus.DECLINED and not declined.executed
@@ -370,7 +371,8 @@ def test_tool_errors_declines_halts_and_cancels_reach_the_client(agent, approver
     starts = core.backend.starts
 
     other = agent.start_run("to be cancelled")
-    [pending] = agent.submit_batch(other.run_id, [{"call_id": "p", "tool": "credit", "arguments": {"account": "acme-1", "amount": 1}}])
+    [pending] = agent.submit_batch(
+        other.run_id, [{"call_id": "p", "tool": "credit", "arguments": {"account": "acme-1", "amount": 1}}])
     cancelled = approver.cancel_run(other.run_id)  # an approver may stop a run
     assert cancelled.outcome is RunOutcome.CANCELLED
     assert {o.call_id: o.status for o in cancelled.trajectory}["p"] is ObservationStatus.DECLINED
@@ -430,7 +432,8 @@ def test_watch_approvals_streams_new_requests_to_an_approver(agent, approver):
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
-        agent.submit_batch(run.run_id, [{"call_id": "c1", "tool": "credit", "arguments": {"account": "acme-1", "amount": 5}}])
+        agent.submit_batch(run.run_id,
+                           [{"call_id": "c1", "tool": "credit", "arguments": {"account": "acme-1", "amount": 5}}])
         assert got_one.wait(30)
         assert received[0].run_id == run.run_id and received[0].tool == "credit"
         assert received[0].status is ApprovalStatus.PENDING

@@ -7,8 +7,8 @@ import subprocess
 
 import grpc
 import pytest
-
 from api_support import TOKENS, StubOrchestrator, make_config
+
 from control.api.background import BackgroundServer
 from control.api.client import RingfenceClient
 from control.api.server import TlsOptions

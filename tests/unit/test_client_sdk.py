@@ -20,12 +20,12 @@ from pathlib import Path
 
 import grpc
 import pytest
-from opentelemetry import trace
+from api_support import TOKENS, RealCore, StubOrchestrator, fake_backend, make_config
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from test_architecture import ROOT, imports_of
 
-from api_support import TOKENS, RealCore, StubOrchestrator, fake_backend, make_config
 from control.api.background import BackgroundServer
 from control.client import (
     ApprovalDecision,
@@ -51,7 +51,6 @@ from control.model import (
     RunView,
     ToolView,
 )
-from test_architecture import ROOT, imports_of
 
 AGENT = TOKENS[("acme", Role.AGENT)]
 APPROVER = TOKENS[("acme", Role.APPROVER)]

@@ -8,8 +8,8 @@ import json
 import logging
 
 import pytest
-
 from api_support import TOKENS, RealCore, fake_backend, make_config
+
 from control.api.background import BackgroundServer
 from control.client import Client
 from control.client.agent import AgentLoop, ModelTurn, ScriptedModel, ToolCall, TurnRecord
@@ -37,7 +37,7 @@ def client(tmp_path):
 
 def long_script(turns: int) -> list:
     """`turns - 1` distinct echo turns (never a repeat, each with a sizeable result), then an answer."""
-    step = lambda ctx: ModelTurn.calls(ToolCall("echo", {"text": f"step {ctx.turn} " + "x" * 1200}, "c"))  # noqa: E731
+    step = lambda ctx: ModelTurn.calls(ToolCall("echo", {"text": f"step {ctx.turn} " + "x" * 1200}, "c"))  # noqa: E731 - a one-line helper reads better as a lambda here
     return [step] * (turns - 1) + [lambda ctx: ModelTurn.answer(f"done; goal was {len(ctx.goal)} chars")]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from control_support import AGENT, APPROVER, Harness
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,7 +17,6 @@ from control.model import ObservationStatus as S
 from control.model import ProposedCall, RunOutcome
 from control.policy import PolicyEngine, Verdict
 from control.registry import ToolManifest
-from control_support import AGENT, APPROVER, Harness
 
 
 def test_an_allowed_read_runs_and_says_so(tmp_path):
@@ -148,8 +148,8 @@ def test_the_first_failing_step_answers(tmp_path, call, expected_last):
 def test_every_call_is_decided_before_any_runs(tmp_path):
     h = Harness(tmp_path, autonomy="standard")
     run = h.run()
-    h.submit(run, ("echo", {"text": "1"}), ("read_file", {"path": "../x"}), ("credit", {"account": "acme-1", "amount": 5}),
-             ("echo", {"text": "2"}))
+    h.submit(run, ("echo", {"text": "1"}), ("read_file", {"path": "../x"}),
+             ("credit", {"account": "acme-1", "amount": 5}), ("echo", {"text": "2"}))
     types = h.event_types(run)
     first_dispatch = types.index("dispatch_started")
     assert types.count("call_decided") == 4

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from control_support import AGENT, APPROVER, STRANGER_APPROVER, Harness
 
 from control.approvals import approval_digest
 from control.errors import FailedPrecondition, NotFound, PermissionDenied
 from control.model import ApprovalStatus as A
 from control.model import ObservationStatus as S
 from control.model import RunStatus
-from control_support import AGENT, APPROVER, STRANGER_APPROVER, Harness
 
 RULES = [{"tool": "credit", "verdict": "ask", "when": {"amount": {"lte": 1000}}},
          {"tool": "echo", "verdict": "allow"}]

@@ -20,7 +20,8 @@ def test_defaults_work_with_no_file():
     assert c.limits.max_steps == 10 and c.limits.max_argument_bytes == 64 * 1024
     assert c.limits.max_message_bytes == 1024 * 1024 and c.limits.max_concurrent_batches == 32
     assert c.policy.autonomy == "standard"
-    assert [(r.tool, r.verdict) for r in c.policy.rules if r.tool == "credit"] == [("credit", "ask"), ("credit", "deny")]
+    credit_rules = [(r.tool, r.verdict) for r in c.policy.rules if r.tool == "credit"]
+    assert credit_rules == [("credit", "ask"), ("credit", "deny")]
     assert {t.role for t in c.tenants["demo"].tokens} == {Role.AGENT, Role.APPROVER, Role.ADMIN, Role.VERIFIER}
 
 

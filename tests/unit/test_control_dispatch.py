@@ -6,11 +6,11 @@ from __future__ import annotations
 import threading
 
 import pytest
+from control_support import AGENT, APPROVER, Harness, content_result, error_result, outcome_result
 
 from control.idempotency import idempotency_key
 from control.model import ObservationStatus as S
 from control.model import RunOutcome
-from control_support import AGENT, APPROVER, Harness, content_result, error_result, outcome_result
 from sandbox.errors import EngineError
 from sandbox.result import Outcome
 
@@ -261,7 +261,7 @@ def test_secrets_in_error_messages_are_redacted(tmp_path):
 
 
 def test_the_profile_comes_from_the_manifest(tmp_path):
-    from control.registry import Registry, ToolManifest, ToolLimits
+    from control.registry import Registry, ToolLimits, ToolManifest
 
     fetch = ToolManifest("fetch", "f", {"type": "object"}, mutates=False, reversible=True,
                          egress_hosts=("api.example.com",), url_arguments=("url",),
@@ -291,7 +291,8 @@ def test_a_calls_allowlist_is_the_tools_hosts_and_what_policy_grants(tmp_path):
     call's allowlist is exactly that; a sibling host or port 80 is denied at admission."""
     from control.registry import Registry
 
-    h = Harness(tmp_path, rules=[{"tool": "fetch", "verdict": "allow"}], registry=Registry([_fetcher(("*.example.com",))]),
+    h = Harness(tmp_path, rules=[{"tool": "fetch", "verdict": "allow"}],
+                registry=Registry([_fetcher(("*.example.com",))]),
                 egress={"fetch": ["api.example.com:443", "elsewhere.test"]})
     h.emulator.overrides["fetch"] = lambda call: "fetched"
     run = h.run()
@@ -307,7 +308,8 @@ def test_nothing_granted_means_nothing_reachable(tmp_path):
     with no network at all (no egress grant on its profile)."""
     from control.registry import Registry
 
-    h = Harness(tmp_path, rules=[{"tool": "fetch", "verdict": "allow"}], registry=Registry([_fetcher(("api.example.com",))]))
+    h = Harness(tmp_path, rules=[{"tool": "fetch", "verdict": "allow"}],
+                registry=Registry([_fetcher(("api.example.com",))]))
     h.emulator.overrides["fetch"] = lambda call: "fetched"
     run = h.run()
     denied, ran = h.submit(run, ("fetch", {"url": "https://api.example.com/"}), ("fetch", {}))

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from control.config import PoolConfig
 from control_support import Harness
+
+from control.config import PoolConfig
 
 
 def test_excluded_tools_are_never_warm_and_the_others_may_be(tmp_path):

@@ -8,11 +8,11 @@ from __future__ import annotations
 import threading
 
 import pytest
+from control_support import ADMIN, AGENT, APPROVER, Harness, content_result, error_result, outcome_result
 
 from control.errors import InvalidArgument, PermissionDenied
 from control.model import ObservationStatus as S
 from control.model import Principal, ProposedCall, Role
-from control_support import ADMIN, AGENT, APPROVER, Harness, content_result, error_result, outcome_result
 from sandbox.result import Outcome
 
 GLOBEX = Principal("globex", Role.AGENT, "globex-agent")
@@ -92,7 +92,8 @@ def test_calls_admitted_before_a_crash_run_once_after_the_restart(tmp_path):
 
     h.orch.on_event = die_after_the_last_verdict
     with pytest.raises(Crash):
-        h.submit(run, ProposedCall("r", "echo", {"text": "hi"}), ProposedCall("w", "write_note", {"name": "n", "text": "t"}))
+        h.submit(run, ProposedCall("r", "echo", {"text": "hi"}),
+                 ProposedCall("w", "write_note", {"name": "n", "text": "t"}))
     assert h.backend.starts == 0
     h.restart()
     view = h.orch.get_run(AGENT, run)
@@ -219,7 +220,8 @@ def _crashed_mid_credit(h, run):
     h.store.append(run, "batch_started", {"batch_id": "b", "turn": 1, "calls": [
         {"call_id": "pay", "tool": "credit", "arguments": {"account": "acme-9", "amount": 50}}]})
     h.store.append(run, "dispatch_started", {"call_id": "pay", "tool": "credit", "mutates": True,
-                                             "idempotency_key": "key-1", "arguments": {"account": "acme-9", "amount": 50}})
+                                             "idempotency_key": "key-1",
+                                             "arguments": {"account": "acme-9", "amount": 50}})
 
 
 def test_reconciliation_finds_the_effect_and_records_it_without_running_again(tmp_path):

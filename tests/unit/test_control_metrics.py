@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import urllib.request
 
+from control_support import AGENT, Harness, error_result
+
 from control.metrics import Metrics
 from control.model import ObservationStatus as S
-from control_support import AGENT, Harness, error_result
 
 
 def value(metrics: Metrics, name: str, **labels) -> float:
@@ -19,7 +20,8 @@ def test_verdicts_attempts_observations_and_outcomes_are_counted(tmp_path):
     h.orch.on_event = metrics.observe
     h.emulator.overrides["fail"] = lambda call: error_result("transient")
     run = h.run()
-    obs = h.submit(run, ("echo", {"text": "hi"}), ("read_file", {"path": "/etc/shadow"}), ("fail", {"class": "transient"}))
+    obs = h.submit(run, ("echo", {"text": "hi"}), ("read_file", {"path": "/etc/shadow"}),
+                   ("fail", {"class": "transient"}))
     assert [o.status for o in obs] == [S.EXECUTED, S.DENIED, S.EXECUTED]
     h.orch.finish_run(AGENT, run)
     assert value(metrics, "ringfence_policy_verdicts_total", tool="echo", verdict="allow") == 1

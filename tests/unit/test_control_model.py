@@ -8,8 +8,8 @@ import pytest
 
 import control.errors as errors
 import control.model as model
-from control.validation import canonical, canonical_json, validate_arguments
 from control.tools import load_builtin
+from control.validation import canonical, canonical_json, validate_arguments
 
 
 def test_model_exports_are_pinned():

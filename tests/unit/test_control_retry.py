@@ -5,9 +5,18 @@ from __future__ import annotations
 import random
 
 import pytest
-
-from control.retry import Attempt, BreakerState, CircuitBreaker, FailureClass, RetryPolicy, backoff_s, classify, retry_call
 from control_support import FakeClock, error_result, outcome_result
+
+from control.retry import (
+    Attempt,
+    BreakerState,
+    CircuitBreaker,
+    FailureClass,
+    RetryPolicy,
+    backoff_s,
+    classify,
+    retry_call,
+)
 from sandbox.fake import ok_result
 from sandbox.result import Outcome
 
@@ -29,7 +38,10 @@ def test_classification(result, cls):
     assert classify(result) == cls
 
 
-def run(answers, policy=RetryPolicy(4, 0.5, 30.0)):
+POLICY = RetryPolicy(4, 0.5, 30.0)
+
+
+def run(answers, policy=POLICY):
     clock = FakeClock()
     calls = []
 

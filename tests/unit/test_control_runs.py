@@ -1,15 +1,11 @@
-"""Runs: every terminal outcome forced, tenant isolation, plans, watchers, replay equality (spans: test_tracing_spans.py)."""
+"""Runs: every terminal outcome forced, tenant isolation, plans, watchers, replay equality
+(spans: test_tracing_spans.py)."""
 
 from __future__ import annotations
 
 import threading
 
 import pytest
-
-from control.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
-from control.model import ObservationStatus as S
-from control.model import PlanStep, ProposedCall, RunOutcome, RunStatus
-from control.state import fold
 from control_support import (
     AGENT,
     APPROVER,
@@ -19,8 +15,11 @@ from control_support import (
     outcome_result,
     replay_equals_live_at_every_prefix,
 )
-from sandbox.result import Outcome
 
+from control.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
+from control.model import ObservationStatus as S
+from control.model import PlanStep, ProposedCall, RunOutcome, RunStatus
+from sandbox.result import Outcome
 
 # -- one test per outcome ------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from scripted_proxy import PROXY_VARIABLES, load_runner, scripted_proxy
 
 from control.config import load_config
 from control.model import ProposedCall
@@ -19,7 +20,6 @@ from control.orchestration.admission import AdmissionContext, AdmissionVerdict, 
 from control.policy import PolicyEngine
 from control.resource_policy import check_resources
 from control.tools import load_builtin
-from scripted_proxy import PROXY_VARIABLES, load_runner, scripted_proxy
 
 KEY = "k" * 64
 RUNBOOK_URL = "http://runbooks.internal.corp/runbooks/credit-policy"

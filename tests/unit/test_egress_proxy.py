@@ -21,11 +21,11 @@ import tempfile
 import time
 
 import pytest
+from egress_support import ProxyHarness, basic, connect, http_get, make_cert, raw_request, tunnel
+from egress_support.decoy import Decoy
 
 from sandbox.egress.channel import ControlChannel, EgressError
-from sandbox.egress.decoy import Decoy
 from sandbox.egress.server import CHECKS, ConfigError, ProxyConfig
-from sandbox.egress.testing import ProxyHarness, basic, connect, http_get, make_cert, raw_request, tunnel
 
 ALLOWED, PRIVATE, DENIED, IPONLY = "127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"
 TEST_HOSTS = {
@@ -288,7 +288,7 @@ def test_pipelined_second_request_does_not_ride_on_the_first(proxy, decoys):
     port = decoys["allowed"].port
     first = (f"GET http://allowed.test:{port}/ HTTP/1.1\r\nHost: allowed.test:{port}\r\n"
              f"Proxy-Authorization: {basic(*call.auth)}\r\nContent-Length: 0\r\n\r\n")
-    second = f"GET /big?n=5 HTTP/1.1\r\nHost: denied.test\r\n\r\n"
+    second = "GET /big?n=5 HTTP/1.1\r\nHost: denied.test\r\n\r\n"
     reply = raw_request(call.sock, (first + second).encode())
     assert reply.status == 200
     assert [e["line"] for e in decoys["allowed"].events if e["event"] == "request"] == ["GET / HTTP/1.1"]

@@ -18,11 +18,15 @@ import socket
 import tempfile
 
 import pytest
+from egress_support import ProxyHarness, http_get
 
 from sandbox.egress.allowlist import parse_patterns
+from sandbox.egress.config import ConfigError, ProxyConfig, parse_services
+from sandbox.egress.errors import Deny
+from sandbox.egress.events import RequestEvent
+from sandbox.egress.grant_table import Grant
 from sandbox.egress.proxy import ProxySettings
-from sandbox.egress.server import ConfigError, EgressProxyServer, Grant, ProxyConfig, _Deny, parse_services
-from sandbox.egress.testing import ProxyHarness, http_get
+from sandbox.egress.server import EgressProxyServer
 
 LEDGER, LEDGER_IP, NEIGHBOUR_IP = "ledger.ringfence.internal", "10.9.0.2", "10.9.0.3"
 SERVICES = {LEDGER: [LEDGER_IP]}
@@ -99,13 +103,14 @@ def _grant(*allow: str) -> Grant:
 
 
 def _admit(config: ProxyConfig, grant: Grant, host: str, port: int = 80):
-    """(canonical name, address) or the _Deny; plus the request's event."""
+    """(canonical name, address) or the Deny; plus the fields of the request's event it set."""
     server = EgressProxyServer(config, log=io.StringIO())
-    ev: dict = {}
+    ev = RequestEvent()
     try:
-        return asyncio.run(server._admit(grant, host, port, ev)), ev
-    except _Deny as d:
-        return d, ev
+        result: tuple[str, str] | Deny = asyncio.run(server._admit(grant, host, port, ev))
+    except Deny as d:
+        result = d
+    return result, {k: v for k, v in ev.to_json().items() if v is not None}
 
 
 def test_a_service_on_the_allowlist_is_its_pinned_address_and_never_resolved(monkeypatch):

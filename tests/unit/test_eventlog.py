@@ -16,10 +16,10 @@ import logging
 import uuid
 
 import pytest
+from control_support import AGENT, APPROVER, Harness
 from opentelemetry import trace
 
 from control.eventlog import EventLogger, JsonFormatter, configure_logging, fan_out
-from control_support import AGENT, APPROVER, Harness
 
 AWS_KEY = "AKIAIOSFODNN7EXAMPLE"  # the scanner finds it: the call is BLOCKED
 ARG_SECRET = "correct-horse-battery-staple"  # no scanner finds it: the call runs
@@ -66,7 +66,7 @@ def test_one_json_line_per_event_with_ids_and_no_secret(tmp_path, spans):
     [root] = [s for s in spans.get_finished_spans()
               if s.name == "invoke_agent" and s.attributes.get("ringfence.run_id") == run]
     trace_id = f"{root.context.trace_id:032x}"
-    for line, event in zip(lines, events):
+    for line, event in zip(lines, events, strict=True):  # one line per event, as asserted above
         assert line["run_id"] == run and line["tenant"] == "acme" and line["trace_id"] == trace_id, line
         assert line["level"] in ("info", "warning") and line["ts"].endswith("Z")
         if "call_id" in event.data:

@@ -528,14 +528,14 @@ def test_write_note_returns_the_key(tmp_path, monkeypatch):
     monkeypatch.setattr(wn, "NOTES_DIR", str(tmp_path / "notes"))
     out = wn.run({"name": "n1", "text": "hi"}, {"call_id": "c", "idempotency_key": "k9"})
     assert out["idempotency_key"] == "k9" and (tmp_path / "notes/n1").read_text() == "hi"
-    with pytest.raises(Exception):
+    with pytest.raises(sys.modules["ringfence_tool"].ToolError):
         wn.run({"name": "../x"}, {})
 
 
 def test_sleep_validates():
     sl = _tool_module("sleep")
     assert sl.run({"seconds": 0}, {}) == {"slept": 0}
-    with pytest.raises(Exception):
+    with pytest.raises(sys.modules["ringfence_tool"].ToolError):
         sl.run({"seconds": -1}, {})
 
 
@@ -567,4 +567,5 @@ def test_an_offline_root_build_needs_the_package_tarball(tmp_path):
     from sandbox.images.spec import Debootstrap
 
     with pytest.raises(ImageError, match="no package tarball"):
-        rootfs.debootstrap(Debootstrap("bookworm", "http://deb.debian.org/debian", ()), tmp_path / "root", tmp_path / "absent.tgz", tmp_path / "log")
+        rootfs.debootstrap(Debootstrap("bookworm", "http://deb.debian.org/debian", ()), tmp_path / "root",
+                           tmp_path / "absent.tgz", tmp_path / "log")

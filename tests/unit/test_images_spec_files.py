@@ -33,7 +33,8 @@ def test_files_are_laid_with_their_content_and_change_the_inputs_hash(tmp_path):
     assert load_spec(spec_dir).inputs_sha256() != before
 
 
-@pytest.mark.parametrize("files", [{"/etc/passwd": "pkg/mod.py"}, {"opt/x.py": "../outside.py"}, {"opt/x.py": "/etc/passwd"}, ["pkg/mod.py"]])
+@pytest.mark.parametrize("files", [{"/etc/passwd": "pkg/mod.py"}, {"opt/x.py": "../outside.py"},
+                                   {"opt/x.py": "/etc/passwd"}, ["pkg/mod.py"]])
 def test_paths_that_leave_the_tree_are_refused(tmp_path, files):
     with pytest.raises(ImageError):
         load_spec(make_repo(tmp_path, files))

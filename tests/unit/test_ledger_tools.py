@@ -11,7 +11,6 @@ import json
 import socket
 
 import pytest
-
 from scripted_proxy import load_runner, scripted_proxy
 
 KEY = "k" * 64

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import ast
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import pytest
 
@@ -109,7 +109,10 @@ def test_zero_score_facts_are_never_returned(store):
 
 def test_keyword_retriever_alone():
     r = KeywordRetriever()
-    mk = lambda i, t, at: Fact(f"f{i}", "t", MemoryKind.SEMANTIC, t, RAN, at, None, None)
+
+    def mk(i: int, t: str, at: float) -> Fact:
+        return Fact(f"f{i}", "t", MemoryKind.SEMANTIC, t, RAN, at, None, None)
+
     facts = [mk(1, "alpha beta", 5.0), mk(2, "alpha", 9.0), mk(3, "gamma", 10.0)]
     assert [f.id for f in r.rank("alpha beta", facts, 5)] == ["f1", "f2"]
     assert [f.id for f in r.rank("alpha", facts, 5)] == ["f2", "f1"]

@@ -19,12 +19,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from api_support import TOKENS, RealCore, fake_backend, make_config
+
 from control.api.background import BackgroundServer
 from control.api.client import RingfenceClient
 from control.api.people_cli import PlanError, load_plan
-from control.model import ApprovalStatus, ObservationStatus, Role, RunOutcome, RunStatus
+from control.model import ApprovalStatus, ObservationStatus, Role, RunOutcome
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENT = TOKENS[("acme", Role.AGENT)]
@@ -149,7 +149,8 @@ def test_submit_json_is_one_object_per_line(server, agent, core, tmp_path):
     assert last["kind"] == "outcome"
     run = last["run"]
     assert (run["run_id"], run["status"], run["outcome"]) == ("json-1", "waiting_approval", None)
-    assert [(o["call_id"], o["status"]) for o in run["trajectory"]] == [("hello", "executed"), ("pay", "pending_approval")]
+    statuses = [(o["call_id"], o["status"]) for o in run["trajectory"]]
+    assert statuses == [("hello", "executed"), ("pay", "pending_approval")]
     assert run["pending_approvals"][0]["digest"] == agent.get_run("json-1").pending_approvals[0].digest
 
 
@@ -410,7 +411,8 @@ def test_tls_with_a_ca_file_and_the_hint_without_one(tmp_path, core):
     openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=cli test CA",
             "-keyout", "ca.key", "-out", "ca.pem")
     (tmp_path / "server.ext").write_text("subjectAltName=IP:127.0.0.1\n")
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=server", "-keyout", "server.key", "-out", "server.csr")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=server", "-keyout", "server.key",
+            "-out", "server.csr")
     openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2",
             "-extfile", "server.ext", "-out", "server.pem")
     tls = TlsOptions(tmp_path / "server.pem", tmp_path / "server.key")

@@ -4,13 +4,12 @@ tests/e2e/test_plans_verify.py). The emulated evidence tools answer as the image
 from __future__ import annotations
 
 import pytest
+from control_support import ADMIN, AGENT, Harness
 
 from control.errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied
 from control.model import Principal, Role
 from control.plans.service import PlanVerification
 from control.plans.values import Claim, Step
-
-from control_support import ADMIN, AGENT, Harness
 
 VERIFIER = Principal("acme", Role.VERIFIER, "vera")
 RULES = [{"tool": "assess_evidence", "verdict": "allow"}, {"tool": "check_evidence", "verdict": "allow"}]

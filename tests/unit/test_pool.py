@@ -138,7 +138,7 @@ def test_the_least_recently_used_shape_is_let_go(engine):
         for shape in ("a", "b"):
             pool.prewarm(shape)
         assert pool.wait_filled(5)
-        a_containers = {w for w, k in zip(range(1, 100), engine.made) if k == ("a", "shape")}
+        a_containers = {w for w, k in zip(range(1, 100), engine.made, strict=False) if k == ("a", "shape")}
         pool.prewarm("c")  # a is the oldest: let go, its container removed
         assert pool.wait_filled(5)
         assert pool.stats()["shapes"] == 2

@@ -4,14 +4,13 @@ containers are in tests/e2e/test_routing.py)."""
 from __future__ import annotations
 
 import pytest
+from control_support import AGENT, Harness, error_result
 
 from control.config import load_config
 from control.errors import AlreadyExists, ConfigError, InvalidArgument
 from control.routing.config import RouterConfig, RoutingConfig, SpecialistConfig, parse_routing
 from control.routing.service import TicketRouter
 from control.routing.values import Ticket
-
-from control_support import AGENT, Harness, error_result
 
 RULES = [{"tool": t, "verdict": "allow"} for t in ("route_symptom", "latency_specialist", "echo", "crash")]
 R = {"taxonomy": ["latency"], "router": {"tool": "route_symptom"}}

@@ -4,8 +4,8 @@ import struct
 
 import pytest
 
-from sandbox.docker_backend import _Demuxer, _Streams, _tool_error
 from sandbox.backend import SandboxRequest
+from sandbox.docker_backend import _Demuxer, _Streams, _tool_error
 from sandbox.result import Outcome, ToolErrorClass, classify_exit
 from sandbox.units import parse_duration, parse_size
 
@@ -64,7 +64,8 @@ def test_tool_error_class_comes_from_the_runner_json_only_in_runner_mode():
 
 @pytest.mark.parametrize(
     "text, expected",
-    [("1048576", 1 << 20), ("64m", 64 << 20), ("64M", 64 << 20), ("16MiB", 16 << 20), ("512k", 512 << 10), ("1g", 1 << 30)],
+    [("1048576", 1 << 20), ("64m", 64 << 20), ("64M", 64 << 20), ("16MiB", 16 << 20), ("512k", 512 << 10),
+     ("1g", 1 << 30)],
 )
 def test_parse_size(text, expected):
     assert parse_size(text) == expected

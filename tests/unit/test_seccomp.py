@@ -35,7 +35,8 @@ def test_derived_profile_keeps_docker_default_but_removes_io_uring_and_vsock():
 
 def test_a_profile_without_the_expected_socket_rule_is_refused():
     with pytest.raises(EngineError):
-        seccomp.derive({"defaultAction": "SCMP_ACT_ERRNO", "syscalls": [{"names": ["read"], "action": "SCMP_ACT_ALLOW"}]})
+        seccomp.derive({"defaultAction": "SCMP_ACT_ERRNO",
+                        "syscalls": [{"names": ["read"], "action": "SCMP_ACT_ALLOW"}]})
 
 
 def test_missing_source_gives_a_clear_error(monkeypatch, tmp_path):

@@ -15,13 +15,13 @@ import threading
 from pathlib import Path
 
 import pytest
+from control_support import AGENT, APPROVER, FakeClock, Harness, content_result
 
 from control.model import ObservationStatus as S
 from control.model import ProposedCall
 from control.store.sqlite import SqliteEventStore
 from control.tracing import TraceNode, render, trace_from_events
 from control.tracing.tree import PARALLEL_MARK
-from control_support import AGENT, APPROVER, FakeClock, Harness, content_result
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET_ARGUMENT = "AKIAIOSFODNN7EXAMPLE"
@@ -247,7 +247,7 @@ def _small_log(path: Path) -> str:
                   100.901, 100.902, 100.910])
     store = SqliteEventStore(path, clock=lambda: next(times))
     run = "r-small"
-    add = lambda type_, **data: store.append(run, type_, data)  # noqa: E731
+    add = lambda type_, **data: store.append(run, type_, data)  # noqa: E731 - a one-line helper reads better as a lambda here
     add("run_started", run_id=run, tenant="acme", goal="g", created_at=100.0, trace={})
     add("batch_started", batch_id="b1", turn=1, fingerprint="f", calls=[
         {"call_id": "c1", "tool": "read_file", "arguments": {"path": SECRET_ARGUMENT}},
@@ -321,7 +321,7 @@ def test_a_restart_mid_batch_an_interrupted_read_and_a_write_resumed(tmp_path):
     started: recovery observed the read as interrupted and ran the write, after the restart."""
     times = iter([float(t) for t in range(1, 30)])
     store = SqliteEventStore(tmp_path / "events.sqlite3", clock=lambda: next(times))
-    add = lambda type_, **data: store.append("r", type_, data)  # noqa: E731
+    add = lambda type_, **data: store.append("r", type_, data)  # noqa: E731 - a one-line helper reads better as a lambda here
     add("run_started", run_id="r", tenant="acme", goal="g", created_at=1.0)
     add("batch_started", batch_id="b1", turn=1, calls=[{"call_id": "c1", "tool": "echo", "arguments": {}},
                                                        {"call_id": "c2", "tool": "write_note", "arguments": {}}])

@@ -10,11 +10,11 @@ OTLP receiver in tests/e2e/test_otlp_export.py.
 from __future__ import annotations
 
 import pytest
+from control_support import APPROVER, Harness
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from control.orchestration import dispatch as dispatch_module
-from control_support import APPROVER, Harness
 
 SECRET = "AKIAIOSFODNN7EXAMPLE"
 

@@ -13,7 +13,7 @@ for dirpath, dirnames, filenames in os.walk("/dev"):
 partitions = []
 try:
     with open("/proc/partitions") as f:
-        partitions = [l.split()[3] for l in f.read().splitlines()[2:] if len(l.split()) == 4]
+        partitions = [line.split()[3] for line in f.read().splitlines()[2:] if len(line.split()) == 4]
 except OSError:
     pass
 opened = {}

@@ -2,7 +2,7 @@
 envs = {}
 for p in sorted((p for p in os.listdir("/proc") if p.isdigit()), key=int):
     try:
-        with open("/proc/%s/environ" % p, "rb") as f:
+        with open(f"/proc/{p}/environ", "rb") as f:
             raw = f.read()
     except OSError as e:
         envs[p] = {"errno": ename(e.errno)}

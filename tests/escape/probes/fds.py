@@ -16,7 +16,7 @@ def own_fds():
 
 
 def describe(pid):
-    d = "/proc/%s/fd" % pid
+    d = f"/proc/{pid}/fd"
     try:
         names = sorted(os.listdir(d), key=int)
     except OSError as e:
@@ -36,7 +36,7 @@ pids = sorted((p for p in os.listdir("/proc") if p.isdigit()), key=int)
 procs = {}
 for p in pids:
     try:
-        cwd = os.readlink("/proc/%s/cwd" % p)
+        cwd = os.readlink(f"/proc/{p}/cwd")
     except OSError as e:
         cwd = "?" + ename(e.errno)
     procs[p] = {"fds": describe(p), "cwd": cwd}

@@ -5,7 +5,7 @@ import threading
 WANT = int(sys.argv[1])
 stop = threading.Event()
 threads, err = [], None
-for i in range(WANT):
+for _ in range(WANT):
     t = threading.Thread(target=stop.wait)
     try:
         t.start()
@@ -25,7 +25,7 @@ for name, kind, dev in (("char-null", stat.S_IFCHR, os.makedev(1, 3)), ("char-fu
     path = "/tmp/rf-node-" + name
     r = attempt(os.mknod, path, kind | 0o666, dev)
     if r["ok"]:
-        r["opened"] = attempt(lambda: os.close(os.open(path, os.O_RDWR | os.O_NONBLOCK)))
+        r["opened"] = attempt(lambda path=path: os.close(os.open(path, os.O_RDWR | os.O_NONBLOCK)))
     nodes[name] = r
 
 devices = {}

@@ -16,7 +16,10 @@ def capget():
     r = syscall(125, ctypes.byref(header), data)
     if r["ret"] != 0:
         return r
-    join = lambda f: getattr(data[0], f) | (getattr(data[1], f) << 32)
+
+    def join(f):
+        return getattr(data[0], f) | (getattr(data[1], f) << 32)
+
     return {"effective": join("effective"), "permitted": join("permitted"), "inheritable": join("inheritable")}
 
 
@@ -36,7 +39,8 @@ emit({
     "uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(), "egid": os.getegid(),
     "groups": os.getgroups(),
     "id_u": run(["id", "-u"])["out"].strip(),
-    "status": {k: status.get(k) for k in ("Uid", "Gid", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp")},
+    "status": {k: status.get(k) for k in ("Uid", "Gid", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb",
+                                          "NoNewPrivs", "Seccomp")},
     "capget": capget(),
     "bounding": cap_list(PR_CAPBSET_READ),
     "ambient": cap_list(PR_CAP_AMBIENT, PR_CAP_AMBIENT_IS_SET),

@@ -9,7 +9,7 @@ if r["ret"] >= 0:
     fd = r["ret"]
     with open("/bin/true", "rb") as f:
         os.write(fd, f.read())
-    path = "/proc/self/fd/%d" % fd
+    path = f"/proc/self/fd/{fd:d}"
     try:
         p = subprocess.run([path], pass_fds=(fd,), capture_output=True, timeout=5)
         out["exec"] = {"rc": p.returncode}

@@ -2,4 +2,4 @@
 with open("/proc/net/unix") as f:
     lines = f.read().splitlines()
 emit({"header": lines[0] if lines else None, "entries": lines[1:],
-      "paths": sorted(l.split()[7] for l in lines[1:] if len(l.split()) >= 8)})
+      "paths": sorted(line.split()[7] for line in lines[1:] if len(line.split()) >= 8)})

@@ -24,7 +24,7 @@ def kallsyms():
             lines = [f.readline() for _ in range(200)]
     except OSError as e:
         return {"errno": ename(e.errno)}
-    addrs = [l.split()[0] for l in lines if l.strip()]
+    addrs = [line.split()[0] for line in lines if line.strip()]
     return {"lines": len(addrs), "nonzero": sum(1 for a in addrs if int(a, 16) != 0)}
 
 
@@ -35,7 +35,8 @@ def dmesg():
         # Only what tells whose log it is, never the log itself (it may hold host details).
         text = buf.raw[: r["ret"]].decode(errors="replace")
         r["gvisor_banner"] = "Starting gVisor" in text
-        r["host_kernel_lines"] = sum(1 for l in text.splitlines() if "Linux version" in l or "Command line" in l)
+        r["host_kernel_lines"] = sum(1 for line in text.splitlines()
+                                     if "Linux version" in line or "Command line" in line)
     return r
 
 
@@ -47,5 +48,6 @@ emit({
     "kallsyms": kallsyms(),
     "dmesg": dmesg(),
     "dmesg_cmd_rc": run(["dmesg"])["rc"],
-    "after_unmask": in_child(lambda: {p: {"umount": umount(p), "after": look(p)} for p in ("/proc/timer_list", "/proc/keys")}),
+    "after_unmask": in_child(lambda: {p: {"umount": umount(p), "after": look(p)}
+                                      for p in ("/proc/timer_list", "/proc/keys")}),
 })

@@ -3,7 +3,7 @@
 # bytes just read, so a successful attack changes nothing in tini.
 def first_mapping(pid):
     try:
-        with open("/proc/%d/maps" % pid) as f:
+        with open(f"/proc/{pid:d}/maps") as f:
             return int(f.readline().split("-")[0], 16)
     except (OSError, ValueError, IndexError):
         return None

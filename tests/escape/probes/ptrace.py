@@ -8,7 +8,7 @@ class IoVec(ctypes.Structure):
 
 def first_mapping(pid):
     try:
-        with open("/proc/%d/maps" % pid) as f:
+        with open(f"/proc/{pid:d}/maps") as f:
             return int(f.readline().split("-")[0], 16)
     except (OSError, ValueError, IndexError):
         return 0x400000

@@ -17,7 +17,7 @@ def mounts():
 
 
 def can_create(directory):
-    path = os.path.join(directory, ".rf-probe-%d" % os.getpid())
+    path = os.path.join(directory, f".rf-probe-{os.getpid():d}")
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     except OSError as e:

@@ -21,7 +21,7 @@ import socket
 import ssl
 import sys
 import threading
-from typing import Callable
+from collections.abc import Callable
 from urllib.parse import parse_qs, urlsplit
 
 MAX_HEAD = 16384

@@ -1,11 +1,12 @@
-"""Test support for the egress proxy (used by tests/ and bench/, never by product code).
+"""Test support for the egress proxy (tests only; was sandbox.egress.testing). Import as
+`egress_support` (tests/ is on sys.path, like serve_support).
 
 - ProxyHarness: the real proxy in a thread, each grant with its own unix socket in a temp
   directory (as the host makes them), with a connector that opens sockets to loopback only and
   records every attempt (so no unit test can send a packet off the machine, even with a check
   switched off), plus raw-socket clients (http_get, tunnel, raw_request) that take a call's
   socket path (or a loopback TCP port, for the in-sandbox relay's tests).
-- EgressTestbed: decoy containers (sandbox.egress.decoy in the pinned `base` image) on the
+- EgressTestbed: decoy containers (egress_support.decoy in the pinned `base` image) on the
   test's own internal Docker networks, and egress proxies whose test resolver maps their names.
 - SANDBOX_CLIENT: the stdlib client that runs inside a sandbox (JSON ops on stdin).
 """
@@ -30,9 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandbox import labels as L
-from sandbox.egress import decoy as _decoy_module
 from sandbox.egress.channel import ControlChannel
-from sandbox.egress.server import SOCKET_NAME, EgressProxyServer, ProxyConfig
+from sandbox.egress.config import ProxyConfig
+from sandbox.egress.grant_table import SOCKET_NAME
+from sandbox.egress.server import EgressProxyServer
+
+from . import decoy as _decoy_module
 
 
 class RecordingConnector:
@@ -121,7 +125,7 @@ def _read_all(s: socket.socket) -> bytes:
     while True:
         try:
             chunk = s.recv(65536)
-        except (ConnectionResetError, socket.timeout):
+        except (TimeoutError, ConnectionResetError):
             break
         if not chunk:
             break
@@ -385,12 +389,12 @@ class EgressTestbed:
         for d in self.decoys.values():
             try:
                 d.container.remove(force=True)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - best-effort cleanup: one failure must not stop the rest
                 pass
         for n in self.networks.values():
             try:
                 n.remove()
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - best-effort cleanup: one failure must not stop the rest
                 pass
 
 
@@ -451,16 +455,19 @@ def op_get(o):
 def op_http_raw(o):
     host, port, user, pw = proxy()
     s = socket.create_connection((host, port), timeout=15)
-    s.sendall((f"GET {o['url']} HTTP/1.1\r\nHost: {o['host']}\r\n" + auth_line(o.get("user", user), o.get("password", pw)) + "\r\n").encode())
+    auth = auth_line(o.get("user", user), o.get("password", pw))
+    s.sendall((f"GET {o['url']} HTTP/1.1\r\nHost: {o['host']}\r\n" + auth + "\r\n").encode())
     data = read_all(s)
     s.close()
     head, _, body = data.partition(b"\r\n\r\n")
-    return {"status": status_of(head), "reason": reason_of(head), "size": len(body), "body": body[:200].decode("latin-1")}
+    return {"status": status_of(head), "reason": reason_of(head), "size": len(body),
+            "body": body[:200].decode("latin-1")}
 
 def op_connect(o):
     host, port, user, pw = proxy()
     s = socket.create_connection((host, port), timeout=15)
-    s.sendall((f"CONNECT {o['target']} HTTP/1.1\r\nHost: {o['target']}\r\n" + auth_line(o.get("user", user), o.get("password", pw)) + "\r\n").encode())
+    auth = auth_line(o.get("user", user), o.get("password", pw))
+    s.sendall((f"CONNECT {o['target']} HTTP/1.1\r\nHost: {o['target']}\r\n" + auth + "\r\n").encode())
     head = read_head(s)
     out = {"status": status_of(head), "reason": reason_of(head)}
     if out["status"] != 200:

@@ -1,0 +1,104 @@
+"""The core as the gRPC edge sees it: exactly what the servicer, the plan and routing methods and
+the server call, with their types.
+
+`control.orchestration.Orchestrator` is the implementation; tests may serve a double. Keeping the
+seam a Protocol means the edge can be read (and type-checked) without the orchestrator's
+internals, and a method the edge starts calling has to be added here first, where the next
+reader sees it.
+
+Every method is synchronous and may block (containers, the store): the edge calls them on its
+worker threads (control.api.servicer.Call.run / Call.stream).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
+
+from control.model import Approval, Event, Observation, PlanStep, Principal, ProposedCall, RunView, ToolView
+from control.plans.values import Claim, EvidenceRecord, PlanView, Report, Step, Verdict
+from control.routing.values import Decision, Ticket
+
+__all__ = ["Core", "EvidenceService", "PlanService", "RoutingService", "HealthCheck"]
+
+HealthCheck = tuple[str, Callable[[], None]]
+"""(what is probed, a check that returns when it answers and raises when it does not)."""
+
+
+class EvidenceService(Protocol):
+    """EvidenceService's calls (control.plans.evidence.EvidenceStores)."""
+
+    def put(self, p: Principal, store: str, ref: str, value: str) -> EvidenceRecord: ...
+
+    def history(self, p: Principal, store: str, ref: str) -> list[EvidenceRecord]: ...
+
+
+class PlanService(Protocol):
+    """PlanService's calls (control.plans.service.PlanVerification)."""
+
+    def validate(self, max_steps: int, steps: Sequence[Step], plan_id: str = "") -> None: ...
+
+    def run_plan(self, p: Principal, plan_id: str, max_steps: int, steps: Sequence[Step]) -> Report: ...
+
+    def verify(self, p: Principal, plan_id: str, claims: Sequence[Claim]) -> Verdict: ...
+
+    def get_plan(self, p: Principal, plan_id: str) -> PlanView: ...
+
+    @property
+    def evidence(self) -> EvidenceService: ...
+
+
+class RoutingService(Protocol):
+    """RoutingService's calls (control.routing.service.TicketRouter)."""
+
+    def route(self, p: Principal, ticket: Ticket, correlation_id: str = "", reclassify: bool = False) -> Decision: ...
+
+    def history(self, p: Principal, ticket_id: str) -> list[Decision]: ...
+
+
+class Core(Protocol):
+    """What the edge calls on the core. Each method checks the principal's role and scopes
+    everything to its tenant; errors are control.errors exceptions, mapped by control.api.status."""
+
+    # ToolService
+    def list_tools(self, p: Principal, query: str = "") -> list[ToolView]: ...
+
+    # RunService
+    def start_run(self, p: Principal, goal: str, run_id: str | None = None) -> RunView: ...
+
+    def get_run(self, p: Principal, run_id: str) -> RunView: ...
+
+    def finish_run(self, p: Principal, run_id: str) -> RunView: ...
+
+    def cancel_run(self, p: Principal, run_id: str) -> RunView: ...
+
+    def list_runs(self, p: Principal) -> list[RunView]: ...
+
+    def submit_batch(self, p: Principal, run_id: str, calls: Sequence[ProposedCall],
+                     batch_id: str | None = None) -> list[Observation]: ...
+
+    def validate_plan(self, p: Principal, steps: Sequence[PlanStep], max_steps: int | None) -> None: ...
+
+    def execute_plan(self, p: Principal, run_id: str, steps: Sequence[PlanStep],
+                     max_steps: int | None) -> Iterator[Event]: ...
+
+    def watch_run(self, p: Principal, run_id: str, from_seq: int, stop: threading.Event) -> Iterator[Event]: ...
+
+    # ApprovalService
+    def list_approvals(self, p: Principal, run_id: str | None = None) -> list[Approval]: ...
+
+    def watch_approvals(self, p: Principal, stop: threading.Event) -> Iterator[Approval]: ...
+
+    def decide_approval(self, p: Principal, approval_id: str, approve: bool, reason: str,
+                        remember: bool = False, digest: str | None = None) -> Approval: ...
+
+    # PlanService, EvidenceService, RoutingService
+    @property
+    def plans(self) -> PlanService: ...
+
+    @property
+    def routing(self) -> RoutingService: ...
+
+    # grpc.health.v1 (control.api.health)
+    def health_checks(self) -> list[HealthCheck]: ...
