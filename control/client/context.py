@@ -134,15 +134,14 @@ class ContextAssembler:
             return context
         # Fold the oldest turns until the context is back under the low-water mark (so the next
         # turns do not compact again at once), keeping at least `keep_recent` turns verbatim.
+        # Each folded turn takes its own size off the estimate; the summary's growth is bounded
+        # by its cap, so the search need not render the whole context once per candidate.
         low_water = self.budget_tokens * LOW_WATER
         last = len(history) - self.keep_recent
-        cut = self.folded
-        while cut < last:
+        cut, remaining = self.folded, before
+        while cut < last and remaining > low_water:
+            remaining -= estimate_tokens(canonical_json(history[cut].as_json()))
             cut += 1
-            trial = self._context(goal, run_id, turn, tools, history, recalled, start=cut,
-                                  summary=self.summary + "\n" * bool(self.summary) + "…" * (cut - self.folded))
-            if estimate_tokens(trial.render()) <= low_water:
-                break
         if cut == self.folded:
             return context  # nothing left to fold: the goal and the recent turns are never cut
         folded = history[self.folded:cut]
@@ -160,11 +159,8 @@ class ContextAssembler:
         return context
 
     def _context(self, goal: str, run_id: str, turn: int, tools: Sequence[ToolView],
-                 history: Sequence[TurnRecord], recalled: tuple[RecalledFact, ...], *, start: int | None = None,
-                 summary: str | None = None) -> AgentContext:
-        start = self.folded if start is None else start
-        return AgentContext(goal, run_id, turn, tuple(tools), tuple(history[start:]),
-                            summary=self.summary if summary is None else summary,
+                 history: Sequence[TurnRecord], recalled: tuple[RecalledFact, ...]) -> AgentContext:
+        return AgentContext(goal, run_id, turn, tuple(tools), tuple(history[self.folded:]), summary=self.summary,
                             memory=recalled, compactions=self.compactions)
 
     def _recall(self, goal: str) -> tuple[RecalledFact, ...]:

@@ -266,10 +266,6 @@ class EventStore(Protocol):
         """Every revision of (tenant, kind, key), oldest first; [] when there is none."""
         ...
 
-    def list_record_keys(self, tenant: str, kind: str) -> list[str]:
-        """The keys of a tenant's records of one kind, in the order they were first written."""
-        ...
-
     def ping(self) -> None:
         """Raise StoreUnavailable unless the store answers now (the server's health checks)."""
         ...

@@ -265,12 +265,6 @@ class PostgresEventStore:
                                 "kind = %s AND key = %s ORDER BY revision", (tenant, kind, key)).fetchall()
         return [Record(tenant, kind, key, int(r), json.loads(b), w, float(a)) for r, b, w, a in rows]
 
-    def list_record_keys(self, tenant: str, kind: str) -> list[str]:
-        with self._conn() as conn:
-            rows = conn.execute("SELECT key FROM records WHERE tenant = %s AND kind = %s AND revision = 1 "
-                                "ORDER BY at, key", (tenant, kind)).fetchall()
-        return [r[0] for r in rows]
-
     def lookup_key(self, name: str) -> tuple[str, int] | None:
         """(run id, seq) of the event that holds `name`, or None."""
         with self._conn() as conn:

@@ -226,12 +226,6 @@ class SqliteEventStore:
                                     "kind = ? AND key = ? ORDER BY revision", (tenant, kind, key)).fetchall()
         return [Record(tenant, kind, key, int(r), json.loads(b), w, float(a)) for r, b, w, a in rows]
 
-    def list_record_keys(self, tenant: str, kind: str) -> list[str]:
-        with self._lock:
-            rows = self._db.execute("SELECT key FROM records WHERE tenant = ? AND kind = ? AND revision = 1 "
-                                    "ORDER BY rowid", (tenant, kind)).fetchall()
-        return [r[0] for r in rows]
-
     def lookup_key(self, name: str) -> tuple[str, int] | None:
         """(run id, seq) of the event that holds `name`, or None."""
         with self._lock:
