@@ -17,6 +17,7 @@ import errno
 import hashlib
 import inspect
 import json
+import logging
 import os
 import queue
 import select
@@ -262,6 +263,8 @@ def _redact_proxy_credentials(env: list[str] | None) -> list[str] | None:
 
 # What docker-py raises, and what it lets through unwrapped when the engine's connection
 # breaks (requests' and urllib3's errors, socket errors): all of it is the engine's failure.
+log = logging.getLogger("ringfence.sandbox.docker")
+
 ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException,
                  urllib3.exceptions.HTTPError, OSError)
 
@@ -655,7 +658,16 @@ class DockerBackend:
 
     def _remove_queued(self) -> None:
         while (container := self._removals.get()) is not None:
-            self._remove(container)
+            # This thread serves every removal of the backend's life: an unexpected error on
+            # one container must not end it (seen: requests iterating os.environ while a test
+            # changed it raised KeyError, and every later container stayed behind).
+            for attempt in (1, 2):
+                try:
+                    self._remove(container)
+                    break
+                except Exception:  # the reaper removes it later by label if both attempts fail
+                    log.warning("removing container %s failed (attempt %d)", container.id, attempt,
+                                exc_info=True)
 
     def _remove(self, container: Container) -> None:
         try:

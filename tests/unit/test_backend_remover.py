@@ -1,0 +1,27 @@
+"""The backend's remover thread outlives a removal that fails unexpectedly: every later container
+is still removed (a KeyError from an os.environ race once ended it, and the rest stayed behind)."""
+
+from __future__ import annotations
+
+import queue
+from types import SimpleNamespace
+
+from sandbox.docker_backend import DockerBackend
+
+
+def test_an_unexpected_error_does_not_stop_the_removals():
+    removed: list[str] = []
+    failures = {"a": 1, "b": 2}  # a fails once (retried), b fails twice (left to the reaper)
+
+    def remove(container):
+        if failures.get(container.id, 0) > 0:
+            failures[container.id] -= 1
+            raise KeyError("HTTP_PROXY")  # what os.environ raised mid-iteration
+        removed.append(container.id)
+
+    removals: queue.Queue = queue.Queue()
+    for name in ("a", "b", "c"):
+        removals.put(SimpleNamespace(id=name))
+    removals.put(None)
+    DockerBackend._remove_queued(SimpleNamespace(_removals=removals, _remove=remove))
+    assert removed == ["a", "c"]
