@@ -933,9 +933,15 @@ class DockerBackend:
             exit_code = state.get("ExitCode")
         streams.finish()
         tool_ended = self._tool_ended(streams.witness)
+        oom_killed = bool(state.get("OOMKilled"))
+        if exit_code == 137 and killed_for is None and not oom_killed and not tool_ended:
+            # SIGKILL from neither us nor (by its report) the OOM killer's usual victim: under
+            # gVisor the OOM killer can take the whole sentry, and the engine then logs its
+            # `oom` event after `die` without setting State.OOMKilled (seen 1 in 30 warm
+            # calls). An outside kill (`docker kill`, another instance's kill_run) logs `kill`.
+            oom_killed = engine_reported_oom(self._client, container.id, started)
         outcome = classify_exit(
-            exit_code=exit_code, killed_for=killed_for, oom_killed=bool(state.get("OOMKilled")),
-            tool_ended=tool_ended,
+            exit_code=exit_code, killed_for=killed_for, oom_killed=oom_killed, tool_ended=tool_ended,
         )
         error_class, message, retry_after = None, "", None
         if outcome is Outcome.KILLED and progress.killed_reason is not None:
@@ -1023,6 +1029,39 @@ class DockerBackend:
             container.kill()
         except docker.errors.APIError:
             pass  # already exited
+
+
+# How long an unexplained SIGKILL waits for the engine's account of it: the `oom` event follows
+# `die` by a few milliseconds; an outside kill's `kill` event precedes it.
+_KILL_ACCOUNT_WAIT_S = 2.0
+
+
+def oom_in_events(actions: list[str]) -> bool | None:
+    """What the engine's events of one container say about a SIGKILL: True (the OOM killer),
+    False (someone killed it through the engine), None (nothing yet)."""
+    if "kill" in actions:
+        return False
+    if "oom" in actions:
+        return True
+    return None
+
+
+def engine_reported_oom(client: docker.DockerClient, container_id: str, since_monotonic: float,
+                        *, wait_s: float = _KILL_ACCOUNT_WAIT_S) -> bool:
+    """Whether the engine logged an `oom` (and no `kill`) for the container since the call began.
+    Asked only for an unexplained exit 137, so the wait costs nothing on the usual paths."""
+    since = int(time.time() - (time.monotonic() - since_monotonic)) - 1
+    give_up = time.monotonic() + wait_s
+    while True:
+        try:
+            events = client.events(since=since, until=f"{time.time():.6f}", decode=True,
+                                   filters={"container": container_id, "event": ["oom", "kill"]})
+            verdict = oom_in_events([str(e.get("Action") or e.get("status") or "") for e in events])
+        except (docker.errors.APIError, requests.exceptions.RequestException):
+            return False  # no account from the engine: the kill stays unexplained (`killed`)
+        if verdict is not None or time.monotonic() >= give_up:
+            return bool(verdict)
+        time.sleep(0.05)
 
 
 def _claimed_prefix(run_id: str) -> str:

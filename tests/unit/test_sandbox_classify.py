@@ -141,3 +141,55 @@ def test_tinis_lines_do_not_count_against_the_stdout_cap():
     assert not streams.add(1, TINI_SPAWNED + b"abcd" + TINI_EXITED)
     streams.finish()
     assert bytes(streams.stdout) == b"abcd" and not streams.stdout_truncated
+
+
+# -- an unexplained SIGKILL: the engine's events say whose it was -------------------------------
+
+
+@pytest.mark.parametrize(
+    "actions, expected",
+    [
+        (["oom"], True),  # gVisor: the OOM killer took the sentry; `oom` comes after `die`
+        (["kill"], False),  # docker kill, another instance's kill_run
+        (["kill", "oom"], False),  # killed from outside while near its limit: not the kernel's
+        ([], None),
+    ],
+)
+def test_the_engines_events_explain_a_sigkill(actions, expected):
+    from sandbox.docker_backend import oom_in_events
+
+    assert oom_in_events(actions) is expected
+
+
+class _EventsClient:
+    """Answers events() with what the engine has logged by the n-th question."""
+
+    def __init__(self, *answers: list[str]) -> None:
+        self.answers = list(answers)
+        self.asked = 0
+
+    def events(self, **kwargs):
+        assert kwargs["filters"]["event"] == ["oom", "kill"] and kwargs["filters"]["container"] == "c1"
+        self.asked += 1
+        actions = self.answers[min(self.asked, len(self.answers)) - 1]
+        return iter([{"Action": a} for a in actions])
+
+
+def test_a_late_oom_event_is_waited_for():
+    import time
+
+    from sandbox.docker_backend import engine_reported_oom
+
+    client = _EventsClient([], [], ["oom"])
+    assert engine_reported_oom(client, "c1", time.monotonic(), wait_s=30) is True
+    assert client.asked == 3
+
+
+def test_no_account_from_the_engine_leaves_the_kill_unexplained():
+    import time
+
+    from sandbox.docker_backend import engine_reported_oom
+
+    client = _EventsClient([])
+    assert engine_reported_oom(client, "c1", time.monotonic(), wait_s=0) is False
+    assert engine_reported_oom(_EventsClient(["kill"]), "c1", time.monotonic(), wait_s=30) is False
