@@ -28,7 +28,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import docker
 import docker.errors
@@ -1054,7 +1054,11 @@ def engine_reported_oom(client: docker.DockerClient, container_id: str, since_mo
     give_up = time.monotonic() + wait_s
     while True:
         try:
-            events = client.events(since=since, until=f"{time.time():.6f}", decode=True,
+            # `until` as a fractional string: an int would cut off this second's events, and a
+            # later one would hold the stream open until then. The stubs say int; the API
+            # takes Docker's "seconds.fraction" form.
+            now = cast(int, f"{time.time():.6f}")
+            events = client.events(since=since, until=now, decode=True,
                                    filters={"container": container_id, "event": ["oom", "kill"]})
             verdict = oom_in_events([str(e.get("Action") or e.get("status") or "") for e in events])
         except (docker.errors.APIError, requests.exceptions.RequestException):
