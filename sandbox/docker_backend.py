@@ -939,7 +939,7 @@ class DockerBackend:
             # gVisor the OOM killer can take the whole sentry, and the engine then logs its
             # `oom` event after `die` without setting State.OOMKilled (seen 1 in 30 warm
             # calls). An outside kill (`docker kill`, another instance's kill_run) logs `kill`.
-            oom_killed = engine_reported_oom(self._client, container.id, started)
+            oom_killed = engine_reported_oom(self._client, container.id or "", started)
         outcome = classify_exit(
             exit_code=exit_code, killed_for=killed_for, oom_killed=oom_killed, tool_ended=tool_ended,
         )
