@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -16,6 +17,9 @@ from sandbox.profile import SandboxProfile
 from sandbox.result import SandboxResult
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$")
+
+
+OutputListener = Callable[[str, bytes], None]
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,11 @@ class SandboxRequest:
     warm: bool = True
     """May run in a warm container of the backend's pool (when it has one); False: always a
     container created for this call (a tool that opts out)."""
+    on_output: OutputListener | None = field(default=None, compare=False)
+    """Called from the backend's reading thread with each piece of the tool's output as it
+    arrives, ("stdout" | "stderr", bytes), only the bytes kept under the output caps (PID 1's
+    reports are not the tool's and are never passed). It must be quick and must not raise: the
+    call's wall clock runs while it works. The result's stdout/stderr are the same bytes."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "argv", tuple(self.argv))

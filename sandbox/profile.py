@@ -43,6 +43,25 @@ class InputMount:
             raise ProfileError("inputs.container_path", f"{self.container_path!r} is reserved")
 
 
+WORKSPACE_PATH = "/workspace"
+_VOLUME_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class WorkspaceMount:
+    """A run's workspace (sandbox.workspace: a capped tmpfs volume held by its keeper) shown at
+    /workspace: writable for a tool that declares `workspace: write`, read-only otherwise."""
+
+    volume: str
+    read_only: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.volume, str) or not _VOLUME_NAME.match(self.volume):
+            raise ProfileError("workspace.volume", f"{self.volume!r} is not a workspace volume name")
+        if not isinstance(self.read_only, bool):
+            raise ProfileError("workspace.read_only", "must be a bool")
+
+
 def _check_container_path(name: str, path: str) -> None:
     if not posixpath.isabs(path):
         raise ProfileError(name, "must be an absolute path")
@@ -109,6 +128,9 @@ class SandboxProfile:
 
     inputs: tuple[InputMount, ...] = ()
 
+    workspace: WorkspaceMount | None = None
+    """The run's workspace at /workspace, or None (the default: nothing survives the call)."""
+
     # None = no network at all (the default). A grant gives the call one way out: its own
     # socket to the egress proxy, which admits only the grant's hosts (sandbox.egress).
     egress: EgressGrant | None = None
@@ -152,6 +174,11 @@ class SandboxProfile:
             if mount.container_path in seen:
                 raise ProfileError("inputs", f"{mount.container_path} mounted twice")
             seen.add(mount.container_path)
+        if self.workspace is not None:
+            if not isinstance(self.workspace, WorkspaceMount):
+                raise ProfileError("workspace", "must be a WorkspaceMount or None")
+            if WORKSPACE_PATH in seen:
+                raise ProfileError("inputs", f"{WORKSPACE_PATH} is the workspace's")
         # A grant is a validated EgressGrant. gVisor is registered without --host-uds, so its
         # sandbox cannot connect to the host-side socket that is the call's way out.
         if self.egress is not None:

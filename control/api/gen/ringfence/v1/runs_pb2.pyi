@@ -25,18 +25,48 @@ class StartRunRequest(google.protobuf.message.Message):
 
     GOAL_FIELD_NUMBER: builtins.int
     RUN_ID_FIELD_NUMBER: builtins.int
+    WORKSPACE_FIELD_NUMBER: builtins.int
     goal: builtins.str
     run_id: builtins.str
     """Optional, client-chosen ([A-Za-z0-9][A-Za-z0-9_.:-]{0,99}); makes StartRun idempotent."""
+    @property
+    def workspace(self) -> Global___WorkspaceRequest:
+        """Optional: a workspace for the run's calls (mounted at /workspace for the tools that declare
+        it), removed when the run ends. Unset: no workspace.
+        """
+
     def __init__(
         self,
         *,
         goal: builtins.str = ...,
         run_id: builtins.str = ...,
+        workspace: Global___WorkspaceRequest | None = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["goal", b"goal", "run_id", b"run_id"]) -> None: ...
+    def HasField(self, field_name: typing.Literal["workspace", b"workspace"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["goal", b"goal", "run_id", b"run_id", "workspace", b"workspace"]) -> None: ...
 
 Global___StartRunRequest: typing_extensions.TypeAlias = StartRunRequest
+
+@typing.final
+class WorkspaceRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    BYTES_FIELD_NUMBER: builtins.int
+    INODES_FIELD_NUMBER: builtins.int
+    bytes: builtins.int
+    """Caps of the workspace; 0 = the server's default. Above the server's caps (workspace.max_bytes,
+    workspace.max_inodes): INVALID_ARGUMENT.
+    """
+    inodes: builtins.int
+    def __init__(
+        self,
+        *,
+        bytes: builtins.int = ...,
+        inodes: builtins.int = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["bytes", b"bytes", "inodes", b"inodes"]) -> None: ...
+
+Global___WorkspaceRequest: typing_extensions.TypeAlias = WorkspaceRequest
 
 @typing.final
 class GetRunRequest(google.protobuf.message.Message):

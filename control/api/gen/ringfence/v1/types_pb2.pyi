@@ -408,6 +408,7 @@ class Run(google.protobuf.message.Message):
     TRAJECTORY_FIELD_NUMBER: builtins.int
     USAGE_FIELD_NUMBER: builtins.int
     PENDING_APPROVALS_FIELD_NUMBER: builtins.int
+    WORKSPACE_FIELD_NUMBER: builtins.int
     run_id: builtins.str
     tenant: builtins.str
     goal: builtins.str
@@ -420,6 +421,10 @@ class Run(google.protobuf.message.Message):
     def usage(self) -> Global___Usage: ...
     @property
     def pending_approvals(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___Approval]: ...
+    @property
+    def workspace(self) -> Global___Workspace:
+        """Set while the run has a workspace (and after, with `removed`)."""
+
     def __init__(
         self,
         *,
@@ -432,11 +437,33 @@ class Run(google.protobuf.message.Message):
         trajectory: collections.abc.Iterable[Global___Observation] | None = ...,
         usage: Global___Usage | None = ...,
         pending_approvals: collections.abc.Iterable[Global___Approval] | None = ...,
+        workspace: Global___Workspace | None = ...,
     ) -> None: ...
-    def HasField(self, field_name: typing.Literal["usage", b"usage"]) -> builtins.bool: ...
-    def ClearField(self, field_name: typing.Literal["goal", b"goal", "outcome", b"outcome", "pending_approvals", b"pending_approvals", "run_id", b"run_id", "status", b"status", "tenant", b"tenant", "trajectory", b"trajectory", "turns", b"turns", "usage", b"usage"]) -> None: ...
+    def HasField(self, field_name: typing.Literal["usage", b"usage", "workspace", b"workspace"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["goal", b"goal", "outcome", b"outcome", "pending_approvals", b"pending_approvals", "run_id", b"run_id", "status", b"status", "tenant", b"tenant", "trajectory", b"trajectory", "turns", b"turns", "usage", b"usage", "workspace", b"workspace"]) -> None: ...
 
 Global___Run: typing_extensions.TypeAlias = Run
+
+@typing.final
+class Workspace(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    BYTES_FIELD_NUMBER: builtins.int
+    INODES_FIELD_NUMBER: builtins.int
+    REMOVED_FIELD_NUMBER: builtins.int
+    bytes: builtins.int
+    inodes: builtins.int
+    removed: builtins.bool
+    def __init__(
+        self,
+        *,
+        bytes: builtins.int = ...,
+        inodes: builtins.int = ...,
+        removed: builtins.bool = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["bytes", b"bytes", "inodes", b"inodes", "removed", b"removed"]) -> None: ...
+
+Global___Workspace: typing_extensions.TypeAlias = Workspace
 
 @typing.final
 class Event(google.protobuf.message.Message):
