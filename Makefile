@@ -46,11 +46,12 @@ test: venv lint images gvisor postgres ## lint, then run every test: unit, integ
 test-unit: venv ## the fast tests that need no Docker
 	$(VENV)/bin/pytest tests/unit
 
-demo: venv images ## build the images, then the sandbox showcase, the reference agent demo, and the plan and routing demos, end to end
+demo: venv images ## build the images, then the sandbox showcase, the reference agent demo, the plan and routing demos, and the coding demo (a run's workspace), end to end
 	$(VENV)/bin/ringfence demo showcase
 	$(VENV)/bin/ringfence demo
 	$(VENV)/bin/ringfence demo plan
 	$(VENV)/bin/ringfence demo routing
+	$(VENV)/bin/ringfence demo coding
 
 BENCH_STAMP := $(VENV)/.bench-stamp
 

@@ -21,6 +21,11 @@ from control.errors import ConfigError
 from control.model import Role
 from control.routing.config import RoutingConfig, parse_routing
 from sandbox.egress.allowlist import PatternError, parse_patterns
+from sandbox.profile import GiB, KiB, MiB
+from sandbox.workspace import MAX_BYTES as WORKSPACE_MAX_BYTES
+from sandbox.workspace import MAX_INODES as WORKSPACE_MAX_INODES
+from sandbox.workspace import MIN_BYTES as WORKSPACE_MIN_BYTES
+from sandbox.workspace import MIN_INODES as WORKSPACE_MIN_INODES
 
 DEFAULT_CONFIG_PATH = Path(__file__).with_name("default_config.toml")
 BUILTIN_TOOLS_DIR = Path(__file__).with_name("tools")
@@ -171,6 +176,48 @@ class PoolConfig:
 
 
 @dataclass(frozen=True)
+class WorkspaceConfig:
+    """Per-run workspaces (sandbox.workspace), from `[workspace]`: a capped tmpfs volume a run
+    asks for at StartRun, mounted at /workspace for its tools that declare one."""
+
+    default_bytes: int = 64 * MiB
+    """Bytes of file data a workspace holds when StartRun asks for 0 (at most max_bytes); past
+    its cap a write in the workspace fails with ENOSPC (the tool sees a full disk)."""
+    default_inodes: int = 4096
+    """Files and directories a workspace holds when StartRun asks for 0 (at most max_inodes);
+    past its cap creating one fails with ENOSPC."""
+    max_bytes: int = 512 * MiB
+    """The largest `workspace.bytes` a StartRun may ask for (at most 4 GiB: the workspace is
+    memory); a larger one is refused with INVALID_ARGUMENT naming workspace.bytes and no run
+    is started."""
+    max_inodes: int = 65536
+    """The largest `workspace.inodes` a StartRun may ask for (at most 1,000,000); a larger one is
+    refused with INVALID_ARGUMENT naming workspace.inodes and no run is started."""
+    reap_interval_s: float = 60.0
+    """Seconds between two sweeps that remove workspaces whose run ended or is unknown (also
+    done once at start-up); until a sweep, such a workspace holds its memory."""
+
+
+@dataclass(frozen=True)
+class FilesConfig:
+    """Files in and out of a workspace (control.files), from `[files]`."""
+
+    max_upload_bytes: int = 16 * MiB
+    """Bytes of one UploadFiles archive (the tar, received whole); past it the upload is refused
+    with RESOURCE_EXHAUSTED and nothing reaches the workspace."""
+    max_download_bytes: int = 16 * MiB
+    """Bytes of the files one DownloadFiles (or one collection of a tool's outputs) may carry;
+    past it the download is refused with RESOURCE_EXHAUSTED (the outputs are listed missing)."""
+    max_artifact_bytes: int = 4 * MiB
+    """Bytes of one collected output file (an artifact, kept in the store); a larger output is
+    not kept and is listed in its `artifact_collected` event's `missing` (at most
+    max_download_bytes)."""
+    max_files: int = 1000
+    """Files (archive members, or paths asked for) in one upload or download; more is refused
+    with INVALID_ARGUMENT (upload, paths) or RESOURCE_EXHAUSTED (a download that finds more)."""
+
+
+@dataclass(frozen=True)
 class Config:
     state_dir: Path
     listen: str
@@ -187,6 +234,12 @@ class Config:
 
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     """Supervisor routing of tickets to specialists (control.routing)."""
+
+    workspace: WorkspaceConfig = field(default_factory=WorkspaceConfig)
+    """Per-run workspaces: their default and maximum caps, and how often orphans are reaped."""
+
+    files: FilesConfig = field(default_factory=FilesConfig)
+    """Caps of files moved in and out of workspaces, and of collected artifacts."""
 
     database_url: str = ""
     """postgresql://... to keep the event log in PostgreSQL (several instances may share it);
@@ -259,7 +312,7 @@ def _known(key: str, table: Mapping[str, Any], allowed: set[str]) -> None:
 def parse_config(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> Config:
     base_dir = base_dir or Path.cwd()
     _known("", raw, {"state_dir", "listen", "tools_dir", "tenants", "policy", "limits", "inputs", "egress",
-                     "pool", "database_url", "routing"})
+                     "pool", "database_url", "routing", "workspace", "files"})
     state_dir = Path(_expect("state_dir", raw.get("state_dir", "./.state"), str, "a path"))
     if not state_dir.is_absolute():
         state_dir = base_dir / state_dir
@@ -292,6 +345,8 @@ def parse_config(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> Con
     egress = _parse_egress(_expect("egress", raw.get("egress", {}), Mapping, "a table"))
     pool = _parse_pool(_expect("pool", raw.get("pool", {}), Mapping, "a table"))
     routing = parse_routing(_expect("routing", raw.get("routing", {}), Mapping, "a table"))
+    workspace = _parse_workspace(_expect("workspace", raw.get("workspace", {}), Mapping, "a table"))
+    files = _parse_files(_expect("files", raw.get("files", {}), Mapping, "a table"))
     database_url = _expect("database_url", raw.get("database_url", ""), str, "a postgresql:// URL")
     if database_url and not database_url.startswith(("postgresql://", "postgres://")):
         raise ConfigError("database_url", "must be a postgresql:// URL (or empty for SQLite)")
@@ -307,7 +362,49 @@ def parse_config(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> Con
         pool=pool,
         database_url=database_url,
         routing=routing,
+        workspace=workspace,
+        files=files,
     )
+
+
+def _int_in(key: str, value: Any, low: int, high: int, high_from: str = "") -> int:
+    _expect(key, value, int, "an integer")
+    if not low <= value <= high:
+        raise ConfigError(key, f"must be {low} to {high}" + (f" ({high_from})" if high_from else ""))
+    return int(value)
+
+
+def _parse_workspace(raw: Mapping[str, Any]) -> WorkspaceConfig:
+    _known("workspace", raw, {f.name for f in fields(WorkspaceConfig)})
+    d = WorkspaceConfig()
+    max_bytes = _int_in("workspace.max_bytes", raw.get("max_bytes", d.max_bytes),
+                        WORKSPACE_MIN_BYTES, WORKSPACE_MAX_BYTES, "what a workspace may be")
+    max_inodes = _int_in("workspace.max_inodes", raw.get("max_inodes", d.max_inodes),
+                         WORKSPACE_MIN_INODES, WORKSPACE_MAX_INODES, "what a workspace may be")
+    # A default the server would refuse if asked for it explicitly makes no sense.
+    default_bytes = _int_in("workspace.default_bytes", raw.get("default_bytes", d.default_bytes),
+                            WORKSPACE_MIN_BYTES, max_bytes, "workspace.max_bytes")
+    default_inodes = _int_in("workspace.default_inodes", raw.get("default_inodes", d.default_inodes),
+                             WORKSPACE_MIN_INODES, max_inodes, "workspace.max_inodes")
+    interval = _expect("workspace.reap_interval_s", raw.get("reap_interval_s", d.reap_interval_s), (int, float),
+                       "seconds")
+    if not 1 <= interval <= 86400:
+        raise ConfigError("workspace.reap_interval_s", "must be 1 to 86400 seconds")
+    return WorkspaceConfig(default_bytes=default_bytes, default_inodes=default_inodes, max_bytes=max_bytes,
+                           max_inodes=max_inodes, reap_interval_s=float(interval))
+
+
+def _parse_files(raw: Mapping[str, Any]) -> FilesConfig:
+    _known("files", raw, {f.name for f in fields(FilesConfig)})
+    d = FilesConfig()
+    upload = _int_in("files.max_upload_bytes", raw.get("max_upload_bytes", d.max_upload_bytes), 1 * KiB, 1 * GiB)
+    download = _int_in("files.max_download_bytes", raw.get("max_download_bytes", d.max_download_bytes),
+                       1 * KiB, 1 * GiB)
+    artifact = _int_in("files.max_artifact_bytes", raw.get("max_artifact_bytes", d.max_artifact_bytes),
+                       1, download, "files.max_download_bytes")
+    max_files = _int_in("files.max_files", raw.get("max_files", d.max_files), 1, 100_000)
+    return FilesConfig(max_upload_bytes=upload, max_download_bytes=download, max_artifact_bytes=artifact,
+                       max_files=max_files)
 
 
 def _parse_pool(raw: Mapping[str, Any]) -> PoolConfig:

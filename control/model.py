@@ -27,6 +27,8 @@ __all__ = [
     "ApprovalKind",
     "Approval",
     "RunView",
+    "WorkspaceRequest",
+    "WorkspaceView",
     "Event",
     "PlanStep",
 ]
@@ -165,6 +167,26 @@ class Approval:
 
 
 @dataclass(frozen=True)
+class WorkspaceRequest:
+    """A run's request for a workspace (StartRun): its caps, 0 meaning the server's default
+    (config workspace.default_bytes / default_inodes); above the server's maximums the run is
+    refused (InvalidArgument)."""
+
+    bytes: int = 0
+    inodes: int = 0
+
+
+@dataclass(frozen=True)
+class WorkspaceView:
+    """A run's workspace as the caller sees it: its caps, and whether it is gone (the run
+    ended, or it was reaped). Its files are reached with UploadFiles / DownloadFiles."""
+
+    bytes: int
+    inodes: int
+    removed: bool = False
+
+
+@dataclass(frozen=True)
 class RunView:
     run_id: str
     tenant: str
@@ -175,6 +197,8 @@ class RunView:
     trajectory: tuple[Observation, ...]
     usage: Usage
     pending_approvals: tuple[Approval, ...] = ()
+    workspace: WorkspaceView | None = None
+    """None: the run was started without a workspace."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "trajectory", tuple(self.trajectory))

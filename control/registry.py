@@ -3,6 +3,18 @@
 The registry describes tools; it never decides whether a call is permitted (it does not import
 policy): a tool must not be able to describe itself as allowed. `ToolView`, what callers see,
 carries the argument schema only, never risk metadata, roots or hosts.
+
+A manifest may declare the run's workspace (see `ToolManifest.workspace` and `.outputs`):
+
+    "workspace": "read" | "write"     mounted at /workspace read-only or read-write; absent:
+                                      no workspace is mounted (the default). A call of such a
+                                      tool in a run without a live workspace is refused at
+                                      admission (denied, error_class "no_workspace"). A `write`
+                                      tool is ordered like a mutation (serially, after the
+                                      batch's reads) but is not one for idempotency or approval.
+    "outputs": ["reports/x.txt"]      files (relative to /workspace, normalized, at most 16)
+                                      collected into the run's artifacts after every successful
+                                      call; requires "workspace".
 """
 
 from __future__ import annotations
@@ -21,6 +33,7 @@ from jsonschema.exceptions import SchemaError
 
 from control.errors import ConfigError
 from control.model import ToolView
+from control.workspace_paths import path_problem
 from sandbox.egress.allowlist import PatternError, parse_patterns
 
 _TOOL_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
@@ -29,8 +42,10 @@ _HOST = re.compile(r"(\*\.)?[a-z0-9]([a-z0-9-]{0,62})(\.[a-z0-9]([a-z0-9-]{0,62}
 NARROW_ABOVE = 12
 _MANIFEST_KEYS = {
     "name", "description", "schema", "mutates", "reversible", "cost", "paths",
-    "egress_hosts", "url_arguments", "limits", "runtime", "image", "reconcile",
+    "egress_hosts", "url_arguments", "limits", "runtime", "image", "reconcile", "workspace", "outputs",
 }
+WORKSPACE_MODES = ("read", "write")
+MAX_OUTPUTS = 16
 _RECONCILE_KEYS = {"tool", "key_argument"}
 _LIMIT_KEYS = {"memory_bytes", "cpus", "pids", "timeout_s", "stdout_limit", "stderr_limit"}
 
@@ -78,10 +93,22 @@ class ToolManifest:
     image: str = "tool"
     reconcile: Reconcile | None = None
     """Only for a mutating tool: how its effects are looked up by key (None: they cannot be)."""
+    workspace: str | None = None
+    """"read" or "write": the run's workspace is mounted at /workspace, read-only or read-write
+    (such calls always get a container of their own, never a warm one). None: no workspace."""
+    outputs: tuple[str, ...] = ()
+    """Paths relative to /workspace collected into the run's artifacts after every successful
+    call (needs `workspace`); one that is absent is listed as missing, never an error."""
 
     @property
     def irreversible(self) -> bool:
         return not self.reversible
+
+    @property
+    def serial(self) -> bool:
+        """Runs one at a time after the batch's parallel reads: it mutates the world, or it
+        writes the run's workspace (two writers, or a reader beside a writer, would race)."""
+        return self.mutates or self.workspace == "write"
 
     def view(self) -> ToolView:
         return ToolView(self.name, self.description, json.loads(json.dumps(self.schema)))
@@ -169,6 +196,7 @@ def parse_manifest(doc: Mapping[str, Any], source: str = "<manifest>") -> ToolMa
     if not isinstance(image, str) or not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", image):
         raise _err(source, "image", "must be an image name from images/images.lock")
     reconcile = _parse_reconcile(doc.get("reconcile"), source, name, doc["mutates"])
+    workspace, outputs = _parse_workspace(doc, source)
     # The sandbox profile validates the limits for real; build one now so a bad manifest fails
     # at load time rather than on its first call.
     from sandbox.errors import ProfileError
@@ -194,7 +222,30 @@ def parse_manifest(doc: Mapping[str, Any], source: str = "<manifest>") -> ToolMa
         runtime=runtime,
         image=image,
         reconcile=reconcile,
+        workspace=workspace,
+        outputs=outputs,
     )
+
+
+def _parse_workspace(doc: Mapping[str, Any], source: str) -> tuple[str | None, tuple[str, ...]]:
+    """`"workspace": "read" | "write"` and `"outputs": [paths]` (which need a workspace)."""
+    workspace = doc.get("workspace")
+    if workspace is not None and workspace not in WORKSPACE_MODES:
+        raise _err(source, "workspace", 'must be "read" or "write" (absent: no workspace)')
+    outputs = doc.get("outputs", [])
+    if not isinstance(outputs, list):
+        raise _err(source, "outputs", "must be an array of paths relative to /workspace")
+    if outputs and workspace is None:
+        raise _err(source, "outputs", 'needs "workspace": the outputs are collected from it')
+    if len(outputs) > MAX_OUTPUTS:
+        raise _err(source, "outputs", f"at most {MAX_OUTPUTS} paths")
+    for i, path in enumerate(outputs):
+        problem = path_problem(path)
+        if problem is not None:
+            raise _err(source, f"outputs[{i}]", f"{path!r} {problem}")
+    if len(set(outputs)) != len(outputs):
+        raise _err(source, "outputs", "lists a path twice")
+    return workspace, tuple(outputs)
 
 
 def _parse_reconcile(raw: Any, source: str, name: str, mutates: bool) -> Reconcile | None:

@@ -7,7 +7,8 @@ JSON), not in some side variable. `apply` must stay a pure function of (state, e
 clock, no randomness, no lookups.
 
 Event types and their data:
-    run_started       run_id, tenant, goal, created_at, deadline_at, policy_version, trace
+    run_started       run_id, tenant, goal, created_at, deadline_at, policy_version, trace, by,
+                      workspace ({bytes, inodes} asked for at StartRun, or null)
     batch_started     batch_id, turn, calls[{call_id, tool, arguments}], fingerprint (of the client's batch)
     call_decided      call_id, tool, arguments (canonical or raw), signature|null, verdict (AdmissionVerdict),
                       verdict_path, reason, proposed_by, client_key
@@ -23,6 +24,29 @@ Event types and their data:
     call_completed    call_id, tool, mutates, idempotency_key, ok, content, error, error_class, attempts, cost
     observation       the Observation's fields
     run_finished      outcome, reason
+
+Workspaces, files and live output (a run's workspace: sandbox.workspace; files: control.files):
+    workspace_created  volume, bytes, inodes
+                       the run's workspace exists (made at StartRun, before its reply)
+    workspace_removed  volume, reason
+                       the workspace and its files are gone; reason: the run's outcome
+                       (completed, cancelled, deadline_exceeded, error, ...), written just before
+                       run_finished. A finished run's workspace counts as removed even without
+                       it (the engine failed at the end and the reaper removes it later: nothing
+                       is appended after run_finished)
+    call_output        call_id, attempt, stream ("stdout" | "stderr"), seq (1.. per attempt and
+                       stream), text (UTF-8 decoded with replacement, AFTER the secret scanner's
+                       redaction), bytes (raw bytes of the chunk), redacted (the scanner changed
+                       it): a piece of a call's output while it runs (whole lines; a line over
+                       16 KiB is cut), written before that attempt's `attempt` event. No state.
+    files_uploaded     dest, files [{path, size, sha256}], by                       No state.
+    files_downloaded   files [{path, size, sha256}], artifacts (bool), by           No state.
+    artifact_collected call_id, files [{path, size, sha256, revision}], missing [paths]
+                       the declared outputs of a successful call, kept as artifacts (the store's
+                       records); `missing`: declared but not collected (absent, a link, too big)
+
+`RunState.workspace` ({volume, bytes, inodes, removed} or None) and `RunState.artifacts`
+(path -> {size, sha256, revision, call_id}: the latest collection of each path) are their fold.
 """
 
 from __future__ import annotations
@@ -45,6 +69,7 @@ from control.model import (
     RunStatus,
     RunView,
     Usage,
+    WorkspaceView,
 )
 
 
@@ -78,6 +103,15 @@ class EventType(enum.StrEnum):
     CALL_COMPLETED = "call_completed"
     OBSERVATION = "observation"
     RUN_FINISHED = "run_finished"
+    WORKSPACE_CREATED = "workspace_created"
+    WORKSPACE_REMOVED = "workspace_removed"
+    CALL_OUTPUT = "call_output"
+    FILES_UPLOADED = "files_uploaded"
+    FILES_DOWNLOADED = "files_downloaded"
+    ARTIFACT_COLLECTED = "artifact_collected"
+
+
+OUTPUT_STREAMS = ("stdout", "stderr")
 
 
 @dataclass
@@ -129,11 +163,22 @@ class RunState:
     batches: dict[str, dict[str, Any]] = field(default_factory=dict)  # batch id -> fingerprint, call ids
     admitted: dict[str, dict[str, Any]] = field(default_factory=dict)  # call_id -> decided `allow`, not yet dispatched
     asked: dict[str, dict[str, Any]] = field(default_factory=dict)  # call_id -> decided `ask`, no approval yet
+    workspace: dict[str, Any] | None = None  # {volume, bytes, inodes, removed}; None: the run has none
+    artifacts: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> {size, sha256, revision, call_id}
     last_seq: int = 0
 
     @property
     def finished(self) -> bool:
         return self.outcome is not None
+
+    @property
+    def live_volume(self) -> str | None:
+        """The volume of the run's workspace while its calls may use it; None when the run has
+        none, or it was removed (the run ended)."""
+        ws = self.workspace
+        if ws is None or ws.get("removed"):
+            return None
+        return str(ws["volume"])
 
     @property
     def status(self) -> RunStatus:
@@ -154,6 +199,9 @@ class RunState:
             trajectory=tuple(sorted(self.trajectory.values(), key=lambda o: self.call_order[o.call_id])),
             usage=Usage(turns=self.turns, calls=self.calls, cost=round(self.cost, 9)),
             pending_approvals=tuple(a for a in self.approvals.values() if a.status is ApprovalStatus.PENDING),
+            workspace=None if self.workspace is None else WorkspaceView(
+                bytes=int(self.workspace["bytes"]), inodes=int(self.workspace["inodes"]),
+                removed=bool(self.workspace["removed"])),
         )
 
     def snapshot(self) -> dict[str, Any]:
@@ -223,6 +271,12 @@ _REQUIRED: dict[EventType, tuple[str, ...]] = {
     EventType.CALL_COMPLETED: ("call_id", "tool", "ok"),
     EventType.OBSERVATION: ("call_id", "tool", "status", "executed"),
     EventType.RUN_FINISHED: ("outcome",),
+    EventType.WORKSPACE_CREATED: ("volume", "bytes", "inodes"),
+    EventType.WORKSPACE_REMOVED: ("volume", "reason"),
+    EventType.CALL_OUTPUT: ("call_id", "attempt", "stream", "seq", "text", "bytes", "redacted"),
+    EventType.FILES_UPLOADED: ("dest", "files", "by"),
+    EventType.FILES_DOWNLOADED: ("files", "artifacts", "by"),
+    EventType.ARTIFACT_COLLECTED: ("call_id", "files", "missing"),
 }
 
 
@@ -243,6 +297,16 @@ def check_event(type_: str, data: Any) -> None:
         RunOutcome(data["outcome"])
     elif t is EventType.BATCH_STARTED and not all(isinstance(c, dict) and "call_id" in c for c in data["calls"]):
         raise ValueError(f"{t}: every call needs a call_id")
+    elif t is EventType.WORKSPACE_CREATED and not (
+            isinstance(data["volume"], str) and data["volume"]
+            and all(isinstance(data[k], int) and not isinstance(data[k], bool) for k in ("bytes", "inodes"))):
+        raise ValueError(f"{t}: volume must be a name, bytes and inodes integers")
+    elif t is EventType.CALL_OUTPUT and data["stream"] not in OUTPUT_STREAMS:
+        raise ValueError(f"{t}: stream must be one of {', '.join(OUTPUT_STREAMS)}")
+    elif t is EventType.ARTIFACT_COLLECTED and not (
+            isinstance(data["files"], list) and isinstance(data["missing"], list)
+            and all(isinstance(f, dict) and {"path", "size", "sha256", "revision"} <= set(f) for f in data["files"])):
+        raise ValueError(f"{t}: files must be [{{path, size, sha256, revision}}] and missing a list")
 
 
 def apply(state: RunState, event: Event) -> RunState:
@@ -333,6 +397,22 @@ def apply(state: RunState, event: Event) -> RunState:
     elif t is EventType.RUN_FINISHED:
         state.outcome = RunOutcome(d["outcome"])
         state.finish_reason = d.get("reason", "")
+        if state.workspace is not None and not state.workspace["removed"]:
+            # Removed at the run's end (workspace_removed, just before this) or, if the engine
+            # failed then, by the reaper later: either way no call of the run can use it again.
+            state.workspace = {**state.workspace, "removed": True}
+    elif t is EventType.WORKSPACE_CREATED:
+        state.workspace = {"volume": d["volume"], "bytes": int(d["bytes"]), "inodes": int(d["inodes"]),
+                           "removed": False}
+    elif t is EventType.WORKSPACE_REMOVED:
+        if state.workspace is not None:
+            state.workspace = {**state.workspace, "removed": True}
+    elif t is EventType.ARTIFACT_COLLECTED:
+        for f in d["files"]:
+            state.artifacts[f["path"]] = {"size": int(f["size"]), "sha256": f["sha256"],
+                                          "revision": int(f["revision"]), "call_id": d["call_id"]}
+    elif t in (EventType.CALL_OUTPUT, EventType.FILES_UPLOADED, EventType.FILES_DOWNLOADED):
+        pass  # a record for the log (and for WatchRun), no state
     else:
         raise ValueError(f"unknown event type {t!r}")
     return state

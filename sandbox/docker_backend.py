@@ -38,16 +38,17 @@ import urllib3.exceptions
 # _create_container_args: containers.create's own mapping of its arguments (used by _create);
 # private to docker-py, so its stubs do not have it.
 from docker.models.containers import Container, _create_container_args  # type: ignore[attr-defined]  # private, so not in the stubs
-from docker.types import LogConfig, Mount, Ulimit
+from docker.types import DriverConfig, LogConfig, Mount, Ulimit
 
 from sandbox import etc_files, launcher, seccomp
 from sandbox import labels as L
-from sandbox.backend import SandboxRequest
+from sandbox.backend import OutputListener, SandboxRequest
 from sandbox.errors import EngineError, ImageError, ProfileError
 from sandbox.pool import AttachStream, Demux, PoolSettings, Warm, WarmPool
-from sandbox.profile import ENGINE_RUNTIME, SandboxProfile
+from sandbox.profile import ENGINE_RUNTIME, WORKSPACE_PATH, SandboxProfile, WorkspaceMount
 from sandbox.result import Outcome, SandboxResult, ToolErrorClass, classify_exit
 from sandbox.witness import InitWitness
+from sandbox.workspace import WORKSPACE_LABEL, WORKSPACE_VIEW_SUFFIX
 
 if TYPE_CHECKING:  # imported where used: most runs never start the egress proxy or the reaper
     from sandbox.egress.proxy import CallEgress, EgressProxy, EgressReport, ProxySettings
@@ -130,6 +131,36 @@ def _memory_fs(profile: SandboxProfile) -> str:
 # A read-only, empty tmpfs: what stands where a writable filesystem must not be.
 _ABSENT_FS = "ro,noexec,nosuid,nodev,size=4k,nr_inodes=1,mode=555"
 
+# The purpose label of a volume the engine made by itself because a call named a workspace
+# volume that was removed between our check and the container's creation (a run ending while a
+# call of it was dispatched): Docker creates a missing named volume on use. It is made from the
+# mount's own options below: an empty, read-only, 4 KiB tmpfs, never an uncapped, exec-able
+# directory on the engine's disk; the reaper removes it (sandbox.reaper).
+STRAY_WORKSPACE_PURPOSE = "workspace-stray"
+_STRAY_VOLUME_OPTIONS = {"type": "tmpfs", "device": "tmpfs",
+                         "o": "ro,nosuid,nodev,noexec,size=4k,nr_inodes=1,mode=0555"}
+
+
+def workspace_source(workspace: WorkspaceMount) -> str:
+    """The volume a call with `workspace` mounts: the tmpfs itself, or its read-only view
+    (sandbox.workspace: why a view and not Docker's read-only flag)."""
+    return workspace.volume + WORKSPACE_VIEW_SUFFIX if workspace.read_only else workspace.volume
+
+
+def workspace_mount(profile: SandboxProfile) -> list[Mount]:
+    """The run's workspace at /workspace, or nothing. Read-only through the view volume; the
+    container's own read-only flag only under gVisor, where the sentry then refuses writes
+    itself (without it the sentry accepted utime and chmod in its cache; the host's file was
+    unchanged) and no runc remount can drop the host mount's flags. Under runc the view's host
+    mount is read-only, nosuid, nodev, noexec already, and a plain bind keeps all four."""
+    workspace = profile.workspace
+    if workspace is None:
+        return []
+    labels = L.base_labels(STRAY_WORKSPACE_PURPOSE)
+    return [Mount(target=WORKSPACE_PATH, source=workspace_source(workspace), type="volume",
+                  read_only=workspace.read_only and profile.runtime == "gvisor",
+                  labels=labels, driver_config=DriverConfig("local", dict(_STRAY_VOLUME_OPTIONS)))]
+
 
 def host_config_kwargs(profile: SandboxProfile, seccomp_json: str) -> dict[str, Any]:
     """The container settings for `profile`: every hardening point, no switches."""
@@ -181,7 +212,8 @@ def host_config_kwargs(profile: SandboxProfile, seccomp_json: str) -> dict[str, 
         + [
             Mount(target=m.container_path, source=m.host_path, type="bind", read_only=True)
             for m in profile.inputs
-        ],
+        ]
+        + workspace_mount(profile),
         environment=dict(profile.env),
         working_dir=profile.workdir,
         runtime=ENGINE_RUNTIME[profile.runtime],
@@ -238,7 +270,7 @@ def applied_settings(attrs: dict[str, Any]) -> dict[str, Any]:
         "runtime": host.get("Runtime"),
         "dns": host.get("Dns"),
         "mounts": [
-            {"source": m.get("Source"), "target": m.get("Target"), "read_only": m.get("ReadOnly")}
+            {"source": m.get("Source"), "target": m.get("Target"), "read_only": bool(m.get("ReadOnly"))}
             for m in host.get("Mounts") or []
         ],
         "env": _redact_proxy_credentials(config.get("Env")),
@@ -294,29 +326,45 @@ class _Streams:
     stdout_truncated: bool = False
     stderr_truncated: bool = False
     witness: InitWitness = dataclasses.field(default_factory=InitWitness)
+    on_output: OutputListener | None = None
+    """Told each piece kept, as it is kept (SandboxRequest.on_output); dropped after it raises."""
 
     def add(self, stream: int, data: bytes) -> bool:
         """Keep what fits; return True when a cap was exceeded."""
         if stream == _STDERR:
             room = self.stderr_limit - len(self.stderr)
-            self.stderr += data[: max(room, 0)]
+            kept = data[: max(room, 0)]
+            self.stderr += kept
             if len(data) > room:
                 self.stderr_truncated = True
+            self._tell("stderr", kept)
         else:
-            data = self.witness.feed(data)
-            room = self.stdout_limit - len(self.stdout)
-            self.stdout += data[: max(room, 0)]
-            if len(data) > room:
-                self.stdout_truncated = True
+            self._keep_stdout(self.witness.feed(data))
         return self.stdout_truncated or self.stderr_truncated
 
     def finish(self) -> None:
         """The container is gone: what the witness still held back is the tool's stdout."""
-        held = self.witness.finish()
+        self._keep_stdout(self.witness.finish())
+
+    def _keep_stdout(self, data: bytes) -> None:
         room = self.stdout_limit - len(self.stdout)
-        self.stdout += held[: max(room, 0)]
-        if len(held) > room:
+        kept = data[: max(room, 0)]
+        self.stdout += kept
+        if len(data) > room:
             self.stdout_truncated = True
+        self._tell("stdout", kept)
+
+    def _tell(self, name: str, kept: bytes) -> None:
+        """Pass exactly the kept bytes on. The listener runs on the call's reading thread: one
+        that raises is the caller's bug, and must not end (or misclassify) the call, so it is
+        logged once and not called again; the result still holds every byte."""
+        if not kept or self.on_output is None:
+            return
+        try:
+            self.on_output(name, kept)
+        except Exception:  # noqa: BLE001 - any error of the caller's listener; logged once
+            log.warning("the output listener raised; it gets no more of this call's output", exc_info=True)
+            self.on_output = None
 
 
 class _Demuxer:
@@ -494,6 +542,10 @@ class DockerBackend:
                 except EgressError as e:
                     return self._start_failed(profile, image_id, started, f"egress: {e}")
                 kwargs = self._apply_egress(kwargs, egress_call)
+            if profile.workspace is not None:
+                missing = self._workspace_missing(profile.workspace)
+                if missing:
+                    return self._start_failed(profile, image_id, started, missing)
             command = list(request.argv) or self._default_command(image_id)
             if egress_call is not None:
                 # The init's child is the relay, which execs the command: the tool keeps that
@@ -529,6 +581,19 @@ class DockerBackend:
                 self._remove(container)
             if egress_call is not None:
                 self._close_egress(request, egress_call, reports)
+
+    def _workspace_missing(self, workspace: WorkspaceMount) -> str | None:
+        """Why the call's workspace cannot be mounted, or None. Docker would create a named
+        volume that does not exist: the run's workspace is gone (its run ended), or was never
+        made, and the call must not run with another filesystem at /workspace."""
+        source = workspace_source(workspace)
+        try:
+            labels = self._client.volumes.get(source).attrs.get("Labels") or {}
+        except docker.errors.NotFound:
+            return f"workspace volume {source} does not exist (the run's workspace is gone)"
+        if WORKSPACE_LABEL not in labels:
+            return f"volume {source} is not a ringfence workspace"
+        return None
 
     def _track(self, run_id: str, container_id: str, progress: _Progress) -> None:
         """A call's container, running now: kill_run and kill_all find it here."""
@@ -566,7 +631,10 @@ class DockerBackend:
         its per-call egress grant), and how the call is handed over (the runner reading its
         request, or the launcher for a command or credentials known only at the claim)."""
         profile = request.profile
-        if not request.warm or (profile.egress is not None and profile.runtime != "runc"):
+        # A workspace is fixed at creation (the run's volume), and a container made ahead of
+        # its call cannot know which run it will serve: calls with one always go cold.
+        if not request.warm or profile.workspace is not None or (profile.egress is not None
+                                                                 and profile.runtime != "runc"):
             return None
         image_id = image_id or self._image_id(profile.image)
         base = dataclasses.replace(profile, egress=None)
@@ -715,7 +783,8 @@ class DockerBackend:
             renaming.start()
             self._track(request.run_id, _container_id(container), progress)
             registered = True
-            streams = _Streams(profile.stdout_limit, profile.stderr_limit, bytearray(), bytearray())
+            streams = _Streams(profile.stdout_limit, profile.stderr_limit, bytearray(), bytearray(),
+                           on_output=request.on_output)
             for stream, data in warm.extra["early"]:
                 streams.add(stream, data)
             try:
@@ -886,7 +955,8 @@ class DockerBackend:
     ) -> SandboxResult:
         profile = request.profile
         attach, sock = self._attach(container)
-        streams = _Streams(profile.stdout_limit, profile.stderr_limit, bytearray(), bytearray())
+        streams = _Streams(profile.stdout_limit, profile.stderr_limit, bytearray(), bytearray(),
+                           on_output=request.on_output)
         killed_for: Outcome | None = None
         try:
             if progress.killed_reason is not None:

@@ -1,4 +1,5 @@
-"""An in-memory SandboxBackend for fast control-plane unit tests. It runs nothing.
+"""An in-memory SandboxBackend and WorkspaceStore for fast control-plane unit tests. They run
+and mount nothing.
 
 Beside, never instead of, the Docker backend: every property of the real sandbox is proven
 against the real engine in tests/integration and tests/escape.
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from sandbox.backend import SandboxRequest
 from sandbox.errors import EngineError
 from sandbox.result import Outcome, SandboxResult
+from sandbox.workspace import WorkspaceInfo, WorkspaceSpec, volume_name
 
 Handler = Callable[[SandboxRequest], SandboxResult]
 
@@ -51,9 +53,17 @@ class FakeBackend:
             return len(self.requests)
 
     def run(self, request: SandboxRequest) -> SandboxResult:
+        """The handler's result; its stdout and stderr also go to `request.on_output` (each in
+        one piece), as the real backend streams them while the call runs."""
         with self._lock:
             self.requests.append(request)
-        return self._handler(request)
+        result = self._handler(request)
+        if request.on_output is not None:
+            if result.stdout:
+                request.on_output("stdout", result.stdout)
+            if result.stderr:
+                request.on_output("stderr", result.stderr)
+        return result
 
     def ping(self) -> None:
         if self.unhealthy is not None:
@@ -72,3 +82,52 @@ class FakeBackend:
 
     def close(self) -> None:
         self.closed = True
+
+
+class FakeWorkspaces:
+    """A WorkspaceStore in memory: `workspaces` (run key -> (tenant, volume, spec)) is what
+    "exists", and `created`/`removed` list the run keys in the order they were made and removed.
+    While `unhealthy` holds a message, every operation raises it as the engine's failure."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.workspaces: dict[str, tuple[str, str, WorkspaceSpec]] = {}
+        self.created: list[str] = []
+        self.removed: list[str] = []
+        self.unhealthy: str | None = None
+
+    def _check(self) -> None:
+        if self.unhealthy is not None:
+            raise EngineError(self.unhealthy)
+
+    def create(self, run_key: str, tenant: str, spec: WorkspaceSpec) -> str:
+        self._check()
+        with self._lock:
+            if run_key not in self.workspaces:
+                self.workspaces[run_key] = (tenant, volume_name(run_key), spec)
+                self.created.append(run_key)
+            return self.workspaces[run_key][1]
+
+    def remove(self, run_key: str) -> bool:
+        self._check()
+        with self._lock:
+            if self.workspaces.pop(run_key, None) is None:
+                return False
+            self.removed.append(run_key)
+            return True
+
+    def find(self, run_key: str) -> WorkspaceInfo | None:
+        self._check()
+        with self._lock:
+            found = self.workspaces.get(run_key)
+        return None if found is None else WorkspaceInfo(run_key, found[0], found[1], keeper_running=True)
+
+    def list(self) -> list[WorkspaceInfo]:
+        self._check()
+        with self._lock:
+            return [WorkspaceInfo(key, tenant, volume, keeper_running=True)
+                    for key, (tenant, volume, _) in self.workspaces.items()]
+
+    def reap(self, keep: Callable[[WorkspaceInfo], bool]) -> int:
+        doomed = [info for info in self.list() if not keep(info)]
+        return sum(self.remove(info.run_key) for info in doomed)

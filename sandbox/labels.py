@@ -1,7 +1,7 @@
 """Labels on every Docker object ringfence creates, and the identity of this server instance.
 
-Every container and network carries the product label, so leftovers can be listed and reaped
-by label; the instance label names the process that owns it, so the reaper can tell the
+Every container, network and volume carries the product label, so leftovers can be listed and
+reaped by label; the instance label names the process that owns it, so the reaper can tell the
 orphans of a dead instance from the live calls of a running one.
 """
 
@@ -20,7 +20,9 @@ PID_LABEL = "ringfence.pid"
 RUN_LABEL = "ringfence.run"
 CALL_LABEL = "ringfence.call"
 DEADLINE_LABEL = "ringfence.deadline"  # unix time after which the object is an orphan
-PURPOSE_LABEL = "ringfence.purpose"  # call | network | proxy | test
+# call | pool | network | proxy | test | workspace | workspace-view | workspace-keeper |
+# workspace-stray (sandbox.workspace, sandbox.docker_backend)
+PURPOSE_LABEL = "ringfence.purpose"
 
 # Set by the test suite so every object a test run creates can be removed by one label.
 TEST_SESSION_ENV = "RINGFENCE_TEST_SESSION"

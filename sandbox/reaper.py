@@ -9,6 +9,13 @@ An egress proxy's host state directory (its config, control socket and every liv
 socket directory, sandbox.egress.proxy) goes with its container: a process that died could not
 remove it itself. Networks labelled ringfence are still reaped too (the proxy's own bridge, and
 those of earlier versions that gave each egress call a network of its own).
+
+A workspace's keeper (sandbox.workspace) belongs to a run, not to the instance that happened to
+make it: another instance continues the run with the same files, so a keeper is never an
+instance's orphan. The control plane reaps workspaces by their runs (`WorkspaceStore.reap`).
+A stray workspace volume (one the engine made by itself for a call whose workspace was removed
+meanwhile: sandbox.docker_backend.STRAY_WORKSPACE_PURPOSE) is removed once no container uses it
+(`reap_stray_volumes`, on the server's periodic pass).
 """
 
 from __future__ import annotations
@@ -32,9 +39,13 @@ from sandbox import labels as L
 log = logging.getLogger(__name__)
 
 
+# Objects that are not an instance's: never reaped by their instance's labels (see above).
+RUN_OWNED_PURPOSES = frozenset({"workspace-keeper"})
+
+
 @dataclass(frozen=True)
 class Reaped:
-    kind: str  # "container" | "network" | "directory"
+    kind: str  # "container" | "network" | "directory" | "volume"
     name: str
     reason: str
 
@@ -51,6 +62,8 @@ def _pid_alive(pid: int) -> bool:
 
 def orphan_reason(labels: dict[str, str], *, now: float, host: str) -> str | None:
     """Why an object with these labels is an orphan, or None if its owner may still need it."""
+    if labels.get(L.PURPOSE_LABEL) in RUN_OWNED_PURPOSES:
+        return None  # its run's, whichever instance made it
     deadline = labels.get(L.DEADLINE_LABEL)
     if deadline and deadline.isdigit() and int(deadline) < now:
         return "past its deadline"
@@ -115,6 +128,21 @@ def reap(client: docker.DockerClient, *, now: float | None = None) -> list[Reape
     return reaped
 
 
+def reap_stray_volumes(client: docker.DockerClient) -> list[Reaped]:
+    """Remove stray workspace volumes no container uses (one in use is left for next time)."""
+    from sandbox.docker_backend import STRAY_WORKSPACE_PURPOSE
+
+    reaped: list[Reaped] = []
+    selector = {"label": [f"{L.PRODUCT_LABEL}={L.PRODUCT}", f"{L.PURPOSE_LABEL}={STRAY_WORKSPACE_PURPOSE}"]}
+    for volume in client.volumes.list(filters=selector):
+        try:
+            volume.remove()
+            reaped.append(Reaped("volume", str(volume.name), "a stray workspace volume"))
+        except docker.errors.APIError:
+            pass  # gone already, or a call still has it mounted
+    return reaped
+
+
 class PeriodicReaper:
     """reap() at start and then every `interval_s` on a daemon thread, until stop(): a server
     removes its killed predecessor's containers at start-up and anything past its deadline
@@ -133,7 +161,7 @@ class PeriodicReaper:
 
     def reap_once(self) -> list[Reaped]:
         try:
-            found = reap(self._client)
+            found = reap(self._client) + reap_stray_volumes(self._client)
         except Exception as e:  # noqa: BLE001 - the engine may be down now; the next round retries
             log.warning("reaper: %s", e)
             return []

@@ -44,7 +44,8 @@ def docker_client():
 
 
 def remove_session_objects(client) -> list[str]:
-    """Remove every container and network labelled with this test session; return their names."""
+    """Remove every container, network and volume labelled with this test session (volumes last:
+    a workspace's keeper holds its volume); return their names."""
     selector = f"{L.TEST_SESSION_LABEL}={SESSION}"
     removed = []
     for container in client.containers.list(all=True, filters={"label": selector}):
@@ -53,6 +54,9 @@ def remove_session_objects(client) -> list[str]:
     for network in client.networks.list(filters={"label": selector}):
         removed.append(f"network {network.name}")
         network.remove()
+    for volume in client.volumes.list(filters={"label": selector}):
+        removed.append(f"volume {volume.name}")
+        volume.remove(force=True)
     return removed
 
 

@@ -58,6 +58,9 @@ METHOD_ROLES: Mapping[str, frozenset[Role]] = {
     "/ringfence.v1.EvidenceService/GetEvidence": _ANY,
     "/ringfence.v1.RoutingService/RouteTicket": _AGENT,
     "/ringfence.v1.RoutingService/GetRouting": _ANY,
+    # A run's files are the run's: those who act in it (as StartRun and SubmitBatch).
+    "/ringfence.v1.FileService/UploadFiles": _AGENT,
+    "/ringfence.v1.FileService/DownloadFiles": _AGENT,
 }
 
 # Bearer tokens are opaque; this only bounds the work an absurd header can cause.

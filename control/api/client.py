@@ -18,12 +18,15 @@ from control.api import convert
 from control.api.gen.ringfence.v1 import (
     approvals_pb2,
     approvals_pb2_grpc,
+    files_pb2_grpc,
     runs_pb2,
     runs_pb2_grpc,
     tools_pb2,
     tools_pb2_grpc,
 )
 from control.api.status import from_rpc_error
+from control.client import _wire as files_wire
+from control.client.options import DownloadedFiles, UploadResult, WorkspaceOptions
 from control.model import Approval, Event, Observation, PlanStep, ProposedCall, RunView, ToolView
 
 __all__ = ["RingfenceClient", "Stream"]
@@ -91,6 +94,7 @@ class RingfenceClient:
         self.tools = tools_pb2_grpc.ToolServiceStub(self.channel)
         self.runs = runs_pb2_grpc.RunServiceStub(self.channel)
         self.approvals = approvals_pb2_grpc.ApprovalServiceStub(self.channel)
+        self.files = files_pb2_grpc.FileServiceStub(self.channel)
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -124,8 +128,12 @@ class RingfenceClient:
 
     # -- RunService -------------------------------------------------------------------------
 
-    def start_run(self, goal: str, run_id: str | None = None) -> RunView:
+    def start_run(self, goal: str, run_id: str | None = None, *,
+                  workspace: bool | WorkspaceOptions = False) -> RunView:
         request = runs_pb2.StartRunRequest(goal=goal, run_id=run_id or "")
+        wanted = files_wire.workspace_request(workspace)
+        if wanted is not None:
+            request.workspace.CopyFrom(convert.workspace_to_proto(wanted))
         return convert.run_from_proto(self._unary(self.runs.StartRun, request))
 
     def get_run(self, run_id: str) -> RunView:
@@ -161,6 +169,28 @@ class RingfenceClient:
     def watch_run(self, run_id: str, from_seq: int = 0) -> Stream[Event]:
         request = runs_pb2.WatchRunRequest(run_id=run_id, from_seq=from_seq)
         return self._stream(self.runs.WatchRun, request, convert.event_from_proto)
+
+    # -- FileService (the same checks as the SDK's: control.client._wire) ---------------------
+
+    def upload_tar(self, run_id: str, tar_bytes: bytes, dest: str = "") -> UploadResult:
+        upload = files_wire.Upload(run_id, dest, bytes(tar_bytes))
+        response = self._unary(self.files.UploadFiles, upload.messages())  # the stream as the request
+        return upload.decode(response)
+
+    def download_files(self, run_id: str, paths: Sequence[str] = (), *, artifacts: bool = False) -> DownloadedFiles:
+        request = files_wire.download_files(run_id, paths, artifacts)
+        # grpc's stream call is also its future (cancel()); its stubs type it as an iterator only.
+        call: Any = self.files.DownloadFiles(request, metadata=self.metadata(), timeout=self.timeout)
+        assembler = files_wire.Assembler()
+        try:
+            for chunk in call:
+                assembler.feed(chunk)
+        except grpc.RpcError as e:
+            raise _translate(e) from e
+        except BaseException:
+            call.cancel()
+            raise
+        return assembler.result()
 
     # -- ApprovalService --------------------------------------------------------------------
 

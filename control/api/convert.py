@@ -22,7 +22,7 @@ from typing import Any, Protocol, TypeVar
 from google.protobuf import timestamp_pb2
 from google.protobuf.message import Message
 
-from control.api.gen.ringfence.v1 import approvals_pb2, types_pb2
+from control.api.gen.ringfence.v1 import approvals_pb2, runs_pb2, types_pb2
 from control.errors import FieldViolation, InvalidArgument
 from control.model import (
     Approval,
@@ -38,6 +38,8 @@ from control.model import (
     RunView,
     ToolView,
     Usage,
+    WorkspaceRequest,
+    WorkspaceView,
 )
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}")  # as the core's ids
@@ -244,6 +246,20 @@ def steps_from_proto(
     return tuple(out)
 
 
+def workspace_from_proto(request: runs_pb2.StartRunRequest) -> WorkspaceRequest | None:
+    """StartRunRequest.workspace: absent = no workspace; its caps as sent (0 = the server's
+    default). Whether they fit the server's maximums is the core's check (workspace.bytes,
+    workspace.inodes), which knows the configuration."""
+    if not request.HasField("workspace"):
+        return None
+    return WorkspaceRequest(bytes=request.workspace.bytes, inodes=request.workspace.inodes)
+
+
+def workspace_to_proto(workspace: WorkspaceRequest) -> runs_pb2.WorkspaceRequest:
+    """Client side: StartRunRequest.workspace (set only when the run asks for one)."""
+    return runs_pb2.WorkspaceRequest(bytes=max(0, int(workspace.bytes)), inodes=max(0, int(workspace.inodes)))
+
+
 def decision_from_proto(value: approvals_pb2.Decision.ValueType, v: Violations) -> bool | None:
     if value == approvals_pb2.DECISION_APPROVE:
         return True
@@ -348,6 +364,9 @@ def run_to_proto(r: RunView) -> types_pb2.Run:
         trajectory=[observation_to_proto(o) for o in r.trajectory],
         usage=types_pb2.Usage(turns=max(0, r.usage.turns), calls=max(0, r.usage.calls), cost=r.usage.cost),
         pending_approvals=[approval_to_proto(a) for a in r.pending_approvals],
+        workspace=(types_pb2.Workspace(bytes=max(0, int(r.workspace.bytes)), inodes=max(0, int(r.workspace.inodes)),
+                                       removed=r.workspace.removed)
+                   if r.workspace is not None else None),
     )
 
 
@@ -417,6 +436,8 @@ def run_from_proto(msg: types_pb2.Run) -> RunView:
         trajectory=tuple(observation_from_proto(o) for o in msg.trajectory),
         usage=Usage(msg.usage.turns, msg.usage.calls, msg.usage.cost),
         pending_approvals=tuple(approval_from_proto(a) for a in msg.pending_approvals),
+        workspace=(WorkspaceView(msg.workspace.bytes, msg.workspace.inodes, msg.workspace.removed)
+                   if msg.HasField("workspace") else None),
     )
 
 

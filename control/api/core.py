@@ -16,7 +16,18 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
-from control.model import Approval, Event, Observation, PlanStep, Principal, ProposedCall, RunView, ToolView
+from control.files import DownloadedFile, FileInfo
+from control.model import (
+    Approval,
+    Event,
+    Observation,
+    PlanStep,
+    Principal,
+    ProposedCall,
+    RunView,
+    ToolView,
+    WorkspaceRequest,
+)
 from control.plans.values import Claim, EvidenceRecord, PlanView, Report, Step, Verdict
 from control.routing.values import Decision, Ticket
 
@@ -65,7 +76,11 @@ class Core(Protocol):
     def list_tools(self, p: Principal, query: str = "") -> list[ToolView]: ...
 
     # RunService
-    def start_run(self, p: Principal, goal: str, run_id: str | None = None) -> RunView: ...
+    def start_run(self, p: Principal, goal: str, run_id: str | None = None, *,
+                  workspace: WorkspaceRequest | None = None) -> RunView:
+        """`workspace` None: the run has none; else its caps (0 = the server's default), the
+        workspace made before this returns (a `workspace_created` event)."""
+        ...
 
     def get_run(self, p: Principal, run_id: str) -> RunView: ...
 
@@ -84,6 +99,20 @@ class Core(Protocol):
                      max_steps: int | None) -> Iterator[Event]: ...
 
     def watch_run(self, p: Principal, run_id: str, from_seq: int, stop: threading.Event) -> Iterator[Event]: ...
+
+    # FileService: the run is the principal's tenant's (NotFound otherwise); upload and
+    # workspace downloads need a live workspace (FailedPrecondition); both hold the run's lock
+    # and go through control.files.FileDesk.
+    def upload_files(self, p: Principal, run_id: str, dest: str, tar_bytes: bytes) -> tuple[list[FileInfo], int]:
+        """Copy an uncompressed tar's files into the workspace under `dest`; returns them and the
+        seq of the `files_uploaded` event."""
+        ...
+
+    def download_files(self, p: Principal, run_id: str, paths: Sequence[str],
+                       artifacts: bool) -> list[DownloadedFile]:
+        """The workspace's files under `paths` (all of it when empty), or with `artifacts` the
+        run's collected artifacts (all when `paths` is empty; no workspace needed)."""
+        ...
 
     # ApprovalService
     def list_approvals(self, p: Principal, run_id: str | None = None) -> list[Approval]: ...

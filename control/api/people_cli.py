@@ -4,7 +4,8 @@ These commands talk to a running `ringfence serve` (unlike `ringfence runs show|
 prune`, which read the event store directly, see control/store/cli.py):
 
     submit PLAN.yaml        start (or reuse) a run, execute a plan, follow its events live
-    watch RUN_ID            follow a run's events until it finishes
+    watch RUN_ID            follow a run's events until it finishes (a call's output live)
+    files put|get RUN_ID    put local files into a run's workspace, get files (or artifacts) out
     approvals [approve|decline ID]   list pending approvals, decide one
     runs [list]             the runs this token's tenant can see
     run RUN_ID              one run: status, outcome, trajectory, pending approvals
@@ -28,11 +29,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import enum
+import io
 import json
 import math
 import os
+import posixpath
 import re
+import stat
 import sys
+import tarfile
 import textwrap
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -414,12 +419,55 @@ def event_detail(event: Any) -> str:
     if t == EventType.RUN_FINISHED:
         reason = d.get("reason") or ""
         return f"outcome {d.get('outcome')}" + (f": {short(reason, 60)}" if reason else "")
+    if t == EventType.WORKSPACE_CREATED:
+        return f"workspace {d.get('volume')}: {d.get('bytes')} bytes, {d.get('inodes')} inodes"
+    if t == EventType.WORKSPACE_REMOVED:
+        return f"workspace {d.get('volume')} removed ({d.get('reason')})"
+    if t in (EventType.FILES_UPLOADED, EventType.FILES_DOWNLOADED, EventType.ARTIFACT_COLLECTED):
+        files = d.get("files") or []
+        size = sum(int(f.get("size") or 0) for f in files)
+        names = ", ".join(str(f.get("path")) for f in files[:4]) + (", ..." if len(files) > 4 else "")
+        text = f"{len(files)} file{'s' if len(files) != 1 else ''}, {size} bytes ({names})"
+        if t == EventType.FILES_UPLOADED:
+            return f"{text} into /workspace/{d.get('dest') or ''} by {d.get('by')}"
+        if t == EventType.FILES_DOWNLOADED:
+            return f"{text}{' (artifacts)' if d.get('artifacts') else ''} by {d.get('by')}"
+        missing = d.get("missing") or []
+        return text + (f"; missing: {', '.join(map(str, missing[:4]))}" if missing else "")
     return short(d)
 
 
 def event_line(event: Any, progress: str = "") -> str:
     call = event.data.get("call_id") or "-"
     return f"{event.seq:>5}  {event.type:<18} {call:<12} {event_detail(event)}{progress}"
+
+
+def _terminal_safe(line: str) -> str:
+    # A tool's output is untrusted text: no escape sequence of it reaches the person's terminal.
+    return "".join(ch if ch == "\t" or ch.isprintable() else f"\\x{ord(ch):02x}" for ch in line)
+
+
+def output_lines(event: Any) -> list[str]:
+    """A `call_output` event as the lines it holds, each prefixed by the call id and the stream
+    (what the tool printed, as it printed it, after the server's secret redaction). The first
+    line is the event's own line (seq, type); the others are aligned under it."""
+    d = event.data
+    call = str(d.get("call_id") or "-")
+    tag = f"{call:<12} {d.get('stream')}| "
+    head = f"{event.seq:>5}  {event.type:<18} {tag}"
+    pad = " " * (5 + 2 + 18 + 1) + tag
+    lines = str(d.get("text") or "").splitlines() or [""]
+    return [(head if i == 0 else pad) + _terminal_safe(line) for i, line in enumerate(lines)]
+
+
+def print_event(out: Output, event: Any, progress: str = "") -> None:
+    if out.json:
+        out.obj(event_obj(event))
+    elif event.type == EventType.CALL_OUTPUT:
+        for line in output_lines(event):
+            out.line(line)
+    else:
+        out.line(event_line(event, progress))
 
 
 def event_obj(event: Any) -> dict[str, Any]:
@@ -573,6 +621,7 @@ def report_failure(out: Output, error: BaseException, s: Settings | None, comman
         role_hint = {
             "approvals": "deciding and listing approvals needs an approver (or admin) token",
             "submit": "starting runs and executing plans needs an agent (or admin) token",
+            "files": "moving files in and out of a run needs an agent (or admin) token",
         }.get(command, "use a token with the role this command needs")
         out.error(f"permission denied: {error.message}", code="PERMISSION_DENIED",
                   hint=f"{role_hint}: set {token_env} to one")
@@ -729,10 +778,7 @@ def cmd_submit(args: argparse.Namespace, s: Settings, out: Output) -> int:
                 if event.type == EventType.OBSERVATION:
                     settled += 1
                     progress = f"  [{settled}/{total}]"
-                if out.json:
-                    out.obj(event_obj(event))
-                else:
-                    out.line(event_line(event, progress))
+                print_event(out, event, progress)
         except KeyboardInterrupt:
             stream.cancel()
             print(f"\nstopped following; the plan goes on on the server: ringfence watch {run.run_id} "
@@ -776,10 +822,7 @@ def cmd_watch(args: argparse.Namespace, s: Settings, out: Output) -> int:
         try:
             for event in stream:
                 last_seq = event.seq
-                if out.json:
-                    out.obj(event_obj(event))
-                else:
-                    out.line(event_line(event))
+                print_event(out, event)
                 if event.type == EventType.RUN_FINISHED:
                     finished = event
         except KeyboardInterrupt:
@@ -793,6 +836,165 @@ def cmd_watch(args: argparse.Namespace, s: Settings, out: Output) -> int:
                             hint=f"resume with: ringfence watch {args.run_id} --from {last_seq + 1}")
     out.line(f"run {args.run_id} finished: {finished.data.get('outcome')}"
              + (f" ({finished.data.get('reason')})" if finished.data.get("reason") else ""))
+    return EXIT_OK
+
+
+# --- files -------------------------------------------------------------------------------------
+
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def pack_local(paths: Sequence[str]) -> tuple[bytes, int]:
+    """An uncompressed tar of local files and directories (each under its own name, a
+    directory with everything in it), and how many files it holds. Regular files and
+    directories only: a link is refused here (it would be refused by the server too), and
+    nothing is ever read through one."""
+    buf = io.BytesIO()
+    names: set[str] = set()
+    count = 0
+
+    def add(local: str, arcname: str, tar: tarfile.TarFile) -> None:
+        nonlocal count
+        try:
+            st = os.lstat(local)
+        except FileNotFoundError:
+            raise UsageError(f"there is no file or directory {local}") from None
+        except OSError as e:
+            raise UsageError(f"cannot read {local}: {e.strerror}") from None
+        if stat.S_ISLNK(st.st_mode):
+            raise UsageError(f"{local} is a symbolic link (to {os.readlink(local)!r}): links are never sent",
+                             hint="name the file it points to, or copy it in place of the link")
+        info = tarfile.TarInfo(arcname)
+        info.mtime = 0
+        if stat.S_ISDIR(st.st_mode):
+            info.type = tarfile.DIRTYPE
+            info.mode = 0o755
+            tar.addfile(info)
+            with os.scandir(local) as entries:
+                children = sorted(entries, key=lambda e: e.name)
+            for child in children:
+                add(child.path, f"{arcname}/{child.name}", tar)
+            return
+        if not stat.S_ISREG(st.st_mode):
+            raise UsageError(f"{local} is not a regular file or a directory: only those are sent")
+        try:
+            fd = os.open(local, _READ_FLAGS)
+        except OSError as e:
+            raise UsageError(f"cannot open {local} without following links: {e.strerror}") from None
+        with os.fdopen(fd, "rb") as f:
+            now = os.fstat(f.fileno())
+            if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+                raise UsageError(f"{local} changed while it was being read")
+            data = f.read()
+        info.size = len(data)
+        info.mode = 0o644
+        tar.addfile(info, io.BytesIO(data))
+        count += 1
+
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for given in paths:
+            name = os.path.basename(os.path.normpath(os.path.abspath(given)))
+            if not name:
+                raise UsageError(f"{given} has no name to put in the workspace (name a directory inside it)")
+            if name in names:
+                raise UsageError(f"two LOCAL_PATHs are both named {name!r} in the workspace",
+                                 hint="put them with two commands, each with its own --to DIR")
+            names.add(name)
+            add(given, name, tar)
+    return buf.getvalue(), count
+
+
+def _workspace_dir(text: str) -> str:
+    """--to DIR as the server takes it: relative to /workspace, normalized ("" = the workspace)."""
+    from control.workspace_paths import path_problem
+
+    dest = posixpath.normpath(text.strip()) if text.strip() else ""
+    dest = "" if dest == "." else dest
+    problem = path_problem(dest, allow_root=True)
+    if problem is not None:
+        raise UsageError(f"--to {text!r} {problem}", hint="a directory relative to /workspace, e.g. --to src/pkg")
+    return dest
+
+
+def write_files(root: Path, files: Mapping[str, bytes]) -> None:
+    """Each file under `root` (created if missing), never outside it and never through a link:
+    every directory is opened relative to its parent with O_NOFOLLOW|O_DIRECTORY, every file
+    created with O_CREAT|O_EXCL|O_NOFOLLOW (nothing existing is overwritten)."""
+    from control.workspace_paths import path_problem
+
+    for path in files:
+        problem = path_problem(path)
+        if problem is not None:  # the SDK refused it already; checked again where it is written
+            raise CommandFailed(f"refusing to write {path!r}: it {problem}")
+    existing = [p for p in files if os.path.lexists(root / p)]
+    if existing:
+        raise CommandFailed(f"{len(existing)} file(s) already exist under {root}: {', '.join(existing[:5])}; "
+                            "nothing was written", hint="choose another --out DIR (nothing is ever overwritten)")
+    root.mkdir(parents=True, exist_ok=True)
+    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # --out itself: the user's choice
+    try:
+        for path, data in sorted(files.items()):
+            parts = path.split("/")
+            fds: list[int] = []
+            try:
+                fd = root_fd
+                for part in parts[:-1]:
+                    try:
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                    except FileExistsError:
+                        pass
+                    fd = os.open(part, _DIR_FLAGS, dir_fd=fd)  # a link or a file here: ELOOP/ENOTDIR
+                    fds.append(fd)
+                out_fd = os.open(parts[-1], _NEW_FILE_FLAGS, 0o644, dir_fd=fd)
+                with os.fdopen(out_fd, "wb") as f:
+                    f.write(data)
+            except OSError as e:
+                raise CommandFailed(f"cannot write {root / path} safely: {e.strerror}",
+                                    hint="nothing is written through a link or over an existing file") from None
+            finally:
+                for opened in fds:
+                    os.close(opened)
+    finally:
+        os.close(root_fd)
+
+
+def cmd_files_put(args: argparse.Namespace, s: Settings, out: Output) -> int:
+    dest = _workspace_dir(args.to or "")
+    archive, count = pack_local(args.local)
+    with connect(s) as client:
+        result = client.upload_tar(args.run_id, archive, dest)
+    if out.json:
+        out.obj({"kind": "uploaded", "run_id": args.run_id, "dest": dest, "seq": result.seq,
+                 "files": [jsonable(f) for f in result.files]})
+        return EXIT_OK
+    for f in result.files:
+        out.line(f"{f.size:>10}  {f.sha256[:16]}  /workspace/{f.path}")
+    total = sum(f.size for f in result.files)
+    out.line(f"put {len(result.files)} file{'s' if len(result.files) != 1 else ''} ({total} bytes) into run "
+             f"{args.run_id}'s /workspace/{dest} (event {result.seq})")
+    return EXIT_OK
+
+
+def cmd_files_get(args: argparse.Namespace, s: Settings, out: Output) -> int:
+    root = Path(args.out or ".")
+    with connect(s) as client:
+        got = client.download_files(args.run_id, args.paths, artifacts=bool(args.artifacts))
+    write_files(root, got)
+    if out.json:
+        for path, data in sorted(got.items()):
+            out.obj({"kind": "file", "path": path, "size": len(data), "written": str(root / path)})
+        for path, why in sorted(got.skipped.items()):
+            out.obj({"kind": "skipped", "path": path, "why": why})
+        return EXIT_OK
+    for path, data in sorted(got.items()):
+        out.line(f"{len(data):>10}  {root / path}")
+    for path, why in sorted(got.skipped.items()):
+        print(f"skipped {path}: {why}", file=sys.stderr, flush=True)
+    what = "artifact" if args.artifacts else "file"
+    out.line(f"got {len(got)} {what}{'s' if len(got) != 1 else ''} of run {args.run_id} into {root}"
+             + (f"; {len(got.skipped)} skipped" if got.skipped else ""))
     return EXIT_OK
 
 
@@ -979,14 +1181,18 @@ def register(subparsers: SubParsers) -> None:
     p = _parser(
         subparsers, "watch", common, help="follow a run's events until it finishes (gRPC)",
         description=("Print a run's events from --from on (default: all of them), then each new one as "
-                     "it is appended, until the run finishes (run_finished). Exit 0 then; 1 if the server "
-                     "ends the stream first. Ctrl-C stops watching (the run goes on)."),
+                     "it is appended, until the run finishes (run_finished). A running call's output arrives "
+                     "as it is printed, each line prefixed by the call id and the stream ('c1 stdout| ...'; "
+                     "secrets are redacted by the server before anything is written). Exit 0 then; 1 if the "
+                     "server ends the stream first. Ctrl-C stops watching (the run goes on)."),
         examples=("  ringfence watch hello-1\n"
                   "  ringfence watch hello-1 --from 13 --json"))
     p.add_argument("run_id", metavar="RUN_ID")
     p.add_argument("--from", dest="from_seq", type=int, default=0, metavar="SEQ",
                    help="first sequence number to print (default: the first event)")
     p.set_defaults(func=_guarded("watch", cmd_watch))
+
+    _register_files(subparsers, common)
 
     p = _parser(
         subparsers, "approvals", common, help="list pending approvals; approve or decline one (gRPC)",
@@ -1045,6 +1251,49 @@ def register(subparsers: SubParsers) -> None:
     p.set_defaults(func=_guarded("tools", cmd_tools))
 
     _register_runs(subparsers, common)
+
+
+def _register_files(subparsers: SubParsers, common: argparse.ArgumentParser) -> None:
+    p = _parser(
+        subparsers, "files", common, help="put files into a run's workspace, or get them (or its artifacts) out (gRPC)",
+        description=("A run started with a workspace has a directory, /workspace, that its workspace tools share "
+                     "across calls. `put` copies local files into it; `get` copies files out of it, or with "
+                     "--artifacts the files its tools declared as outputs (kept after the run ends). Every "
+                     "transfer is checked on the server (no links, no `..`, no devices or set-id bits; sizes "
+                     "capped by files.max_upload_bytes and files.max_download_bytes) and recorded in the run's "
+                     "log with each file's sha256. Needs an agent (or admin) token."),
+        examples=("  ringfence files put run-1 src/ tests/test_mod.py --to project\n"
+                  "  ringfence files get run-1 project/src/mod.py --out ./fetched\n"
+                  "  ringfence files get run-1 --artifacts --out ./artifacts"))
+    actions = p.add_subparsers(dest="files_command", metavar="ACTION", required=True)
+    put = _parser(
+        actions, "put", common, help="copy local files and directories into the run's workspace",
+        description=("Pack each LOCAL_PATH (a file, or a directory with everything in it) under its own name "
+                     "into one archive and copy it into the run's /workspace, under --to DIR (created if "
+                     "missing). Only regular files and directories are sent: a symbolic link, a device or a "
+                     "fifo is refused here, before anything is sent. A file already in the workspace with the "
+                     "same path is replaced. Prints each file's size and sha256 as the server recorded it."),
+        examples="  ringfence files put run-1 data.csv\n  ringfence files put run-1 src/ --to project")
+    put.add_argument("run_id", metavar="RUN_ID")
+    put.add_argument("local", metavar="LOCAL_PATH", nargs="+", help="a file or directory to send")
+    put.add_argument("--to", default="", metavar="DIR",
+                     help="the directory in the workspace, relative to /workspace (default: /workspace itself)")
+    put.set_defaults(func=_guarded("files", cmd_files_put))
+    get = _parser(
+        actions, "get", common, help="copy files (or artifacts) of the run out to a local directory",
+        description=("Download PATHs (files or directories, relative to /workspace; none: the whole workspace) "
+                     "or, with --artifacts, the run's artifacts (none: all of them), and write them under --out "
+                     "DIR with the same relative paths. Each file is checked against the sha256 the server "
+                     "sent. Nothing is written outside --out, through a link, or over an existing file (the "
+                     "command refuses before writing anything). A link in the workspace is never followed: it "
+                     "is reported as skipped."),
+        examples="  ringfence files get run-1 project/src --out ./fetched\n  ringfence files get run-1 --artifacts")
+    get.add_argument("run_id", metavar="RUN_ID")
+    get.add_argument("paths", metavar="PATH", nargs="*", help="a file or directory relative to /workspace")
+    get.add_argument("--out", default=".", metavar="DIR", help="where to write (created if missing; default: .)")
+    get.add_argument("--artifacts", action="store_true",
+                     help="the run's collected artifacts instead of the workspace (they outlive it)")
+    get.set_defaults(func=_guarded("files", cmd_files_get))
 
 
 _RUNS_DESCRIPTION = (

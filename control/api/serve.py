@@ -1,7 +1,9 @@
 """`ringfence serve`: the control plane's gRPC server, until SIGINT or SIGTERM.
 
 Builds the config (embedded defaults, then --config), the SQLite event store in the state
-directory, the Docker sandbox backend and the Orchestrator; prints the address it listens on
+directory, the Docker sandbox backend, the runs' workspaces on the same engine
+(sandbox.workspace.DockerWorkspaces: reaped at start and every workspace.reap_interval_s) and
+the Orchestrator; prints the address it listens on
 (one line on stdout, so a supervisor or a test can read the port when --listen ends in :0);
 serves; and on SIGINT/SIGTERM reports NOT_SERVING, lets in-flight calls finish for a few
 seconds, and closes everything.
@@ -18,6 +20,8 @@ import dataclasses
 import logging
 import signal
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,8 +34,11 @@ if TYPE_CHECKING:  # the CLI imports this module: the server's dependencies load
     from control.metrics import Metrics
     from control.orchestration import Orchestrator
     from control.store.base import EventStore
+    from sandbox.docker_backend import DockerBackend
     from sandbox.egress.proxy import ProxySettings
+    from sandbox.images.lock import Lock as ImageLock
     from sandbox.pool import PoolSettings
+    from sandbox.workspace import DockerWorkspaces
 
 log = logging.getLogger("ringfence.serve")
 
@@ -154,9 +161,12 @@ def serve_command(args: argparse.Namespace) -> int:
     from control.store import open_store
     from sandbox.docker_backend import DockerBackend
     from sandbox.errors import SandboxError
+    from sandbox.images import load_lock
 
     try:
-        backend = DockerBackend(egress_settings=egress_settings(config), pool=pool_settings(config))
+        # One image lock for the backend and the workspaces' keepers: both run pinned images.
+        lock = load_lock()
+        backend = DockerBackend(lock=lock, egress_settings=egress_settings(config), pool=pool_settings(config))
         # A killed predecessor's containers go now; anything past its deadline label, while we run.
         backend.start_reaper(args.reap_every)
     except SandboxError as e:
@@ -166,6 +176,7 @@ def serve_command(args: argparse.Namespace) -> int:
     orchestrator: Orchestrator | None = None
     metrics: Metrics | None = None
     tracing: TracerProvider | None = None
+    reaping: Periodic | None = None
     try:
         from control.telemetry import configure_tracing
 
@@ -180,7 +191,8 @@ def serve_command(args: argparse.Namespace) -> int:
         except Exception as e:  # noqa: BLE001 - sqlite3/psycopg/OSError: report, do not trace back
             print(f"error: cannot open the event log at {_redact_url(str(where))}: {e}", file=sys.stderr)
             return 1
-        orchestrator = Orchestrator.from_config(config, backend, store)
+        orchestrator = Orchestrator.from_config(config, backend, store,
+                                                workspaces=workspaces(backend, lock, str(where)))
         hooks: list[EventHook] = []
         if metrics_at is not None:
             from control.metrics import Metrics
@@ -200,11 +212,17 @@ def serve_command(args: argparse.Namespace) -> int:
         # Runs whose writer (another instance) died mid-way are taken over when its lease expires;
         # after the hooks, so that what adoption appends is counted and logged too.
         orchestrator.start_adopting(config.limits.lease_ttl_s)
+        # Workspaces whose run ended (or is unknown: a predecessor's) go now and on a timer.
+        reaping = Periodic("rf-ws-reaper", config.workspace.reap_interval_s, orchestrator.reap_workspaces,
+                           "reaping workspaces")
+        reaping.start()
         return asyncio.run(_serve(listen, orchestrator, config, tls))
     except OSError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     finally:
+        if reaping is not None:
+            reaping.stop()
         if metrics is not None:
             metrics.close()
         if orchestrator is not None:
@@ -244,6 +262,49 @@ async def _serve(listen: str, orchestrator: Orchestrator, config: Config, tls: T
             loop.remove_signal_handler(sig)
     print("ringfence: stopped", flush=True)
     return 0
+
+
+def workspaces(backend: DockerBackend, lock: ImageLock, store_address: str) -> DockerWorkspaces:
+    """The runs' workspaces on the backend's engine, their keepers from the same pinned images.
+
+    Scoped to the event store: a server reaps the workspaces whose run its store does not know,
+    so two deployments with different stores on one engine must not see each other's. Every
+    instance on one store (its address, password left out) shares the scope."""
+    import hashlib
+
+    from sandbox.workspace import DockerWorkspaces
+
+    scope = hashlib.sha256(_redact_url(store_address).encode()).hexdigest()[:16]
+    return DockerWorkspaces(backend.client, lock, scope=scope)
+
+
+class Periodic:
+    """`fn()` at once and then every `interval_s` on a daemon thread, until stop(). A failure is
+    logged and the next round tries again (the engine or the store may be down for a while)."""
+
+    def __init__(self, name: str, interval_s: float, fn: Callable[[], object], what: str) -> None:
+        self._fn = fn
+        self._what = what
+        self._interval_s = interval_s
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                self._fn()
+            except Exception as e:  # noqa: BLE001 - logged; the next round retries
+                log.warning("%s: %s", self._what, e)
+            if self._stopping.wait(self._interval_s):
+                return
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
 
 
 def pool_settings(config: Config) -> PoolSettings | None:

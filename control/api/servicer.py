@@ -1,9 +1,13 @@
 """The ringfence.v1 services on grpc.aio, calling the Orchestrator's synchronous methods.
 
-Every RPC goes through one wrapper (`Edge._unary` / `Edge._stream`) that, in this order:
+Every RPC goes through one wrapper (`Edge._unary` / `Edge._stream` / `Edge._client_stream`)
+that, in this order:
   1. continues the caller's W3C trace (traceparent in metadata) with a SERVER span,
   2. authenticates the bearer token and checks the method's role (control/api/auth.py),
-  3. rejects a request body that did not even parse as its protobuf (INVALID_ARGUMENT),
+  3. rejects a request body that did not even parse as its protobuf (INVALID_ARGUMENT); for a
+     client stream (UploadFiles) every message as it arrives, and the stream's total size is
+     capped as it arrives (RESOURCE_EXHAUSTED past `EdgeOptions.max_client_stream_bytes`),
+     after the caller was authenticated and authorized, before any message was read,
   4. runs the method, which decodes the request strictly (control/api/convert.py) and calls the
      Orchestrator in a worker thread,
   5. maps any exception through the one table in control/api/status.py; an unexpected one is
@@ -14,7 +18,9 @@ bypass the wrapper (and without an entry in auth.METHOD_ROLES nobody may call it
 
 Threads: the Orchestrator is synchronous and a batch can wait seconds on containers, so calls
 run in the edge's own pool (asyncio's default pool has cpu+4 workers: six on these machines,
-fewer than one tenant's batch limit times two tenants). Streams (ExecutePlan, WatchRun,
+fewer than one tenant's batch limit times two tenants). A client stream is received on the event
+loop (the messages are small and arrive at the network's pace), and the core call it ends in
+runs on a worker thread like any other. Streams (ExecutePlan, WatchRun,
 WatchApprovals) each get one pump thread that iterates the core's iterator from start to end,
 so any span or lock the core holds across yields stays on one thread; a bounded semaphore
 gives backpressure when the client reads slowly.
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -41,8 +48,10 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from control.api import convert
 from control.api.auth import Authenticator
 from control.api.core import Core
+from control.api.files_methods import FileMethods
 from control.api.gen.ringfence.v1 import (
     approvals_pb2,
+    files_pb2,
     plans_pb2,
     routing_pb2,
     runs_pb2,
@@ -63,8 +72,12 @@ Context = grpc.aio.ServicerContext[Any, Any]
 """A request's grpc.aio context; the handlers are generic (built from descriptors), so untyped."""
 UnaryImpl = Callable[[Any, "Call"], Awaitable[Any]]
 StreamImpl = Callable[[Any, "Call"], AsyncIterator[Any]]
+ClientStreamImpl = Callable[[AsyncIterator[Any], "Call"], Awaitable[Any]]
 
-PROTO_MODULES = (tools_pb2, runs_pb2, approvals_pb2, plans_pb2, routing_pb2)
+PROTO_MODULES = (tools_pb2, runs_pb2, approvals_pb2, plans_pb2, routing_pb2, files_pb2)
+# What one message of a client stream costs beyond its fields: grpc's 5-byte frame header,
+# rounded up. Charged so that a flood of empty messages reaches the stream's cap too.
+_FRAME_BYTES = 8
 SERVICE_NAMES = tuple(
     service.full_name for module in PROTO_MODULES for service in module.DESCRIPTOR.services_by_name.values()
 )
@@ -89,6 +102,20 @@ class EdgeOptions:
     """Threads running Orchestrator calls; bounded so a flood queues instead of spawning."""
     stream_buffer: int = 64
     """Events a stream's pump thread may run ahead of a slow client."""
+    max_upload_bytes: int = 16 * 1024 * 1024
+    """files.max_upload_bytes: the tar bytes one UploadFiles may carry; counted as they arrive,
+    RESOURCE_EXHAUSTED past it (the whole archive is held in memory until it is checked)."""
+    max_files: int = 1000
+    """files.max_files: paths one DownloadFiles may name."""
+    max_transfers: int = 4
+    """Per tenant: UploadFiles and DownloadFiles in flight at once (each holds up to its cap in
+    memory); past it RESOURCE_EXHAUSTED."""
+
+    @property
+    def max_client_stream_bytes(self) -> int:
+        """The most a client stream may send in all (its messages' fields and frames): the
+        upload cap plus one message of room for the first message's run id and destination."""
+        return self.max_upload_bytes + self.max_message_bytes
 
     @classmethod
     def from_config(cls, config: Config, **overrides: int) -> EdgeOptions:
@@ -99,6 +126,8 @@ class EdgeOptions:
             max_batch_calls=limits.max_batch_calls,
             max_plan_steps=limits.max_plan_steps,
             max_concurrent_batches=limits.max_concurrent_batches,
+            max_upload_bytes=config.files.max_upload_bytes,
+            max_files=config.files.max_files,
         )
         values.update(overrides)
         return cls(**values)
@@ -273,10 +302,11 @@ class Edge:
         self.executor = ThreadPoolExecutor(options.worker_threads, thread_name_prefix="rf-api")
         self.batches = TenantLimiter(options.max_concurrent_batches, "batches or plans")
         self.watches = TenantLimiter(options.max_watch_streams, "watch streams")
+        self.transfers = TenantLimiter(options.max_transfers, "file transfers")
         self.unexpected_errors = 0
         self.methods = RingfenceMethods(self)
         # Each service's bodies live with their feature; the handler table looks them up by name.
-        self.method_sets = (self.methods, PlanMethods(self), RoutingMethods(self))
+        self.method_sets = (self.methods, PlanMethods(self), RoutingMethods(self), FileMethods(self))
 
     def close(self, wait: bool = False) -> None:
         """Refuse new work; with `wait`, block until the Orchestrator calls already running
@@ -354,6 +384,47 @@ class Edge:
 
         return handler
 
+    def _client_stream(
+        self, method: str, impl: ClientStreamImpl
+    ) -> Callable[[AsyncIterator[Any], Context], Awaitable[Any]]:
+        async def handler(requests: AsyncIterator[Any], context: Context) -> Any:
+            metadata, span, span_ctx = self._begin(method, context)
+            try:
+                # Authenticated and authorized from the metadata alone, before a message is read:
+                # a caller without the role never makes the server hold a byte of its stream.
+                call = self._admit(method, metadata, None, span, span_ctx)
+                response = await impl(self._received(requests), call)
+                span.set_attribute("rpc.grpc.status_code", 0)
+                return response
+            except (asyncio.CancelledError, grpc.aio.AbortError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - every error leaves through the table
+                await self._fail(exc, method, span, context)
+            finally:
+                span.end()
+
+        return handler
+
+    async def _received(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        """A client stream's messages, each checked as it arrives: one that did not parse is
+        INVALID_ARGUMENT, and past `max_client_stream_bytes` in all the stream is
+        RESOURCE_EXHAUSTED before the next message is handed on, whatever the method does."""
+        cap = self.options.max_client_stream_bytes
+        total = 0
+        index = 0
+        async for message in requests:
+            if isinstance(message, _Malformed):
+                raise InvalidArgument(
+                    f"message {index} of the request stream is not a valid protobuf message",
+                    [FieldViolation("", f"cannot parse {message.type_name}: {message.error}")],
+                )
+            total += message.ByteSize() + _FRAME_BYTES
+            if total > cap:
+                raise ResourceExhausted(f"the request stream is over the server's limit of {cap} bytes; "
+                                        "nothing was done")
+            index += 1
+            yield message
+
     def handlers(self) -> list[grpc.GenericRpcHandler[Any, Any]]:
         """One generic handler per service, every method wrapped; built from the descriptors."""
         out: list[grpc.GenericRpcHandler[Any, Any]] = []
@@ -367,9 +438,13 @@ class Edge:
                     response_class = message_factory.GetMessageClass(m.output_type)
                     deserialize = _lenient(request_class)
                     serialize = response_class.SerializeToString
+                    if m.client_streaming and m.server_streaming:
+                        raise RuntimeError(f"{full}: bidirectional streaming is not supported by the edge")
                     if m.client_streaming:
-                        raise RuntimeError(f"{full}: client streaming is not supported by the edge")
-                    if m.server_streaming:
+                        table[m.name] = grpc.stream_unary_rpc_method_handler(
+                            self._client_stream(full, impl), request_deserializer=deserialize,
+                            response_serializer=serialize)
+                    elif m.server_streaming:
                         table[m.name] = grpc.unary_stream_rpc_method_handler(
                             self._stream(full, impl), request_deserializer=deserialize, response_serializer=serialize)
                     else:
@@ -405,7 +480,12 @@ class RingfenceMethods:
         convert.check_text(request.goal, "goal", convert.MAX_GOAL_CHARS, v, required=True)
         convert.check_id(request.run_id, "run_id", v, required=False)
         v.raise_if_any()
-        run = await call.run(self.core.start_run, call.principal, request.goal, request.run_id or None)
+        workspace = convert.workspace_from_proto(request)
+        # The keyword only when a workspace is asked for: a core (or a test's double) that
+        # predates workspaces still serves every other StartRun.
+        start = self.core.start_run if workspace is None else functools.partial(self.core.start_run,
+                                                                                 workspace=workspace)
+        run = await call.run(start, call.principal, request.goal, request.run_id or None)
         return convert.run_to_proto(run)
 
     async def _by_run_id(

@@ -45,6 +45,10 @@ CODES: Mapping[type[BaseException], grpc.StatusCode] = {
     # a deployment precondition, not the caller's fault.
     sandbox_errors.EngineError: grpc.StatusCode.UNAVAILABLE,
     sandbox_errors.SandboxError: grpc.StatusCode.FAILED_PRECONDITION,
+    # An archive refused by sandbox.archive is the caller's input: its message names the
+    # member. control.files turns it into InvalidArgument (field tar_chunk) itself; this entry
+    # keeps one that escapes from becoming FAILED_PRECONDITION.
+    sandbox_errors.ArchiveError: grpc.StatusCode.INVALID_ARGUMENT,
 }
 
 UNEXPECTED_CODE = grpc.StatusCode.INTERNAL
@@ -96,6 +100,8 @@ def to_grpc_status(exc: BaseException, *, method: str = "") -> grpc.Status:
     status = status_pb2.Status(code=code.value[0], message=_utf8(message))
     if isinstance(exc, E.InvalidArgument) and exc.violations:
         status.details.append(bad_request(exc.violations))
+    elif isinstance(exc, sandbox_errors.ArchiveError):
+        status.details.append(bad_request([E.FieldViolation("tar_chunk", str(exc))]))
     return rpc_status.to_status(status)
 
 

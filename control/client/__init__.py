@@ -7,6 +7,9 @@ and opentelemetry-api.
     Stream / AsyncStream   server streams as (async) iterators with cancel()
     TlsConfig       TLS, or mTLS with a client certificate                      (options.py)
     RetryPolicy     UNAVAILABLE retries of reads and of submit_batch (which carries its batch id)
+    WorkspaceOptions   start_run(..., workspace=...): the caps of a run's workspace (options.py);
+                    upload_files / upload_tar / download_files move files in and out of it
+                    (UploadResult; DownloadedFiles: path -> bytes, sha256-checked, .skipped)
     Approver        a thread deciding a tenant's pending approvals through a callable
     ApprovalDecision   what that callable answers: approve?, reason, remember for the run
     control.client.agent   the agent loop: ModelClient, ScriptedModel, AgentLoop, AgentResult
@@ -26,7 +29,14 @@ DEADLINE_EXCEEDED and CANCELLED have no counterpart there and stay grpc.RpcError
 
 from control.client.aio import AsyncClient, AsyncStream
 from control.client.approver import ApprovalDecision, Approver
-from control.client.options import RetryPolicy, TlsConfig
+from control.client.options import (
+    DownloadedFiles,
+    RetryPolicy,
+    TlsConfig,
+    UploadedFile,
+    UploadResult,
+    WorkspaceOptions,
+)
 from control.client.sync import Client, Stream
 from control.errors import (
     AlreadyExists,
@@ -62,4 +72,8 @@ __all__ = [
     "ResourceExhausted",
     "Unavailable",
     "Internal",
+    "WorkspaceOptions",
+    "UploadResult",
+    "UploadedFile",
+    "DownloadedFiles",
 ]

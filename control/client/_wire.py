@@ -1,13 +1,21 @@
 """What the sync and the async client share: each RPC as a value (request, decoder, whether it
 may be retried), the metadata every call carries, the error translation and the retry loop's
-stop and wait rules. Neither client builds a request or decodes a response itself."""
+stop and wait rules. Neither client builds a request or decodes a response itself.
+
+File transfers: `pack_files` builds an uncompressed tar in memory (regular files only, modes
+0644, no owners or times), `upload` streams an archive as UploadFilesRequests of
+UPLOAD_CHUNK_BYTES, and `Assembler` turns a DownloadFiles stream back into files, checking
+every path (relative, no `..`), every file's size and sha256, and the chunks' order."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import logging
+import tarfile
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -19,6 +27,8 @@ from control.api import convert, plans_convert, routing_convert
 from control.api.gen.ringfence.v1 import (
     approvals_pb2,
     approvals_pb2_grpc,
+    files_pb2,
+    files_pb2_grpc,
     plans_pb2,
     plans_pb2_grpc,
     routing_pb2,
@@ -29,17 +39,22 @@ from control.api.gen.ringfence.v1 import (
     tools_pb2_grpc,
 )
 from control.api.status import from_rpc_error
-from control.client.options import RetryPolicy
-from control.errors import Unavailable
-from control.model import Approval, Event, Observation, PlanStep, ProposedCall, RunView, ToolView
+from control.client.options import DownloadedFiles, RetryPolicy, UploadedFile, UploadResult, WorkspaceOptions
+from control.errors import FieldViolation, Internal, InvalidArgument, Unavailable
+from control.model import Approval, Event, Observation, PlanStep, ProposedCall, RunView, ToolView, WorkspaceRequest
 from control.plans.values import Claim, EvidenceRecord, PlanView, Report, Verdict
 from control.routing.values import Decision
+from control.workspace_paths import path_problem
 
 log = logging.getLogger("control.client")
 
 T = TypeVar("T")
 
 TOOLS, RUNS, APPROVALS, PLANS, EVIDENCE, ROUTING = "tools", "runs", "approvals", "plans", "evidence", "routing"
+FILES = "files"
+
+UPLOAD_CHUNK_BYTES = 256 * 1024
+"""Bytes of the archive per UploadFilesRequest (grpc's messages are capped at 1 MiB by the server)."""
 
 
 def make_stubs(channel: Any) -> dict[str, Any]:
@@ -51,6 +66,7 @@ def make_stubs(channel: Any) -> dict[str, Any]:
         PLANS: plans_pb2_grpc.PlanServiceStub(channel),
         EVIDENCE: plans_pb2_grpc.EvidenceServiceStub(channel),
         ROUTING: routing_pb2_grpc.RoutingServiceStub(channel),
+        FILES: files_pb2_grpc.FileServiceStub(channel),
     }
 
 
@@ -89,8 +105,23 @@ def list_tools(query: str) -> Unary[list[ToolView]]:
                  lambda r: [convert.tool_from_proto(t) for t in r.tools], retryable=True)
 
 
-def start_run(goal: str, run_id: str | None) -> Unary[RunView]:
-    return Unary(RUNS, "StartRun", runs_pb2.StartRunRequest(goal=goal, run_id=run_id or ""), convert.run_from_proto)
+def start_run(goal: str, run_id: str | None, workspace: bool | WorkspaceOptions = False) -> Unary[RunView]:
+    request = runs_pb2.StartRunRequest(goal=goal, run_id=run_id or "")
+    wanted = workspace_request(workspace)
+    if wanted is not None:
+        request.workspace.CopyFrom(convert.workspace_to_proto(wanted))
+    return Unary(RUNS, "StartRun", request, convert.run_from_proto)
+
+
+def workspace_request(workspace: bool | WorkspaceOptions) -> WorkspaceRequest | None:
+    """start_run's `workspace`: False = none, True = the server's default caps, or the caps."""
+    if workspace is False:
+        return None
+    if workspace is True:
+        return WorkspaceRequest()
+    if isinstance(workspace, WorkspaceOptions):
+        return WorkspaceRequest(bytes=workspace.bytes, inodes=workspace.inodes)
+    raise TypeError(f"workspace must be a bool or a WorkspaceOptions, not {type(workspace).__name__}")
 
 
 def get_run(run_id: str) -> Unary[RunView]:
@@ -261,3 +292,111 @@ def retry_kwargs(policy: RetryPolicy, deadline: Deadline, what: str) -> dict[str
 
     return dict(retry=retry_if_exception_type(Unavailable), stop=stop, wait=wait, before_sleep=before_sleep,
                 reraise=True)
+
+
+# -- files ------------------------------------------------------------------------------------------
+
+
+def check_paths(paths: Sequence[str], field: str) -> None:
+    """InvalidArgument naming `field[i]` for every bad path, before anything is sent."""
+    if isinstance(paths, str):
+        raise TypeError(f"{field} must be a sequence of paths, not one string")
+    bad = [FieldViolation(f"{field}[{i}]", problem) for i, p in enumerate(paths)
+           if (problem := path_problem(p)) is not None]
+    if bad:
+        raise InvalidArgument(f"a path in {field} cannot name a workspace file", bad)
+
+
+def pack_files(files: Mapping[str, bytes]) -> bytes:
+    """An uncompressed tar (PAX) of `files` (relative path -> content), sorted, with modes 0644
+    and no owners or times: the same bytes for the same files."""
+    check_paths(list(files), "files")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(files):
+            data = files[path]
+            if not isinstance(data, (bytes, bytearray, memoryview)):
+                raise TypeError(f"files[{path!r}] must be bytes, not {type(data).__name__}")
+            info = tarfile.TarInfo(path)
+            info.size = len(data)
+            info.mode = 0o644
+            info.mtime = 0
+            tar.addfile(info, io.BytesIO(bytes(data)))
+    return buf.getvalue()
+
+
+@dataclass(frozen=True)
+class Upload:
+    """One UploadFiles, ready to send: `messages()` streams the archive; never retried (the
+    server's answer is the record of what was copied)."""
+
+    run_id: str
+    dest: str
+    tar_bytes: bytes
+
+    def __post_init__(self) -> None:
+        problem = path_problem(self.dest, allow_root=True)
+        if problem is not None:
+            raise InvalidArgument("dest cannot name a workspace directory", [FieldViolation("dest", problem)])
+
+    def messages(self) -> Iterator[files_pb2.UploadFilesRequest]:
+        data = memoryview(self.tar_bytes)
+        yield files_pb2.UploadFilesRequest(run_id=self.run_id, dest=self.dest,
+                                           tar_chunk=bytes(data[:UPLOAD_CHUNK_BYTES]))
+        for offset in range(UPLOAD_CHUNK_BYTES, len(data), UPLOAD_CHUNK_BYTES):
+            yield files_pb2.UploadFilesRequest(tar_chunk=bytes(data[offset:offset + UPLOAD_CHUNK_BYTES]))
+
+    @staticmethod
+    def decode(response: files_pb2.UploadFilesResponse) -> UploadResult:
+        return UploadResult(tuple(UploadedFile(f.path, f.size, f.sha256) for f in response.files), response.seq)
+
+
+def download_files(run_id: str, paths: Sequence[str], artifacts: bool) -> files_pb2.DownloadFilesRequest:
+    check_paths(paths, "paths")
+    return files_pb2.DownloadFilesRequest(run_id=run_id, paths=list(paths), artifacts=artifacts)
+
+
+class Assembler:
+    """Files from a DownloadFiles stream. Everything the server sends is checked before it is
+    believed: each path relative without `..`; a file's chunks contiguous, then exactly one
+    `eof` with the size and sha256 of what arrived; no path twice; no file left open at the end.
+    A violation is Internal (the server, or what sits between, broke the protocol)."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, bytes] = {}
+        self.skipped: dict[str, str] = {}
+        self._path: str | None = None
+        self._parts: list[bytes] = []
+
+    def _broken(self, why: str) -> Internal:
+        return Internal(f"the server's file stream is not trustworthy: {why}")
+
+    def feed(self, chunk: files_pb2.FileChunk) -> None:
+        path = chunk.path
+        problem = path_problem(path)
+        if problem is not None:
+            raise self._broken(f"a file's path {path!r} {problem}")
+        if self._path is not None and path != self._path:
+            raise self._broken(f"{path!r} began before {self._path!r} ended")
+        if self._path is None and (path in self.files or path in self.skipped):
+            raise self._broken(f"{path!r} was sent twice")
+        if chunk.skipped:
+            if self._path is not None or chunk.data:
+                raise self._broken(f"the skipped entry {path!r} carries data")
+            self.skipped[path] = chunk.skipped
+            return
+        self._path = path
+        self._parts.append(chunk.data)
+        if chunk.eof:
+            data = b"".join(self._parts)
+            if len(data) != chunk.size or hashlib.sha256(data).hexdigest() != chunk.sha256:
+                raise self._broken(f"{path!r} arrived as {len(data)} bytes that do not match the size "
+                                   f"({chunk.size}) and sha256 the server sent")
+            self.files[path] = data
+            self._path = None
+            self._parts = []
+
+    def result(self) -> DownloadedFiles:
+        if self._path is not None:
+            raise self._broken(f"the stream ended inside {self._path!r}")
+        return DownloadedFiles(self.files, self.skipped)

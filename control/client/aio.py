@@ -10,7 +10,14 @@ import grpc
 from tenacity import AsyncRetrying
 
 from control.client import _wire as W
-from control.client.options import DEFAULT_RETRY, RetryPolicy, TlsConfig
+from control.client.options import (
+    DEFAULT_RETRY,
+    DownloadedFiles,
+    RetryPolicy,
+    TlsConfig,
+    UploadResult,
+    WorkspaceOptions,
+)
 from control.model import Approval, Event, Observation, PlanStep, ProposedCall, RunView, ToolView
 from control.plans.values import Claim, EvidenceRecord, PlanView, Report, Verdict
 from control.routing.values import Decision
@@ -124,8 +131,9 @@ class AsyncClient:
 
     # -- RunService -------------------------------------------------------------------------
 
-    async def start_run(self, goal: str, run_id: str | None = None, *, timeout: float | None = None) -> RunView:
-        return await self._send(W.start_run(goal, run_id), timeout)
+    async def start_run(self, goal: str, run_id: str | None = None, *, workspace: bool | WorkspaceOptions = False,
+                        timeout: float | None = None) -> RunView:
+        return await self._send(W.start_run(goal, run_id, workspace), timeout)
 
     async def get_run(self, run_id: str, *, timeout: float | None = None) -> RunView:
         return await self._send(W.get_run(run_id), timeout)
@@ -149,6 +157,40 @@ class AsyncClient:
 
     def watch_run(self, run_id: str, from_seq: int = 0, *, timeout: float | None = None) -> AsyncStream[Event]:
         return self._open(W.watch_run(run_id, from_seq), timeout)
+
+    # -- FileService ------------------------------------------------------------------------
+
+    async def upload_files(self, run_id: str, files: Mapping[str, bytes], dest: str = "", *,
+                           timeout: float | None = None) -> UploadResult:
+        """As Client.upload_files."""
+        return await self.upload_tar(run_id, W.pack_files(files), dest, timeout=timeout)
+
+    async def upload_tar(self, run_id: str, tar_bytes: bytes, dest: str = "", *,
+                         timeout: float | None = None) -> UploadResult:
+        """As Client.upload_tar."""
+        upload = W.Upload(run_id, dest, bytes(tar_bytes))
+        try:
+            response = await self._stubs[W.FILES].UploadFiles(upload.messages(), metadata=self.metadata(),
+                                                              timeout=timeout or self.timeout)
+        except grpc.RpcError as e:
+            raise W.translate(e) from e
+        return upload.decode(response)
+
+    async def download_files(self, run_id: str, paths: Sequence[str] = (), *, artifacts: bool = False,
+                             timeout: float | None = None) -> DownloadedFiles:
+        """As Client.download_files."""
+        request = W.download_files(run_id, paths, artifacts)
+        call = self._stubs[W.FILES].DownloadFiles(request, metadata=self.metadata(), timeout=timeout or self.timeout)
+        assembler = W.Assembler()
+        try:
+            async for chunk in call:
+                assembler.feed(chunk)
+        except grpc.RpcError as e:
+            raise W.translate(e) from e
+        except BaseException:
+            call.cancel()
+            raise
+        return assembler.result()
 
     # -- ApprovalService --------------------------------------------------------------------
 

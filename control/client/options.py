@@ -1,4 +1,5 @@
-"""Connection and call options of the client SDK: TLS, deadlines, the read retry policy."""
+"""Options and values of the client SDK: TLS, the read retry policy, a run's workspace, and what
+a file transfer answers."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import grpc
 
-__all__ = ["TlsConfig", "RetryPolicy"]
+__all__ = ["TlsConfig", "RetryPolicy", "WorkspaceOptions", "UploadedFile", "UploadResult", "DownloadedFiles"]
 
 
 @dataclass(frozen=True)
@@ -84,3 +85,48 @@ class RetryPolicy:
 
 DEFAULT_RETRY = RetryPolicy()
 """The clients' default policy: one shared instance (RetryPolicy is frozen), built once at import."""
+
+
+@dataclass(frozen=True)
+class WorkspaceOptions:
+    """The caps of a run's workspace (`start_run(..., workspace=WorkspaceOptions(...))`); 0 is
+    the server's default. Past the server's maximums the run is refused (InvalidArgument naming
+    workspace.bytes or workspace.inodes). `workspace=True` is WorkspaceOptions()."""
+
+    bytes: int = 0
+    """Bytes of file data the workspace may hold (a write past it fails with ENOSPC)."""
+    inodes: int = 0
+    """Files and directories it may hold."""
+
+    def __post_init__(self) -> None:
+        for name in ("bytes", "inodes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"WorkspaceOptions.{name} must be an integer >= 0 (0: the server's default)")
+
+
+@dataclass(frozen=True)
+class UploadedFile:
+    """One file an upload put in the workspace, as the server recorded it."""
+
+    path: str
+    """Relative to /workspace."""
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class UploadResult:
+    files: tuple[UploadedFile, ...]
+    seq: int
+    """The run's `files_uploaded` event."""
+
+
+class DownloadedFiles(dict[str, bytes]):
+    """A download: path (relative to /workspace) -> the file's bytes, each checked against the
+    sha256 and size the server sent. `skipped` holds what was not delivered and why (a link in
+    the workspace is never followed)."""
+
+    def __init__(self, files: dict[str, bytes] | None = None, skipped: dict[str, str] | None = None) -> None:
+        super().__init__(files or {})
+        self.skipped: dict[str, str] = dict(skipped or {})

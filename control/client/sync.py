@@ -9,7 +9,14 @@ import grpc
 from tenacity import Retrying
 
 from control.client import _wire as W
-from control.client.options import DEFAULT_RETRY, RetryPolicy, TlsConfig
+from control.client.options import (
+    DEFAULT_RETRY,
+    DownloadedFiles,
+    RetryPolicy,
+    TlsConfig,
+    UploadResult,
+    WorkspaceOptions,
+)
 from control.model import Approval, Event, Observation, PlanStep, ProposedCall, RunView, ToolView
 from control.plans.values import Claim, EvidenceRecord, PlanView, Report, Verdict
 from control.routing.values import Decision
@@ -129,9 +136,12 @@ class Client:
 
     # -- RunService -------------------------------------------------------------------------
 
-    def start_run(self, goal: str, run_id: str | None = None, *, timeout: float | None = None) -> RunView:
-        """With `run_id` the call is idempotent on the server: the same id returns that run."""
-        return self._send(W.start_run(goal, run_id), timeout)
+    def start_run(self, goal: str, run_id: str | None = None, *, workspace: bool | WorkspaceOptions = False,
+                  timeout: float | None = None) -> RunView:
+        """With `run_id` the call is idempotent on the server: the same id returns that run.
+        `workspace`: True (the server's default caps) or WorkspaceOptions for a workspace at
+        /workspace that every call of the run's workspace tools shares (RunView.workspace)."""
+        return self._send(W.start_run(goal, run_id, workspace), timeout)
 
     def get_run(self, run_id: str, *, timeout: float | None = None) -> RunView:
         return self._send(W.get_run(run_id), timeout)
@@ -158,6 +168,46 @@ class Client:
 
     def watch_run(self, run_id: str, from_seq: int = 0, *, timeout: float | None = None) -> Stream[Event]:
         return self._open(W.watch_run(run_id, from_seq), timeout)
+
+    # -- FileService ------------------------------------------------------------------------
+
+    def upload_files(self, run_id: str, files: Mapping[str, bytes], dest: str = "", *,
+                     timeout: float | None = None) -> UploadResult:
+        """Put `files` (path relative to `dest` -> bytes) into the run's workspace under `dest`
+        ("" = /workspace itself; created if missing). The archive is built here and streamed;
+        the server checks it whole before anything reaches the workspace. Never retried."""
+        return self.upload_tar(run_id, W.pack_files(files), dest, timeout=timeout)
+
+    def upload_tar(self, run_id: str, tar_bytes: bytes, dest: str = "", *,
+                   timeout: float | None = None) -> UploadResult:
+        """Upload an uncompressed tar the caller built: regular files and directories only (a
+        link, a device, a set-id bit, `..` refuse it whole: InvalidArgument naming the member)."""
+        upload = W.Upload(run_id, dest, bytes(tar_bytes))
+        try:
+            response = self._stubs[W.FILES].UploadFiles(upload.messages(), metadata=self.metadata(),
+                                                        timeout=timeout or self.timeout)
+        except grpc.RpcError as e:
+            raise W.translate(e) from e
+        return upload.decode(response)
+
+    def download_files(self, run_id: str, paths: Sequence[str] = (), *, artifacts: bool = False,
+                       timeout: float | None = None) -> DownloadedFiles:
+        """Files of the run's workspace under `paths` (files or directories relative to
+        /workspace; none: all of it), or with `artifacts` its collected artifacts (none: all).
+        Path -> bytes, each checked against its sha256; `.skipped` lists what was not delivered
+        (a link in the workspace, never followed). Not retried: each download is an event."""
+        request = W.download_files(run_id, paths, artifacts)
+        call = self._stubs[W.FILES].DownloadFiles(request, metadata=self.metadata(), timeout=timeout or self.timeout)
+        assembler = W.Assembler()
+        try:
+            for chunk in call:
+                assembler.feed(chunk)
+        except grpc.RpcError as e:
+            raise W.translate(e) from e
+        except BaseException:
+            call.cancel()  # a stream we no longer believe is not read to its end
+            raise
+        return assembler.result()
 
     # -- ApprovalService --------------------------------------------------------------------
 

@@ -34,20 +34,25 @@ def _say(text: str) -> None:
 def _server(workdir: Path | None) -> Iterator[str]:
     """A control plane on the embedded defaults; its address. Everything goes with it."""
     from control.api.background import BackgroundServer
+    from control.api.serve import workspaces
     from control.config import load_config
     from control.orchestration import Orchestrator
     from control.store import open_store
     from sandbox.docker_backend import DockerBackend
+    from sandbox.images import load_lock
 
     with contextlib.ExitStack() as es:
         if workdir is None:
             workdir = Path(es.enter_context(tempfile.TemporaryDirectory(prefix="ringfence-demo-")))
         config = load_config(overrides={"state_dir": str(Path(workdir) / "state"), "pool": {"size": 0}})
-        backend = DockerBackend()
+        lock = load_lock()
+        backend = DockerBackend(lock=lock)
         es.callback(backend.close)
         store = open_store(config.db_path)
         es.callback(store.close)
-        orchestrator = Orchestrator.from_config(config, backend, store)
+        # Workspaces (the coding demo's runs ask for one), scoped to this demo's own store.
+        orchestrator = Orchestrator.from_config(config, backend, store,
+                                                workspaces=workspaces(backend, lock, str(config.db_path)))
         es.callback(orchestrator.close)
         server = es.enter_context(BackgroundServer(orchestrator, config))
         yield server.address

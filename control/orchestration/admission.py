@@ -4,7 +4,7 @@ clock: the same batch against the same state gives the same verdicts, which is w
 log record them before anything runs.
 
     registry -> argument validation -> action guardrails (secrets, loop) -> resource policy
-    -> contextual policy (ALLOW / ASK / DENY)
+    (with the run's workspace) -> contextual policy (ALLOW / ASK / DENY)
 
 The order is the safety property: a resource denial is final before any rule is consulted,
 and a rule can only tighten what the resources allow.
@@ -67,6 +67,8 @@ class AdmissionContext:
     policy: PolicyEngine
     grants: frozenset[str]
     seen_signatures: Mapping[str, int] = field(default_factory=dict)
+    workspace: bool = False
+    """The run has a live workspace (made at its start, not yet removed)."""
 
     @property
     def limits(self) -> Limits:
@@ -127,6 +129,13 @@ def _admit(call: ProposedCall, ctx: AdmissionContext, counts: Counter[str]) -> D
         return refuse(AdmissionVerdict.DENY, ObservationStatus.DENIED, r.reason, "resource:deny",
                       error_class="resource")
     path.append("resource:ok")
+    # 4b the run's workspace: a tool that uses one cannot run without it (nothing to ask about)
+    if manifest.workspace is not None:
+        if not ctx.workspace:
+            return refuse(AdmissionVerdict.DENY, ObservationStatus.DENIED,
+                          f"{manifest.name} uses the run's workspace, and this run has none (start the run with "
+                          "a workspace)", "workspace:none", error_class="no_workspace")
+        path.append(f"workspace:{manifest.workspace}")
     # 5 contextual policy
     decision = ctx.policy.decide(manifest, canon, ctx.grants)
     path.extend(f"policy:{x}" for x in decision.path)

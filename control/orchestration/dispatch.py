@@ -1,14 +1,20 @@
 """Dispatch: steps 8-11 for admitted calls, and the only code that touches the sandbox.
 
     idempotency -> dispatch (reads in parallel, then writes one at a time; retry of transient
-    failures only; circuit breaker; an `execute_tool` span) -> completion event (after the tool
-    returned, never before) -> result guardrail -> the observation (returned, appended by the
-    caller)
+    failures only; circuit breaker; an `execute_tool` span; the call's output streamed to the
+    log as it runs, control.orchestration.live_output) -> completion event (after the tool
+    returned, never before) -> the tool's declared outputs collected (control.files) -> result
+    guardrail -> the observation (returned, appended by the caller)
+
+"Writes" are the calls of `ToolManifest.serial` tools: those that mutate, and those that write
+the run's workspace. A workspace tool gets the run's workspace mounted at /workspace (read-only
+for `read`), in a container of its own (never a warm one: a warm container's mounts are fixed).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import random
 import threading
 import time
@@ -22,23 +28,27 @@ from opentelemetry import trace
 
 from control import guardrails
 from control.config import Config
+from control.errors import ControlError, Internal
+from control.files import FileDesk
 from control.idempotency import client_idempotency_key, idempotency_key
 from control.model import Observation, ObservationStatus
 from control.orchestration import spans
 from control.orchestration.crashpoints import crash_point
+from control.orchestration.live_output import LiveOutput
 from control.orchestration.runs import RunRepository
 from control.orchestration.stops import RunStops, sandbox_run_id
 from control.registry import ToolManifest
 from control.resource_policy import call_allowlist
 from control.retry import Attempt, CircuitBreaker, FailureClass, RetryPolicy, classify, retry_call
 from control.state import EventType, RunState
-from control.store.base import KeyTaken
+from control.store.base import KeyTaken, StoreError
 from control.validation import signature
 from sandbox.backend import SandboxBackend, SandboxRequest
 from sandbox.errors import EngineError, ImageError, SandboxError
-from sandbox.profile import InputMount, SandboxProfile
+from sandbox.profile import InputMount, SandboxProfile, WorkspaceMount
 
 _tracer = trace.get_tracer("ringfence.control")
+log = logging.getLogger(__name__)
 
 
 def client_key_name(key: str) -> str:
@@ -64,10 +74,11 @@ class Admitted:
 class Dispatcher:
     def __init__(self, *, repo: RunRepository, backend: SandboxBackend, config: Config,
                  sleep: Callable[[float], None], rng: random.Random, clock: Callable[[], float],
-                 stops: RunStops) -> None:
+                 stops: RunStops, files: FileDesk) -> None:
         self.repo = repo
         self.backend = backend
         self.config = config
+        self.files = files
         limits = config.limits
         self._retry = RetryPolicy(limits.max_attempts, limits.backoff_initial_s, limits.backoff_max_s)
         self._sleep = sleep
@@ -103,11 +114,11 @@ class Dispatcher:
         return idempotency_key(state.tenant, state.run_id, manifest.name, arguments)
 
     def execute(self, state: RunState, admitted: list[Admitted], ctx: otel_context.Context) -> dict[str, Observation]:
-        """Reads in parallel, then writes one at a time, in batch order; every observation is
-        appended before this returns."""
+        """Reads in parallel, then writes (`serial` tools: they mutate, or write the workspace)
+        one at a time, in batch order; every observation is appended before this returns."""
         out: dict[str, Observation] = {}
-        reads = [a for a in admitted if not a.manifest.mutates]
-        writes = [a for a in admitted if a.manifest.mutates]
+        reads = [a for a in admitted if not a.manifest.serial]
+        writes = [a for a in admitted if a.manifest.serial]
         with self.stops.deadline_watch(state):
             if reads:
                 with _tracer.start_as_current_span("parallel", context=ctx, attributes={
@@ -156,6 +167,13 @@ class Dispatcher:
             if earlier is not None:
                 return self._deduplicated(a, earlier)
             claim = [client_key_name(key)]
+        if manifest.workspace is not None and state.live_volume is None:
+            # Admission refuses these; this is the same rule for a call that reaches dispatch
+            # another way (an approval decided, recovery), never a container without the mount.
+            return Observation(a.call_id, manifest.name, ObservationStatus.DENIED, False,
+                               error=f"{manifest.name} uses the run's workspace, and this run has none (any more)",
+                               error_class="no_workspace", verdict_path=a.path + ("workspace:none",),
+                               approval_id=a.approval_id)
         breaker = self._breaker(manifest.name)
         if not breaker.allow():
             return Observation(a.call_id, manifest.name, ObservationStatus.DENIED, False,
@@ -177,7 +195,7 @@ class Dispatcher:
                 return replace(earlier, call_id=a.call_id, verdict_path=a.path + earlier.verdict_path,
                                approval_id=a.approval_id)
             return self._deduplicated(a, earlier)
-        profile = self.profile(manifest)
+        profile = self.profile(manifest, state)
         # The parent is the argument, never the thread's current context: on a pool thread
         # there is none, and the span would float free as a root of its own.
         with _tracer.start_as_current_span(
@@ -232,8 +250,25 @@ class Dispatcher:
                       "attempts": attempts, "cost": manifest.cost * attempts}
         self.repo.append(state, EventType.CALL_COMPLETED, completion)
         crash_point("after_completion", manifest.name)
+        if final.ok and manifest.outputs:
+            self._collect_outputs(state, a.call_id, manifest)
         # 11 result guardrail, then the observation
         return completion_observation(a.call_id, manifest.name, completion, a.path, a.approval_id)
+
+    def _collect_outputs(self, state: RunState, call_id: str, manifest: ToolManifest) -> None:
+        """The tool's declared outputs into the run's artifacts (an `artifact_collected` event).
+        The call succeeded, and stays a success: what the file desk refuses (its ControlErrors,
+        the sandbox's errors) is logged and every output listed missing. A bug, or the store
+        failing (the log cannot be written: nothing else of the call could be either), fails
+        the dispatch like any other."""
+        try:
+            self.files.collect_outputs(state, call_id, manifest)
+        except (Internal, StoreError):
+            raise
+        except (ControlError, SandboxError) as e:
+            log.warning("run %s call %s: outputs of %s not collected: %s", state.run_id, call_id, manifest.name, e)
+            self.repo.append(state, EventType.ARTIFACT_COLLECTED, {
+                "call_id": call_id, "files": [], "missing": sorted(set(manifest.outputs))})
 
     def _holds_client_key(self, state: RunState, call_id: str, key: str) -> bool:
         """This very call claimed the key before (recovery runs it again after a restart)."""
@@ -249,8 +284,8 @@ class Dispatcher:
         admitted = Admitted(f"{call_id}.lookup", manifest, arguments, ())
         body = json.dumps({"tool": manifest.name, "arguments": dict(arguments), "call_id": admitted.call_id,
                            "idempotency_key": None}, separators=(",", ":")).encode()
-        profile = self.profile(manifest)
-        return retry_call(lambda n: self._attempt(state, admitted, profile, body, n), self._retry,
+        profile = self.profile(manifest, state)
+        return retry_call(lambda n: self._attempt(state, admitted, profile, body, n, live=False), self._retry,
                           sleep=self._sleep, rng=self._rng)
 
     @staticmethod
@@ -284,7 +319,9 @@ class Dispatcher:
                                  "has not completed yet); it is not run again: use a new key to try again",
                            error_class="idempotency_key_in_doubt", verdict_path=("idempotency:in_doubt",))
 
-    def profile(self, manifest: ToolManifest) -> SandboxProfile:
+    def profile(self, manifest: ToolManifest, state: RunState | None = None) -> SandboxProfile:
+        """The sandbox of one call of `manifest` (in `state`'s run: its workspace, if the tool
+        uses one and the run has it)."""
         inputs = []
         roots = sorted({r for rs in manifest.paths.values() for r in rs})
         for root in roots:
@@ -302,15 +339,28 @@ class Dispatcher:
             from sandbox.egress.grant import EgressGrant
 
             extra["egress"] = EgressGrant(allow=allowlist)
+        volume = state.live_volume if state is not None and manifest.workspace is not None else None
+        if volume is not None:
+            extra["workspace"] = WorkspaceMount(volume, read_only=manifest.workspace == "read")
         return SandboxProfile(image=manifest.image, runtime=manifest.runtime, memory_bytes=lim.memory_bytes,
                               cpus=lim.cpus, pids=lim.pids, timeout_s=lim.timeout_s, stdout_limit=lim.stdout_limit,
                               stderr_limit=lim.stderr_limit, inputs=tuple(inputs), **extra)
 
-    def _attempt(self, state: RunState, a: Admitted, profile: SandboxProfile, body: bytes, n: int) -> Attempt:
+    def _attempt(self, state: RunState, a: Admitted, profile: SandboxProfile, body: bytes, n: int, *,
+                 live: bool = True) -> Attempt:
+        # The call's output, as it runs, becomes call_output events (a reconciliation look-up is
+        # not a call of the run: `live` False).
+        output = LiveOutput(repo=self.repo, state=state, call_id=a.call_id, attempt=n, clock=self._clock) \
+            if live else None
+        warm = a.manifest.name not in self.config.pool.exclude and a.manifest.workspace is None
         request = SandboxRequest(profile=profile, argv=(), stdin=body, run_id=sandbox_run_id(state),
-                                 call_id=f"{a.call_id}.a{n}", warm=a.manifest.name not in self.config.pool.exclude)
+                                 call_id=f"{a.call_id}.a{n}", warm=warm, on_output=output)
         try:
-            result = self.backend.run(request)
+            try:
+                result = self.backend.run(request)
+            finally:
+                if output is not None:
+                    output.close()  # what is left of a partial line, before the attempt event
             crash_point("after_effect", a.manifest.name)
         except EngineError as e:
             # The engine, not the tool: like start_failed, transient.

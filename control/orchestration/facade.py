@@ -7,6 +7,8 @@
     streams.py     live event and approval streams
     recovery.py    a restart's consistent point
     runs.py        the run repository: the one writer of run logs
+    workspaces.py  a run's workspace: made at its start, removed at its end, reaped when orphaned
+    live_output.py a call's output as events while it runs
 
 Methods are synchronous; the gRPC edge calls them from worker threads. Every method takes the
 caller's Principal and scopes everything to its tenant: another tenant's run or approval is
@@ -36,6 +38,7 @@ from control.errors import (
     PermissionDenied,
     ResourceExhausted,
 )
+from control.files import DownloadedFile, FileDesk, FileInfo
 from control.model import (
     Approval,
     Event,
@@ -47,6 +50,7 @@ from control.model import (
     RunOutcome,
     RunView,
     ToolView,
+    WorkspaceRequest,
 )
 from control.orchestration import streams
 from control.orchestration.admission import AdmissionContext
@@ -56,6 +60,7 @@ from control.orchestration.dispatch import Dispatcher
 from control.orchestration.recovery import needs_recovery, recover_run
 from control.orchestration.runs import RUN_ID, BusyElsewhere, RunRepository
 from control.orchestration.stops import RunStops
+from control.orchestration.workspaces import RunWorkspaces
 from control.plans.service import PlanVerification
 from control.policy import PolicyEngine
 from control.registry import Registry
@@ -64,6 +69,8 @@ from control.state import EventType, RunState
 from control.store.base import EventStore, SeqConflict
 from control.validation import signature, validate_arguments
 from sandbox.backend import SandboxBackend
+from sandbox.errors import EngineError
+from sandbox.workspace import WorkspaceStore
 
 _tracer = trace.get_tracer("ringfence.control")
 log = logging.getLogger(__name__)
@@ -103,6 +110,7 @@ class Orchestrator:
         rng: random.Random | None = None,
         image_digest: Callable[[str], str] | None = None,
         recover: bool = True,
+        workspaces: WorkspaceStore | None = None,
     ) -> None:
         self.config = config
         self.limits = config.limits
@@ -116,10 +124,17 @@ class Orchestrator:
         self._closed = False
         self._stopping = threading.Event()
         self.runs = RunRepository(store, lease_ttl_s=self.limits.lease_ttl_s)
+        # Runs' workspaces (None: this server keeps none, and refuses a StartRun that asks for
+        # one); whatever ends a run removes its workspace just before run_finished.
+        self.workspace_store = workspaces
+        self.run_workspaces = RunWorkspaces(repo=self.runs, store=workspaces, config=config.workspace)
+        self.runs.before_finish = self.run_workspaces.remove
+        # Files in and out of workspaces, and the outputs tools declare (control.files).
+        self.files = FileDesk(repo=self.runs, backend=backend, config=config)
         # Cancel and the run deadline: nothing more is dispatched, and what runs is killed.
         self.stops = RunStops(backend, clock)
         self.dispatcher = Dispatcher(repo=self.runs, backend=backend, config=config, sleep=sleep,
-                                     rng=rng or random.Random(), clock=clock, stops=self.stops)
+                                     rng=rng or random.Random(), clock=clock, stops=self.stops, files=self.files)
         self.batches: BatchRunner
         self.desk = ApprovalDesk(repo=self.runs, dispatcher=self.dispatcher, registry=registry, policy=self.policy,
                                  limits=self.limits, clock=clock, image_digest=image_digest or _default_image_digest(),
@@ -136,6 +151,11 @@ class Orchestrator:
         self.runs.load_unfinished()
         if recover:
             self.recover()
+            # After recovery (which may end runs): workspaces of ended or unknown runs go.
+            try:
+                self.reap_workspaces()
+            except EngineError as e:
+                log.warning("reaping workspaces at start-up: %s (the next sweep retries)", e)
 
     @classmethod
     def from_config(cls, config: Config, backend: SandboxBackend, store: EventStore,
@@ -155,7 +175,8 @@ class Orchestrator:
 
     def _admission_context(self, state: RunState) -> AdmissionContext:
         return AdmissionContext(registry=self.registry, config=self.config, policy=self.policy,
-                                grants=frozenset(state.grants), seen_signatures=dict(state.signatures))
+                                grants=frozenset(state.grants), seen_signatures=dict(state.signatures),
+                                workspace=state.live_volume is not None)
 
     def _run_context(self, state: RunState) -> otel_context.Context:
         """The run's root span as a parent: one trace per run, across batches and restarts."""
@@ -190,18 +211,32 @@ class Orchestrator:
         self._require(p, _READ_ROLES)
         return self.registry.list(query)
 
-    def start_run(self, p: Principal, goal: str, run_id: str | None = None) -> RunView:
+    def start_run(self, p: Principal, goal: str, run_id: str | None = None, *,
+                  workspace: WorkspaceRequest | None = None) -> RunView:
+        """Start a run (or return the existing one with that id: StartRun is idempotent).
+
+        `workspace`: the run gets a workspace with these caps (0 = the server's default; past
+        its maximum InvalidArgument naming workspace.bytes / workspace.inodes; a server without
+        a workspace store refuses with FailedPrecondition), made before this returns
+        (`workspace_created`). The engine failing to make it is Unavailable: the run exists,
+        and sending the same StartRun again makes its workspace. An existing run keeps the
+        workspace it has (a different ask is not applied)."""
         self._require(p, _AGENT_ROLES)
         if not isinstance(goal, str) or len(goal.encode()) > self.limits.max_argument_bytes:
             raise InvalidArgument("goal is too long", [FieldViolation("goal", "at most max_argument_bytes")])
         run_id = run_id or "run-" + uuid.uuid4().hex[:20]
         if not RUN_ID.fullmatch(run_id):
             raise InvalidArgument("bad run id", [FieldViolation("run_id", "1-100 characters of [A-Za-z0-9_.:-]")])
+        spec = self.run_workspaces.spec_for(workspace) if workspace is not None else None
+        if spec is not None:
+            self.run_workspaces.require_store()
         with self.runs.run_lock(f"{p.tenant}/{run_id}"):
             try:
-                return self.runs.view(self.runs.get(p.tenant, run_id))
+                existing = self.runs.get(p.tenant, run_id)
             except NotFound:
                 pass  # a new run
+            else:
+                return self._existing_run(existing)
             now = self._clock()
             # The run is a trace of its own (it outlives the RPC that started it, and its later
             # batches come from other RPCs), linked to the caller's span when there is one.
@@ -217,14 +252,30 @@ class Orchestrator:
             state = RunState(run_id=run_id, tenant=p.tenant, key=self.runs.new_key(p.tenant, run_id))
             try:
                 with self.runs.writing(state):
+                    # The ask is recorded first: a StartRun sent again finds it and makes a
+                    # workspace the engine (or a crash) did not. The workspace itself is made
+                    # after run_started, so a reaper never finds it without its run.
                     self.runs.start(state, {
                         "run_id": run_id, "tenant": p.tenant, "goal": goal, "created_at": now,
                         "deadline_at": now + self.limits.run_deadline_s, "policy_version": self.policy.version,
-                        "trace": trace_ids, "by": p.subject})
+                        "trace": trace_ids, "by": p.subject,
+                        "workspace": None if spec is None else {"bytes": spec.bytes, "inodes": spec.inodes}})
+                    if spec is not None:
+                        self.run_workspaces.create(state, spec)
             except SeqConflict:
                 # Another instance started the same run a moment ago: that run is the answer.
-                return self.runs.view(self.runs.get(p.tenant, run_id))
+                return self._existing_run(self.runs.get(p.tenant, run_id))
             return self.runs.view(state)
+
+    def _existing_run(self, state: RunState) -> RunView:
+        """StartRun of a run that exists: as it is, with the workspace it asked for at its start
+        made now if it never was (and this server can)."""
+        if self.workspace_store is not None and self.run_workspaces.missing(state) is not None:
+            with self._write(state):
+                spec = self.run_workspaces.missing(state)
+                if spec is not None:
+                    self.run_workspaces.create(state, spec)
+        return self.runs.view(state)
 
     def get_run(self, p: Principal, run_id: str) -> RunView:
         self._require(p, _READ_ROLES)
@@ -257,6 +308,38 @@ class Orchestrator:
             if not state.finished:
                 self.runs.finish(state, RunOutcome.CANCELLED, f"cancelled by {p.subject}")
             return self.runs.view(state)
+
+    # ------------------------------------------------------------------ files
+
+    def upload_files(self, p: Principal, run_id: str, dest: str, tar_bytes: bytes) -> tuple[list[FileInfo], int]:
+        """Copy an uncompressed tar's files into the run's workspace under `dest` (control.files);
+        returns them and the seq of `files_uploaded`. FailedPrecondition when the run has no
+        workspace, or it is gone (the run ended)."""
+        self._require(p, _AGENT_ROLES)
+        state = self.runs.get(p.tenant, run_id)
+        with self._write(state):
+            self._require_workspace(state)
+            return self.files.upload(state, dest, tar_bytes, p.subject)
+
+    def download_files(self, p: Principal, run_id: str, paths: Sequence[str],
+                       artifacts: bool) -> list[DownloadedFile]:
+        """The workspace's files under `paths` (all of it when empty; FailedPrecondition without a
+        live workspace), or with `artifacts` the run's collected artifacts (all of them when
+        `paths` is empty), finished run or not."""
+        self._require(p, _AGENT_ROLES)
+        state = self.runs.get(p.tenant, run_id)
+        with self._write(state):
+            if artifacts:
+                return self.files.download_artifacts(state, list(paths), p.subject)
+            self._require_workspace(state)
+            return self.files.download(state, list(paths), p.subject)
+
+    @staticmethod
+    def _require_workspace(state: RunState) -> None:
+        if state.workspace is None:
+            raise FailedPrecondition(f"run {state.run_id} has no workspace")
+        if state.live_volume is None:
+            raise FailedPrecondition(f"the workspace of run {state.run_id} is gone (the run ended)")
 
     # ------------------------------------------------------------------ batches and plans
 
@@ -424,6 +507,13 @@ class Orchestrator:
             except BusyElsewhere:
                 continue
         return adopted
+
+    def reap_workspaces(self) -> int:
+        """Remove every workspace whose run is finished or unknown to the store (left behind by a
+        crash, an engine failure at the run's end, or a pruned run); returns how many. Done at
+        start-up (after recovery); serve repeats it every workspace.reap_interval_s. EngineError
+        when the engine cannot be reached."""
+        return self.run_workspaces.reap()
 
     def start_adopting(self, interval_s: float) -> None:
         """adopt_orphans() every `interval_s` on a daemon thread, until close() (serve)."""

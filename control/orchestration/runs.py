@@ -85,6 +85,9 @@ class RunRepository:
         self._append_locks: dict[str, threading.Lock] = {}
         # Called with (state, event) after every append is applied (metrics, tests).
         self.on_event: Callable[[RunState, Event], None] | None = None
+        # Called by finish() with (state, final outcome) just before run_finished is appended:
+        # whatever must end with the run (its workspace, control.orchestration.workspaces).
+        self.before_finish: Callable[[RunState, RunOutcome], None] | None = None
 
     # -- loading -----------------------------------------------------------------------
 
@@ -333,6 +336,8 @@ class RunRepository:
             # A run with a call whose effect nobody could confirm did not simply complete.
             outcome = RunOutcome.UNCERTAIN
             reason = f"{reason}; whether these took effect is unknown: {', '.join(unsure)}"
+        if self.before_finish is not None:
+            self.before_finish(state, outcome)
         self.append(state, EventType.RUN_FINISHED, {"outcome": outcome.value, "reason": reason})
 
     @staticmethod

@@ -1,6 +1,7 @@
 """The README's Python examples run as written: the code blocks under "A first agent", "Plans an
-independent verifier checks" and "Routing tickets to specialists", unchanged, against `ringfence
-serve` on its embedded defaults (a real process, real containers)."""
+independent verifier checks", "Routing tickets to specialists" and "Workspaces, files and live
+output", unchanged, against `ringfence serve` on its embedded defaults (a real process, real
+containers)."""
 
 from __future__ import annotations
 
@@ -57,3 +58,13 @@ def test_the_readme_plan_and_routing_examples_run_as_written(pinned_images, tmp_
     proc = run_against_serve(readme_example(heading), tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout == printed + "\n"
+
+
+def test_the_readme_workspace_example_runs_as_written(pinned_images, tmp_path):
+    proc = run_against_serve(readme_example("Workspaces, files and live output"), tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    # The test run's lines arrived while the call ran (printed by the example's watcher), then
+    # the call's result, the module downloaded as written, and the report collected.
+    assert any(line.startswith("live | ") and "test_add" in line for line in lines), lines
+    assert lines[-1] == "passed=True ran=1 same_module=True report_ends=OK"

@@ -31,6 +31,8 @@ from pathlib import Path
 import pytest
 from serve_support import ROOT, Served
 
+from control.client import Client
+
 pytestmark = pytest.mark.docker
 
 RINGFENCE = str(Path(sys.executable).with_name("ringfence"))
@@ -74,7 +76,8 @@ class Session:
         self.ran: list[str] = []
 
     def run(self, line: str) -> subprocess.CompletedProcess:
-        for name, value in self.ids.items():
+        # Longest name first: RUN_ID is also the tail of WS_RUN_ID.
+        for name, value in sorted(self.ids.items(), key=lambda item: -len(item[0])):
             line = line.replace(name, value)
         env, argv = split(line)
         proc = subprocess.run(argv, cwd=self.workdir, env={**self.env, **env}, capture_output=True, text=True,
@@ -134,6 +137,22 @@ def test_every_readme_command_works_as_written(pinned_images, tmp_path):
         [finish] = take(r"ringfence run RUN_ID --finish")
         shown = s.run(finish).stdout
         assert "status finished, outcome completed" in shown and "write_note   executed" in shown
+        # Files in and out of a workspace: a run started with one through the SDK, as the
+        # README's example does; run_tests collects its report as an artifact after the upload;
+        # `watch` last, on the finished run (it streams until the run ends).
+        put, get, get_artifacts, watch_ws = take(r"WS_RUN_ID")
+        with Client(served.address, s.env["RINGFENCE_TOKEN"]) as agent:
+            ws_run = agent.start_run("the README's workspace", workspace=True)
+            s.ids["WS_RUN_ID"] = ws_run.run_id
+            assert "files put" in put and s.run(put).returncode == 0
+            [tests] = agent.submit_batch(ws_run.run_id, [{"call_id": "tests", "tool": "run_tests", "arguments": {}}])
+            assert tests.status.value == "executed", tests
+            assert "files get" in get and s.run(get).returncode == 0
+            assert (tmp_path / "fetched").is_dir() and any((tmp_path / "fetched").rglob("*"))
+            assert "--artifacts" in get_artifacts and s.run(get_artifacts).returncode == 0
+            assert (tmp_path / "artifacts" / "reports" / "tests.txt").is_file()
+            agent.finish_run(ws_run.run_id)
+        assert re.search(r"call_output +tests +stderr\| ", s.run(watch_ws).stdout)
         for line in take(r"ringfence (watch|runs$|tools)"):
             s.run(line)
 

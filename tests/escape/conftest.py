@@ -10,6 +10,10 @@ hold for a pooled one.
 `weakened(change)` returns a backend whose container settings have been changed by `change`
 (a function from the settings dict to a new dict): it is how each test proves that its
 protection matters, by removing exactly that protection and showing the attack then succeeds.
+
+`cold` runs like `attack[cold]` only (calls with a workspace are never pooled); `make_workspace`
+makes a real run workspace (sandbox.workspace), optionally with its volume options changed, and
+removes it after the test (cases 48-53, test_workspace.py).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import io
 import os
 import tarfile
+import uuid
 from collections.abc import Callable
 
 import pytest
@@ -117,3 +122,44 @@ def readable_tini(docker_client, pinned_images, tmp_path_factory) -> str:
     path.write_bytes(body)
     os.chmod(path, 0o755)
     return str(path)
+
+
+@pytest.fixture
+def cold(backend):
+    """Run argv in the real sandbox, always in a container created for the call (calls with a
+    workspace are never pooled)."""
+    return _runner(backend)
+
+
+@pytest.fixture
+def make_workspace(docker_client, pinned_images):
+    """make_workspace(spec, options=None) -> (run_key, volume): a real workspace (sandbox.workspace),
+    removed after the test whatever happens. `options` changes the volume's driver options (a
+    function from the options dict to a new dict): the red checks' way to remove one of them."""
+    from sandbox.workspace import DockerWorkspaces, WorkspaceSpec
+
+    class Weakened(DockerWorkspaces):
+        def __init__(self, change: Callable[[dict[str, str]], dict[str, str]]) -> None:
+            super().__init__(docker_client, pinned_images)
+            self._change = change
+
+        def _volume_options(self, spec: WorkspaceSpec) -> dict[str, str]:
+            return self._change(dict(super()._volume_options(spec)))
+
+    made = []
+
+    def make(spec: WorkspaceSpec, options: Callable[[dict[str, str]], dict[str, str]] | None = None):
+        store = DockerWorkspaces(docker_client, pinned_images) if options is None else Weakened(options)
+        run_key = f"escape-ws-{uuid.uuid4().hex[:12]}"
+        made.append((store, run_key))
+        return run_key, store.create(run_key, "escape", spec)
+
+    yield make
+    errors = []
+    for store, run_key in made:
+        try:
+            store.remove(run_key)
+        except Exception as e:  # noqa: BLE001 - remove the others, then fail with this
+            errors.append(e)
+    if errors:
+        raise errors[0]

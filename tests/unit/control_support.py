@@ -1,5 +1,6 @@
 """Helpers for the control-plane unit tests: a FakeBackend that speaks the runner protocol,
-a fake clock, and an Orchestrator on a real SQLite file in tmp_path.
+a fake clock, and an Orchestrator on a real SQLite file in tmp_path (with an in-memory
+FakeWorkspaces as its workspace store).
 
 `ToolEmulator` answers like the tools of the `tool` image (echo, read_file, fail, sleep,
 write_note, credit); a test can replace any tool with its own function. The FakeBackend's
@@ -17,14 +18,14 @@ from typing import Any
 
 from control.config import load_config
 from control.model import ObservationStatus as S
-from control.model import Principal, ProposedCall, Role
+from control.model import Principal, ProposedCall, Role, WorkspaceRequest
 from control.orchestration import Orchestrator
 from control.registry import Registry
 from control.state import fold
 from control.store.sqlite import SqliteEventStore
 from control.tools import BUILTIN_DIR
 from sandbox.backend import SandboxRequest
-from sandbox.fake import FakeBackend, ok_result
+from sandbox.fake import FakeBackend, FakeWorkspaces, ok_result
 from sandbox.result import Outcome, SandboxResult, ToolErrorClass
 
 AGENT = Principal("acme", Role.AGENT, "agent-1")
@@ -157,6 +158,7 @@ class Harness:
         self.clock = FakeClock()
         self.emulator = ToolEmulator()
         self.backend = FakeBackend(self.emulator)
+        self.workspaces = FakeWorkspaces()
         self.db = self.tmp_path / "events.sqlite3"
         self.store = self.open_store()
         self.config = load_config(overrides={
@@ -170,7 +172,8 @@ class Harness:
         return Orchestrator.from_config(
             self.config, self.backend, kwargs.pop("store", self.store), clock=self.clock, sleep=self.clock.sleep,
             image_digest=lambda name: self.image_digest,
-            registry=self.registry or Registry.from_dir(BUILTIN_DIR), **kwargs)
+            registry=self.registry or Registry.from_dir(BUILTIN_DIR),
+            workspaces=kwargs.pop("workspaces", self.workspaces), **kwargs)
 
     def restart(self, **kwargs: Any) -> Orchestrator:
         """A new Orchestrator on a freshly opened store over the same SQLite file."""
@@ -187,8 +190,8 @@ class Harness:
             return open_store(self.store_url, clock=self.clock)
         return SqliteEventStore(self.db, clock=self.clock)
 
-    def run(self, goal: str = "test", run_id: str | None = None) -> str:
-        return self.orch.start_run(AGENT, goal, run_id).run_id
+    def run(self, goal: str = "test", run_id: str | None = None, workspace: WorkspaceRequest | None = None) -> str:
+        return self.orch.start_run(AGENT, goal, run_id, workspace=workspace).run_id
 
     def submit(self, run_id: str, *calls: tuple[str, dict] | ProposedCall, who: Principal = AGENT):
         proposed = []

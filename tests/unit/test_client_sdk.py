@@ -156,7 +156,7 @@ class LostFirstResponse:
 
 ALLOWED_CONTROL = {"control.api.gen", "control.api.convert", "control.api.plans_convert", "control.api.routing_convert",
                    "control.api.status", "control.errors", "control.model", "control.plans.values",
-                   "control.routing.values"}
+                   "control.routing.values", "control.workspace_paths"}
 
 
 def test_the_sdk_imports_without_the_servers_dependencies():
@@ -203,7 +203,8 @@ def test_public_exports_are_pinned():
     assert sorted(control.client.__all__) == sorted([
         "Client", "AsyncClient", "Stream", "AsyncStream", "TlsConfig", "RetryPolicy", "Approver", "ApprovalDecision",
         "ControlError", "FieldViolation", "InvalidArgument", "NotFound", "AlreadyExists", "FailedPrecondition",
-        "Unauthenticated", "PermissionDenied", "ResourceExhausted", "Unavailable", "Internal"])
+        "Unauthenticated", "PermissionDenied", "ResourceExhausted", "Unavailable", "Internal",
+        "WorkspaceOptions", "UploadResult", "UploadedFile", "DownloadedFiles"])
     assert sorted(control.client.agent.__all__) == sorted([
         "AgentLoop", "AgentResult", "AgentContext", "ModelClient", "ModelTurn", "ScriptedModel",
         "ScriptExhausted", "TokenUsage", "ToolCall", "TurnRecord", "estimate_tokens", "batch_id_for"])

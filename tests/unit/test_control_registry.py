@@ -16,8 +16,9 @@ RISK_WORDS = ("mutates", "reversible", "irreversible", "paths", "egress", "cost"
 def test_the_builtin_tools():
     r = load_builtin()
     assert r.names == ("assess_evidence", "check_evidence", "crash", "credit", "credit_lookup", "echo", "fail",
-                       "fetch_url", "issue_credit", "latency_specialist", "read_file", "route_symptom", "sleep",
-                       "stall", "write_file", "write_note")
+                       "fetch_url", "issue_credit", "latency_specialist", "read_file", "route_symptom",
+                       "run_tests", "sleep", "stall", "workspace_read", "workspace_write", "write_file",
+                       "write_note")
     credit = r.get("credit")
     assert credit.mutates and credit.irreversible
     # credit reaches the ledger (through the egress proxy, when policy grants it) and says how
