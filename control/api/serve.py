@@ -156,7 +156,14 @@ def serve_command(args: argparse.Namespace) -> int:
     from sandbox.errors import SandboxError
 
     try:
-        backend = DockerBackend(egress_settings=egress_settings(config), pool=pool_settings(config))
+        # The config's images dir over the built-in images; without one, the built-in lock is
+        # read on the first dispatch, as before.
+        lock = None
+        if config.images_dir is not None:
+            from sandbox.images.lock import lock_for
+
+            lock = lock_for(config.images_dir)
+        backend = DockerBackend(lock=lock, egress_settings=egress_settings(config), pool=pool_settings(config))
         # A killed predecessor's containers go now; anything past its deadline label, while we run.
         backend.start_reaper(args.reap_every)
     except SandboxError as e:
