@@ -245,6 +245,11 @@ class Config:
     """postgresql://... to keep the event log in PostgreSQL (several instances may share it);
     empty: SQLite under state_dir."""
 
+    images_dir: Path | None = None
+    """`[images] dir`: the user's images dir (image specs and their images.lock), relative to
+    the config file; dispatch resolves an image name in its lock first, then in the built-in
+    one (sandbox.images.spec). None (the default, `dir = ""`): the built-in images only."""
+
     @property
     def db_path(self) -> Path:
         return self.state_dir / "events.sqlite3"
@@ -312,7 +317,7 @@ def _known(key: str, table: Mapping[str, Any], allowed: set[str]) -> None:
 def parse_config(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> Config:
     base_dir = base_dir or Path.cwd()
     _known("", raw, {"state_dir", "listen", "tools_dir", "tenants", "policy", "limits", "inputs", "egress",
-                     "pool", "database_url", "routing", "workspace", "files"})
+                     "pool", "database_url", "routing", "workspace", "files", "images"})
     state_dir = Path(_expect("state_dir", raw.get("state_dir", "./.state"), str, "a path"))
     if not state_dir.is_absolute():
         state_dir = base_dir / state_dir
@@ -347,6 +352,7 @@ def parse_config(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> Con
     routing = parse_routing(_expect("routing", raw.get("routing", {}), Mapping, "a table"))
     workspace = _parse_workspace(_expect("workspace", raw.get("workspace", {}), Mapping, "a table"))
     files = _parse_files(_expect("files", raw.get("files", {}), Mapping, "a table"))
+    images_dir = _parse_images(_expect("images", raw.get("images", {}), Mapping, "a table"), base_dir)
     database_url = _expect("database_url", raw.get("database_url", ""), str, "a postgresql:// URL")
     if database_url and not database_url.startswith(("postgresql://", "postgres://")):
         raise ConfigError("database_url", "must be a postgresql:// URL (or empty for SQLite)")
@@ -364,7 +370,21 @@ def parse_config(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> Con
         routing=routing,
         workspace=workspace,
         files=files,
+        images_dir=images_dir,
     )
+
+
+def _parse_images(raw: Mapping[str, Any], base_dir: Path) -> Path | None:
+    _known("images", raw, {"dir"})
+    value = _expect("images.dir", raw.get("dir", ""), str, "a path")
+    if not value:
+        return None
+    path = Path(value)
+    if not path.is_absolute():
+        path = base_dir / path
+    if not path.is_dir():
+        raise ConfigError("images.dir", f"{path} is not a directory")
+    return path
 
 
 def _int_in(key: str, value: Any, low: int, high: int, high_from: str = "") -> int:

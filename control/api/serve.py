@@ -165,7 +165,13 @@ def serve_command(args: argparse.Namespace) -> int:
 
     try:
         # One image lock for the backend and the workspaces' keepers: both run pinned images.
-        lock = load_lock()
+        # The config's images dir (its own lock over the built-in one), else the built-in lock.
+        if config.images_dir is not None:
+            from sandbox.images.lock import lock_for
+
+            lock = lock_for(config.images_dir)
+        else:
+            lock = load_lock()
         backend = DockerBackend(lock=lock, egress_settings=egress_settings(config), pool=pool_settings(config))
         # A killed predecessor's containers go now; anything past its deadline label, while we run.
         backend.start_reaper(args.reap_every)

@@ -24,6 +24,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -81,15 +82,17 @@ _AGENT_ROLES = (Role.AGENT, Role.ADMIN)
 _APPROVER_ROLES = (Role.APPROVER, Role.ADMIN)
 
 
-def _default_image_digest() -> Callable[[str], str]:
+def _default_image_digest(images_dir: Path | None = None) -> Callable[[str], str]:
+    """An image name's pinned ID, as dispatch will resolve it (the config's images dir over the
+    built-in images)."""
     cache: dict[str, str] = {}
 
     def digest(name: str) -> str:
         if name not in cache:
             try:
-                from sandbox.images import load_lock
+                from sandbox.images.lock import lock_for
 
-                cache[name] = load_lock().image_id(name)
+                cache[name] = lock_for(images_dir).image_id(name)
             except Exception:  # noqa: BLE001 - no lock: the digest says so, dispatch will refuse
                 cache[name] = f"unpinned:{name}"
         return cache[name]
@@ -137,7 +140,8 @@ class Orchestrator:
                                      rng=rng or random.Random(), clock=clock, stops=self.stops, files=self.files)
         self.batches: BatchRunner
         self.desk = ApprovalDesk(repo=self.runs, dispatcher=self.dispatcher, registry=registry, policy=self.policy,
-                                 limits=self.limits, clock=clock, image_digest=image_digest or _default_image_digest(),
+                                 limits=self.limits, clock=clock,
+                                 image_digest=image_digest or _default_image_digest(config.images_dir),
                                  run_context=self._run_context,
                                  deadline_passed=lambda s: self.batches.deadline_passed(s),
                                  execute=lambda s, items, ctx: self.batches.execute(s, items, ctx))

@@ -6,8 +6,11 @@
                                            the pinned ID, only if the engine has exactly it
     build(names=None, *, update_lock=False, force=False, progress=None, ...) -> BuildReport
     verify(client, lock=None) -> list[Problem]
+    lock_for(images_dir) -> Lock             a user's images dir's lock, over the built-in one
 
-Specs live in images/<name>/image.json (+ rootfs/); see sandbox.images.spec.
+Specs live in images/<name>/image.json (+ rootfs/), or in a user's images dir layered over
+them; see sandbox.images.spec. A child pins Debian packages (sandbox.images.debs) and wheels
+(sandbox.images.wheels); an image built elsewhere is admitted by sandbox.images.adopt.
 """
 
 from sandbox.images.builder import BuildReport, Built, Drift, build

@@ -81,13 +81,15 @@ class Entry:
     size: int = 0
 
 
-def tree_entries(root: Path, *, normalize: bool) -> list[Entry]:
+def tree_entries(root: Path, *, normalize: bool, owner: tuple[int, int] | None = None) -> list[Entry]:
     """List a directory tree as sorted tar entries.
 
     normalize=False (a root filesystem): keep each entry's mode and numeric owner, and write
     hard links as links. normalize=True (a spec's rootfs/ overlay, checked out by git with
     whatever umask and owner the checkout had): owner root, dirs 0755, files 0755 when any
-    exec bit is set else 0644; __pycache__ and *.pyc are skipped.
+    exec bit is set else 0644; __pycache__ and *.pyc are skipped. `owner` (uid, gid) replaces
+    every entry's owner while keeping modes (unpacked .debs: their modes matter, and the build
+    may not run as root).
 
     Sockets, FIFOs and device nodes are refused: an image has no business carrying them, and
     Docker creates /dev itself.
@@ -113,7 +115,7 @@ def tree_entries(root: Path, *, normalize: bool) -> list[Entry]:
         full = root / rel
         st = os.lstat(full)
         mode = stat.S_IMODE(st.st_mode)
-        uid, gid = (0, 0) if normalize else (st.st_uid, st.st_gid)
+        uid, gid = (0, 0) if normalize else owner if owner is not None else (st.st_uid, st.st_gid)
         if stat.S_ISDIR(st.st_mode):
             entries.append(Entry(rel, "dir", 0o755 if normalize else mode, uid, gid))
         elif stat.S_ISLNK(st.st_mode):

@@ -8,23 +8,42 @@ loaded, and their children are not built on top of them.
 
 Built layers, configs and a record per image ID are kept under `images/.build/` so a child
 can be assembled without rebuilding its parent, and an image the engine lost can be
-reloaded without rebuilding at all.
+reloaded without rebuilding at all. A parent whose build is in no cache is read back from the
+engine (`docker save` of its pinned ID: the layers come out as the same bytes, checked against
+the config's diff_ids) before it is rebuilt from its spec.
+
+A user's images dir (sandbox.images.spec, "Images in the user's project") is built the same
+way, with its own lock and cache (DIR/images.lock, DIR/.build); its children of built-in
+images take the built-in lock's ID of that parent and never build, tag or re-pin it.
+
+A child's pinned packages and wheels (sandbox.images.debs, sandbox.images.wheels) become one
+layer each, below its rootfs/ layer. Which .debs: the lock's when the pinned packages and the
+parent are the ones it was built from (so a rebuild installs the same files, whatever else in
+the spec changed), else a resolution `fetch` left in the cache (`.build/resolved/<name>.json`,
+keyed by the pins and what the parent has), else (not offline) one made now. Every file is
+checked against its sha256 before it is unpacked; the build itself never downloads when
+`fetch` ran first, and never with `offline`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import platform
 import shutil
+import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sandbox.errors import ImageError
+from sandbox.images import debs as debs_mod
 from sandbox.images import engine, rootfs
+from sandbox.images import wheels as wheels_mod
 from sandbox.images.archive import (
     ContainerConfig,
     digest_of,
@@ -33,8 +52,9 @@ from sandbox.images.archive import (
     write_docker_archive,
     write_layer_file,
 )
-from sandbox.images.lock import IMAGES_DIR, Lock, LockEntry, default_lock_path, load_lock, package_diff
-from sandbox.images.spec import ImageSpec, build_order, load_specs
+from sandbox.images.lock import IMAGES_DIR, Lock, LockEntry, is_builtin, lock_for, package_diff
+from sandbox.images.pins import DebPin, LockedDeb, LockedWheel, deps_diff, sha256_file
+from sandbox.images.spec import ImageSpec, ancestors, build_order, load_specs, root_of
 
 if TYPE_CHECKING:
     from docker import DockerClient
@@ -58,6 +78,8 @@ class Built:
     parent: str | None
     parent_id: str | None
     packages: tuple[str, ...] = ()
+    debs: tuple[LockedDeb, ...] = ()
+    wheels: tuple[LockedWheel, ...] = ()
 
     @property
     def doc(self) -> dict[str, Any]:
@@ -68,7 +90,8 @@ class Built:
         return ContainerConfig.from_json(self.doc["config"])
 
     def lock_entry(self) -> LockEntry:
-        return LockEntry(self.name, self.id, self.inputs_sha256, self.parent, self.parent_id, self.packages)
+        return LockEntry(self.name, self.id, self.inputs_sha256, self.parent, self.parent_id, self.packages,
+                         self.debs, self.wheels)
 
 
 @dataclass(frozen=True)
@@ -118,6 +141,15 @@ class Cache:
     def layers(self) -> Path:
         return self.root / "layers"
 
+    @property
+    def wheels(self) -> Path:
+        """The wheelhouse: `<sha256>/<file>.whl`."""
+        return self.root / "wheels"
+
+    def resolved(self, name: str) -> Path:
+        """The .debs `fetch` resolved for a child, for a build that has no lock entry yet."""
+        return self.root / "resolved" / f"{name}.json"
+
     def record(self, image_id: str) -> Path:
         return self.root / "images" / f"{_hex(image_id)}.json"
 
@@ -132,6 +164,8 @@ class Cache:
             "parent": built.parent,
             "parent_id": built.parent_id,
             "packages": list(built.packages),
+            "debs": [d.to_json() for d in built.debs],
+            "wheels": [w.to_json() for w in built.wheels],
         }
         tmp = rec.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc, sort_keys=True))
@@ -148,15 +182,157 @@ class Cache:
         if digest_of(config) != image_id or not all(p.is_file() for p in layers):
             return None
         return Built(doc["name"], image_id, config, layers, doc["inputs_sha256"],
-                     doc["parent"], doc["parent_id"], tuple(doc["packages"]))
+                     doc["parent"], doc["parent_id"], tuple(doc["packages"]),
+                     tuple(LockedDeb.from_json(d) for d in doc.get("debs", ())),
+                     tuple(LockedWheel.from_json(w) for w in doc.get("wheels", ())))
+
+    def from_engine(self, client: DockerClient, entry: LockEntry, progress: Progress) -> Built:
+        """A pinned image's build, read back from the engine into this cache (and recorded)."""
+        t0 = time.monotonic()
+        config, layers = engine.save_image(client, entry.id, self.layers)
+        built = Built(entry.name, entry.id, config, layers, entry.inputs_sha256, entry.parent, entry.parent_id,
+                      entry.packages, entry.debs, entry.wheels)
+        self.save(built)
+        progress(f"{entry.name}: layers of {entry.id[:19]} read from the engine in {time.monotonic() - t0:.1f}s")
+        return built
+
+
+class _Deps:
+    """What a child's pinned packages and wheels are, and where their files are: shared by
+    `fetch` (which may download) and the build (which downloads only when not offline)."""
+
+    def __init__(self, *, specs: Mapping[str, ImageSpec], inherited: Mapping[str, ImageSpec], lock: Lock,
+                 cache: Cache, progress: Progress, offline: bool) -> None:
+        self.specs, self.inherited, self.lock, self.cache = specs, inherited, lock, cache
+        self.progress, self.offline = progress, offline
+        self.planned: dict[str, tuple[LockedDeb, ...]] = {}  # own specs' debs, as decided this run
+        self._indexes: dict[tuple[str, str, str], debs_mod.Index] = {}
+
+    def entry(self, name: str, own: bool) -> LockEntry | None:
+        """A lock entry by where the spec was found (the user's lock, or the built-in one)."""
+        if own:
+            return self.lock.get(name) if self.lock.owns(name) else None
+        return self.lock.inherited.get(name) if self.lock.inherited is not None else self.lock.get(name)
+
+    def root_packages(self, spec: ImageSpec) -> tuple[str, ...]:
+        chain = ancestors(spec, self.specs, self.inherited)
+        root, own = chain[-1] if chain else (spec, spec.name in self.specs)
+        entry = self.entry(root.name, own)
+        if entry is None or not entry.packages:
+            raise ImageError(f"{spec.name}: its root image {root.name} is not pinned with a package manifest: "
+                             f"build it first (`ringfence images build {root.name} --update-lock`)")
+        return entry.packages
+
+    def installed(self, spec: ImageSpec) -> dict[str, str]:
+        """What `spec`'s parent has: its root's manifest and every child's debs in between."""
+        debs: list[LockedDeb] = []
+        for anc, own in ancestors(spec, self.specs, self.inherited)[:-1]:
+            if own and anc.name in self.planned:
+                debs += self.planned[anc.name]
+            elif (e := self.entry(anc.name, own)) is not None:
+                debs += e.debs
+        return debs_mod.installed_versions(self.root_packages(spec), debs)
+
+    def mirror(self, spec: ImageSpec) -> tuple[str, str]:
+        root = root_of(spec, self.specs, self.inherited)
+        assert root.debootstrap is not None  # a root spec always has one (spec.load_spec)
+        return root.debootstrap.mirror, root.debootstrap.suite
+
+    def target(self, spec: ImageSpec) -> wheels_mod.Target:
+        return wheels_mod.target_from_packages(self.root_packages(spec), platform.machine())
+
+    def index(self, spec: ImageSpec) -> debs_mod.Index:
+        mirror, suite = self.mirror(spec)
+        key = (mirror, suite, debs_mod.debian_architecture())
+        if key not in self._indexes:
+            t0 = time.monotonic()
+            self._indexes[key] = debs_mod.fetch_index(*key)
+            self.progress(f"{suite} index from {mirror}: {len(self._indexes[key].packages)} packages, signature "
+                          f"checked, in {time.monotonic() - t0:.1f}s")
+        return self._indexes[key]
+
+    def plan(self, spec: ImageSpec, parent_id: str | None) -> tuple[LockedDeb, ...]:
+        """The .debs of `spec`: the lock's (same pins, same parent), a cached resolution for
+        the same pins over the same parent packages, or (online) a fresh one."""
+        if not spec.packages:
+            return ()
+        pins = {str(p) for p in spec.packages}
+        entry = self.entry(spec.name, True)
+        if entry is not None and entry.parent_id == parent_id and entry.debs and (
+                {str(d) for d in entry.debs if d.pinned} == pins):
+            self.planned[spec.name] = entry.debs
+            return entry.debs
+        installed = self.installed(spec)
+        key = hashlib.sha256(json.dumps([sorted(pins), sorted(installed.items())]).encode()).hexdigest()
+        record = self.cache.resolved(spec.name)
+        try:
+            doc = json.loads(record.read_text())
+            if doc.get("key") == key:
+                planned = tuple(LockedDeb.from_json(d) for d in doc["debs"])
+                self.planned[spec.name] = planned
+                return planned
+        except (OSError, ValueError, KeyError, TypeError, ImageError):
+            pass  # no usable record: resolve
+        if self.offline:
+            raise ImageError(f"{spec.name}: its packages are not resolved for this parent yet "
+                             "(offline): run `ringfence images fetch` first")
+        with _timed(self.progress, f"{spec.name}: resolve {', '.join(sorted(pins))}"):
+            stanzas = debs_mod.resolve(spec.packages, installed, self.index(spec),
+                                       lambda m: self.progress(f"{spec.name}: {m}"))
+        planned = tuple(s.locked(pinned=str(DebPin(s.name, s.version)) in pins) for s in stanzas)
+        record.parent.mkdir(parents=True, exist_ok=True)
+        tmp = record.with_suffix(f".tmp-{os.getpid()}")
+        tmp.write_text(json.dumps({"key": key, "debs": [d.to_json() for d in planned]}, indent=1, sort_keys=True))
+        os.replace(tmp, record)
+        self.planned[spec.name] = planned
+        return planned
+
+    def deb_files(self, spec: ImageSpec, planned: tuple[LockedDeb, ...], *,
+                  refresh: bool = False) -> list[tuple[LockedDeb, Path]]:
+        """Each .deb from the cache (checked); missing ones are downloaded unless offline.
+        `refresh` (fetch): a cached file that is not the recorded one is downloaded again; a
+        build refuses it instead (it never decides on its own to replace what it installs)."""
+        mirror, _suite = self.mirror(spec)
+        out = []
+        for deb in planned:
+            path = self.cache.debs / deb.cache_name
+            if (refresh or not path.is_file()) and not self.offline:
+                if not path.is_file() or sha256_file(path) != deb.sha256:
+                    debs_mod.download(deb, mirror, self.cache.debs)
+                    self.progress(f"{spec.name}: downloaded {deb.cache_name}")
+            out.append((deb, debs_mod.cached(deb, self.cache.debs)))
+        return out
+
+    def wheel_files(self, spec: ImageSpec) -> list[tuple[LockedWheel, Path]]:
+        target = self.target(spec)
+        out = []
+        for pin in spec.wheels:
+            if wheels_mod.in_wheelhouse(pin, self.cache.wheels) is None and not self.offline:
+                wheels_mod.fetch(pin, self.cache.wheels, target, lambda m: self.progress(f"{spec.name}: {m}"))
+            out.append(wheels_mod.cached(pin, self.cache.wheels, target))
+        return out
+
+
+@contextlib.contextmanager
+def _timed(progress: Progress, what: str) -> Iterator[None]:
+    t0 = time.monotonic()
+    progress(f"{what} ...")
+    yield
+    progress(f"{what}: done in {time.monotonic() - t0:.1f}s")
 
 
 class _Builder:
     def __init__(self, *, specs: dict[str, ImageSpec], lock: Lock, cache: Cache, client: DockerClient | None,
                  update_lock: bool, force: frozenset[str], load: bool, tag_prefix: str, progress: Progress,
-                 offline: bool = False):
+                 offline: bool = False, inherited: Mapping[str, ImageSpec] | None = None,
+                 builtin_cache: Cache | None = None):
         self.specs, self.lock, self.cache, self.client = specs, lock, cache, client
         self.offline = offline
+        # A user's dir: the built-in specs under it, and the built-in build cache (parents' layers).
+        self.inherited = inherited or {}
+        self.builtin_cache = builtin_cache
+        self.deps = _Deps(specs=specs, inherited=self.inherited, lock=lock, cache=cache, progress=progress,
+                          offline=offline)
         self.update_lock, self.force, self.load = update_lock, force, load
         self.tag_prefix, self.progress = tag_prefix, progress
         self.current: dict[str, Built] = {}  # accepted images of this run, by name
@@ -245,6 +421,7 @@ class _Builder:
                 diff = package_diff(entry.packages, built.packages)
                 details += diff or ["same package manifest: the assembly itself changed "
                                     "(builder version, cleaning rules) or is not deterministic"]
+            details += deps_diff(entry.debs, built.debs, entry.wheels, built.wheels)
             if entry.inputs_sha256 != built.inputs_sha256:
                 details.append(f"spec inputs {entry.inputs_sha256[:19]} -> {built.inputs_sha256[:19]}")
             if entry.parent_id != built.parent_id:
@@ -258,6 +435,7 @@ class _Builder:
         if not self.update_lock:
             return False
         self.lock = self.lock.with_entry(built.lock_entry())
+        self.deps.lock = self.lock
         self.lock_changed = True
         self.ids[spec.name] = built.id
         self.current[spec.name] = built
@@ -266,14 +444,22 @@ class _Builder:
     # -- building -------------------------------------------------------------------------
 
     def parent_build(self, spec: ImageSpec) -> Built:
-        """The accepted parent's layers: from this run, the cache, or (last resort) rebuilt."""
+        """The accepted parent's layers: from this run, a build cache, the engine, or (last
+        resort, for the dir's own images) rebuilt."""
         assert spec.parent is not None
         pid = self.ids[spec.parent]
         if spec.parent in self.current and self.current[spec.parent].id == pid:
             return self.current[spec.parent]
-        cached = self.cache.find(pid)
-        if cached is not None:
-            return cached
+        for cache in (self.cache, self.builtin_cache):
+            cached = cache.find(pid) if cache is not None else None
+            if cached is not None:
+                return cached
+        entry = self.lock.get(spec.parent)
+        if self.client is not None and entry is not None and entry.id == pid and engine.has_image(self.client, pid):
+            return self.cache.from_engine(self.client, entry, self.progress)
+        if spec.parent not in self.specs:
+            raise ImageError(f"{spec.name}: the built-in parent {spec.parent} {pid} is in no build cache and not in "
+                             "the engine: run `make images` (or `ringfence images build`) for the built-in images")
         self.progress(f"{spec.name}: parent {spec.parent} {pid[:19]} is not in the build cache; rebuilding it")
         pspec = self.specs[spec.parent]
         rebuilt = self.assemble(pspec)
@@ -330,18 +516,58 @@ class _Builder:
 
     def assemble_child(self, spec: ImageSpec) -> Built:
         parent = self.parent_build(spec)
+        pdoc = parent.doc
+        diff_ids = list(pdoc["rootfs"]["diff_ids"])
+        history = [h["created_by"] for h in pdoc["history"]]
+        layers = list(parent.layers)
+        debs: tuple[LockedDeb, ...] = ()
+        wheels: tuple[LockedWheel, ...] = ()
+        if spec.packages:
+            debs = self.deps.plan(spec, parent.id)
+            files = self.deps.deb_files(spec, debs)
+            with self.step(f"{spec.name}: unpack {len(debs)} package(s), no network"), self.staging(spec) as root:
+                unpacked = debs_mod.unpack(files, root)
+                # Owner root whatever user built it; modes as unpacked (debs.unpack set them).
+                diff_id, path = write_layer_file(tree_entries(root, normalize=False, owner=(0, 0)), self.cache.layers)
+            if unpacked.scripts_skipped:
+                self.progress(f"{spec.name}: maintainer scripts NOT run: {'; '.join(unpacked.scripts_skipped)}")
+            if unpacked.setid_stripped:
+                self.progress(f"{spec.name}: setuid/setgid dropped: {', '.join(unpacked.setid_stripped)}")
+            diff_ids.append(diff_id)
+            layers.append(path)
+            history.append("ringfence: packages " + " ".join(map(str, debs)))
+        if spec.wheels:
+            pairs = self.deps.wheel_files(spec)
+            wheels = tuple(w for w, _ in pairs)
+            with self.step(f"{spec.name}: unpack {len(wheels)} wheel(s) into /{wheels_mod.SITE}"), \
+                    self.staging(spec) as root:
+                skipped = wheels_mod.install(pairs, root)
+                diff_id, path = write_layer_file(tree_entries(root, normalize=True), self.cache.layers)
+            if skipped:
+                self.progress(f"{spec.name}: left out of the wheels (not importable code): {', '.join(skipped)}")
+            diff_ids.append(diff_id)
+            layers.append(path)
+            history.append("ringfence: wheels " + " ".join(map(str, wheels)))
         with self.step(f"{spec.name}: write layer from images/{spec.name}/rootfs"), spec.overlay() as tree:
             entries = tree_entries(tree, normalize=True) if tree is not None else []
             diff_id, path = write_layer_file(entries, self.cache.layers)
-        pdoc = parent.doc
         config = image_config(
             spec.container_config(parent.container_config()),
-            list(pdoc["rootfs"]["diff_ids"]) + [diff_id],
-            [h["created_by"] for h in pdoc["history"]] + [f"ringfence: images/{spec.name}/rootfs"],
+            diff_ids + [diff_id],
+            history + [f"ringfence: images/{spec.name}/rootfs"],
             pdoc["architecture"],
         )
-        return Built(spec.name, digest_of(config), config, parent.layers + (path,),
-                     spec.inputs_sha256(), spec.parent, parent.id)
+        return Built(spec.name, digest_of(config), config, tuple(layers) + (path,),
+                     spec.inputs_sha256(), spec.parent, parent.id, (), debs, wheels)
+
+    @contextlib.contextmanager
+    def staging(self, spec: ImageSpec) -> Iterator[Path]:
+        work = self.cache.root / "work"
+        work.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=f"{spec.name}-", dir=work) as tmp:
+            root = Path(tmp) / "rootfs"
+            root.mkdir()
+            yield root
 
     def install(self, built: Built) -> None:
         if not self.load:
@@ -366,17 +592,24 @@ def fetch(
     progress: Progress | None = None,
     images_dir: str | os.PathLike[str] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
+    lock_path: str | os.PathLike[str] | None = None,
 ) -> list[Path]:
-    """Download the package tarball of every root image that has none yet (all with `force`).
+    """Download what the dir's images are installed from and is not in the cache yet: each
+    root image's package tarball (all again with `force`), each child's pinned .debs (with the
+    dependencies they pull; resolved against the mirror unless the lock already says which
+    files) and wheels. Returns the files downloaded.
 
     Setup, not build: `make images` runs it so that a later offline rebuild (the determinism
     test) has the same packages to install, even when the engine already had every image and
-    nothing was built; `build` then installs from it instead of downloading again."""
+    nothing was built; `build` then installs from it instead of downloading again. For a
+    user's dir only the user's images are fetched (the built-in ones are `make images`')."""
     images_dir = Path(images_dir) if images_dir is not None else IMAGES_DIR
     cache = Cache(Path(cache_dir) if cache_dir is not None else images_dir / ".build")
     progress = progress or (lambda _msg: None)
+    inherited = {} if is_builtin(images_dir) else load_specs(IMAGES_DIR)
+    specs = load_specs(images_dir, inherited)
     fetched = []
-    for name, spec in sorted(load_specs(images_dir).items()):
+    for name, spec in sorted(specs.items()):
         if spec.debootstrap is None:
             continue
         tarball = cache.packages(name)
@@ -388,6 +621,23 @@ def fetch(
         rootfs.fetch_packages(spec.debootstrap, tarball, cache.debs, cache.root / f"{name}-fetch.log")
         progress(f"{name}: fetched {tarball.stat().st_size} bytes in {time.monotonic() - t0:.1f}s")
         fetched.append(tarball)
+    children = [n for n in build_order(specs, None) if specs[n].packages or specs[n].wheels]
+    if not children:
+        return fetched
+    lock = lock_for(images_dir, lock_path, missing_ok=True)
+    deps = _Deps(specs=specs, inherited=inherited, lock=lock, cache=cache, progress=progress, offline=False)
+    for name in children:
+        spec = specs[name]
+        assert spec.parent is not None  # only children pin packages (spec.load_spec)
+        parent = lock.get(spec.parent)
+        before = {p for p in (cache.debs, cache.wheels) for p in (p.glob("*") if p.is_dir() else ())}
+        t0 = time.monotonic()
+        files = deps.deb_files(spec, deps.plan(spec, parent.id if parent is not None else None), refresh=True)
+        wheels = deps.wheel_files(spec)
+        after = {p for p in (cache.debs, cache.wheels) for p in (p.glob("*") if p.is_dir() else ())}
+        fetched += sorted(after - before)
+        progress(f"{name}: {len(files)} package file(s) and {len(wheels)} wheel(s) in the cache, checked, "
+                 f"in {time.monotonic() - t0:.1f}s")
     return fetched
 
 
@@ -413,25 +663,36 @@ def build(
     fetches nothing.
     """
     images_dir = Path(images_dir) if images_dir is not None else IMAGES_DIR
-    lock_path = Path(lock_path) if lock_path is not None else default_lock_path()
     cache = Cache(Path(cache_dir) if cache_dir is not None else images_dir / ".build")
     progress = progress or (lambda _msg: None)
-    specs = load_specs(images_dir)
+    builtin = is_builtin(images_dir)
+    inherited = {} if builtin else load_specs(IMAGES_DIR)
+    specs = load_specs(images_dir, inherited)
     if not specs:
         raise ImageError(f"no image specs under {images_dir}")
-    lock = load_lock(lock_path) if lock_path.exists() else Lock(path=lock_path)
+    lock = lock_for(images_dir, lock_path, missing_ok=True)
+    assert lock.path is not None  # lock_for always says where the lock is
     if load and client is None:
         client = engine.client_from_env()
     order = build_order(specs, names)
     # --force rebuilds what was asked for; parents are still only built when missing or stale.
     forced = frozenset((names or specs) if force else ())
     b = _Builder(specs=specs, lock=lock, cache=cache, client=client, update_lock=update_lock,
-                 force=forced, load=load, tag_prefix=tag_prefix, progress=progress, offline=offline)
+                 force=forced, load=load, tag_prefix=tag_prefix, progress=progress, offline=offline,
+                 inherited=inherited, builtin_cache=None if builtin else Cache(IMAGES_DIR / ".build"))
     for name in order:
+        parent = specs[name].parent
+        if parent is not None and parent not in specs:
+            # A built-in parent: its pinned ID, as the built-in lock says (never rebuilt here).
+            pinned = lock.get(parent)
+            if pinned is not None:
+                b.ids[parent] = pinned.id
+            else:
+                progress(f"{name}: the built-in parent {parent} is not pinned: run `make images`")
         b.process(name)
     written = None
     if b.lock_changed:
-        written = b.lock.write(lock_path)
+        written = b.lock.write(lock.path)
         progress(f"wrote {written}")
     return BuildReport(tuple(b.built), tuple(b.loaded), tuple(b.up_to_date), tuple(b.blocked),
                        tuple(b.drifts), written)

@@ -1,7 +1,11 @@
-"""`ringfence images fetch|build|verify`.
+"""`ringfence images fetch|build|verify|adopt`.
 
 `register(subparsers)` adds the `images` command to a parent argparse parser; each leaf sets
 `func(args) -> exit code`. Standalone: `python -m sandbox.images.cli build --update-lock`.
+
+Every command takes `--images-dir DIR`: a user's images dir, layered over the built-in one
+(sandbox.images.spec says how names resolve), with its lock at DIR/images.lock and its build
+cache at DIR/.build. Without it, the built-in images (the checkout's images/) as before.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from sandbox.errors import SandboxError
 
@@ -33,7 +38,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     progress = _progress_printer()
     try:
         report = build(args.names or None, update_lock=args.update_lock, force=args.force,
-                       progress=progress, lock_path=args.lock)
+                       progress=progress, lock_path=args.lock, images_dir=args.images_dir, offline=args.offline)
     except SandboxError as e:
         print(f"images build: {e}", file=sys.stderr)
         return EXIT_ERROR
@@ -53,7 +58,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     from sandbox.images.builder import fetch
 
     try:
-        fetch(force=args.force, progress=_progress_printer())
+        fetch(force=args.force, progress=_progress_printer(), images_dir=args.images_dir, lock_path=args.lock)
     except SandboxError as e:
         print(f"images fetch: {e}", file=sys.stderr)
         return EXIT_ERROR
@@ -62,12 +67,12 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from sandbox.images import engine
-    from sandbox.images.lock import load_lock
+    from sandbox.images.lock import IMAGES_DIR, lock_for
     from sandbox.images.pinned import verify
 
     try:
-        lock = load_lock(args.lock)
-        problems = verify(engine.client_from_env(), lock)
+        lock = lock_for(args.images_dir, args.lock)
+        problems = verify(engine.client_from_env(), lock, images_dir=args.images_dir or IMAGES_DIR)
     except SandboxError as e:
         print(f"images verify: {e}", file=sys.stderr)
         return EXIT_ERROR
@@ -76,7 +81,26 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if problems:
         return EXIT_PROBLEMS
     for entry in lock.entries:
-        print(f"{entry.name}\t{entry.id}")
+        print(f"{entry.name}\t{entry.id}" + ("" if entry.reproducible else "\tadopted, not reproducible"))
+    return EXIT_OK
+
+
+def cmd_adopt(args: argparse.Namespace) -> int:
+    from sandbox.images import engine
+    from sandbox.images.adopt import adopt
+
+    try:
+        inspection, written = adopt(engine.client_from_env(), args.name, args.image, tool=args.tool,
+                                    images_dir=args.images_dir, lock_path=args.lock)
+    except SandboxError as e:
+        print(f"images adopt: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    print(f"{args.name}: {inspection.image_id}\n{inspection.describe()}", file=sys.stderr)
+    if written is None:
+        failed = ", ".join(c.name for c in inspection.failed)
+        print(f"images adopt: {args.name} refused ({failed}); the lock was not changed", file=sys.stderr)
+        return EXIT_PROBLEMS
+    print(f"{args.name}\t{inspection.image_id}\tadopted, not reproducible, pinned in {written}")
     return EXIT_OK
 
 
@@ -84,20 +108,35 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     images = subparsers.add_parser("images", help="build and verify the pinned sandbox images")
     sub = images.add_subparsers(dest="images_command", required=True)
 
-    f = sub.add_parser("fetch", help="download the root images' packages (the only network step) if absent")
-    f.add_argument("--force", action="store_true", help="download again even when present")
+    def where(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--images-dir", type=Path, default=None, metavar="DIR",
+                       help="a user's images dir, over the built-in images (default: the built-in ones)")
+        p.add_argument("--lock", default=None, help="lock file (default: images.lock in the images dir)")
+
+    f = sub.add_parser("fetch", help="download what the images are installed from (the only network step) if absent")
+    f.add_argument("--force", action="store_true", help="download root package tarballs again even when present")
+    where(f)
     f.set_defaults(func=cmd_fetch)
 
     b = sub.add_parser("build", help="build images that are missing or stale")
     b.add_argument("names", nargs="*", metavar="NAME", help="images to build (default: all)")
     b.add_argument("--update-lock", action="store_true", help="accept new IDs into images.lock")
     b.add_argument("--force", action="store_true", help="rebuild even when up to date")
-    b.add_argument("--lock", default=None, help="lock file (default: images/images.lock)")
+    b.add_argument("--offline", action="store_true",
+                   help="install only from the build cache (what `images fetch` left); download nothing")
+    where(b)
     b.set_defaults(func=cmd_build)
 
     v = sub.add_parser("verify", help="check every pinned image is in the engine with its locked ID")
-    v.add_argument("--lock", default=None, help="lock file (default: images/images.lock)")
+    where(v)
     v.set_defaults(func=cmd_verify)
+
+    a = sub.add_parser("adopt", help="pin an image built elsewhere (docker build) by ID, after checking it")
+    a.add_argument("name", metavar="NAME", help="the name tools and dispatch know it by")
+    a.add_argument("image", metavar="IMAGE_ID", help="the image's ID (or a tag: its ID is what is pinned)")
+    a.add_argument("--tool", action="store_true", help="a tool image: it must carry /opt/ringfence/runner.py")
+    where(a)
+    a.set_defaults(func=cmd_adopt)
     return images
 
 

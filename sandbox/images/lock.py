@@ -2,6 +2,20 @@
 
 The lock is committed. Dispatch trusts nothing but the IDs in it: a tag can be moved by
 anyone with the Docker socket, an image ID cannot be made to name other content.
+
+A user's images dir has a lock of its own (DIR/images.lock) holding the user's images only;
+`lock_for(DIR)` reads it with the built-in lock under it (`Lock.inherited`), so a name is
+looked up in the user's lock first, then in the built-in one: the search order of
+sandbox.images.spec. Writing a lock writes its own entries only.
+
+An entry is one of:
+- built here from a spec: `inputs_sha256` (the spec), parent and parent_id, and what went in:
+  a root's package manifest (`packages`, "name=version"), a child's pinned Debian packages
+  with the dependencies they pulled (`debs`) and wheels (`wheels`), each with its file's sha256;
+- adopted (`ringfence images adopt`): built elsewhere, admitted by ID after the checks of
+  sandbox.images.adopt; `"reproducible": false` (nothing here can rebuild it, so its ID is the
+  whole of what is known: `inputs_sha256` is the ID itself), and `"tool": true` when it was
+  checked for the runner.
 """
 
 from __future__ import annotations
@@ -14,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.errors import ImageError
+from sandbox.images.pins import LockedDeb, LockedWheel
 
 LOCK_ENV = "RINGFENCE_IMAGES_LOCK"
 IMAGES_DIR_ENV = "RINGFENCE_IMAGES_DIR"
@@ -59,6 +74,14 @@ class LockEntry:
     parent_id: str | None = None
     # Root images only: "package=version" lines, sorted (the answer to "what changed?").
     packages: tuple[str, ...] = ()
+    # Child images only: the Debian packages installed from .debs (pinned ones and what they
+    # pulled in) and the wheels, sorted by name.
+    debs: tuple[LockedDeb, ...] = ()
+    wheels: tuple[LockedWheel, ...] = ()
+    # False for an adopted image (built elsewhere; `images build` cannot reproduce it).
+    reproducible: bool = True
+    # Adopted images only: admitted as a tool image (the runner was checked for).
+    tool: bool = False
 
     def __post_init__(self) -> None:
         if not _ID.fullmatch(self.id):
@@ -68,6 +91,12 @@ class LockEntry:
         if self.parent_id is not None and not _ID.fullmatch(self.parent_id):
             raise ImageError(f"lock entry {self.name!r}: bad parent_id {self.parent_id!r}")
         object.__setattr__(self, "packages", tuple(self.packages))
+        object.__setattr__(self, "debs", tuple(sorted(self.debs, key=lambda d: d.name)))
+        object.__setattr__(self, "wheels", tuple(sorted(self.wheels, key=lambda w: w.name)))
+        if not self.reproducible and (self.parent is not None or self.packages or self.debs or self.wheels):
+            raise ImageError(f"lock entry {self.name!r}: an adopted image records its ID only")
+        if self.tool and self.reproducible:
+            raise ImageError(f"lock entry {self.name!r}: 'tool' marks an adopted image")
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -78,13 +107,46 @@ class LockEntry:
         }
         if self.packages:
             doc["packages"] = list(self.packages)
+        # Written only when present, so the entries of images that pin nothing (every built-in
+        # one) are byte for byte what they were.
+        if self.debs:
+            doc["debs"] = [d.to_json() for d in self.debs]
+        if self.wheels:
+            doc["wheels"] = [w.to_json() for w in self.wheels]
+        if not self.reproducible:
+            doc["reproducible"] = False
+            doc["tool"] = self.tool
         return doc
+
+    @classmethod
+    def from_json(cls, name: str, item: dict[str, Any]) -> LockEntry:
+        debs, wheels = item.get("debs", []), item.get("wheels", [])
+        if not isinstance(debs, list) or not isinstance(wheels, list):
+            raise TypeError("debs and wheels are lists")
+        reproducible, tool = item.get("reproducible", True), item.get("tool", False)
+        if not isinstance(reproducible, bool) or not isinstance(tool, bool):
+            raise TypeError("reproducible and tool are true or false")
+        return cls(
+            name=name,
+            id=item["id"],
+            inputs_sha256=item["inputs_sha256"],
+            parent=item.get("parent"),
+            parent_id=item.get("parent_id"),
+            packages=tuple(item.get("packages", ())),
+            debs=tuple(LockedDeb.from_json(d) for d in debs),
+            wheels=tuple(LockedWheel.from_json(w) for w in wheels),
+            reproducible=reproducible,
+            tool=tool,
+        )
 
 
 @dataclass(frozen=True)
 class Lock:
     entries: tuple[LockEntry, ...] = ()
     path: Path | None = field(default=None, compare=False)
+    # The built-in lock under a user's one: names this lock lacks are looked up there (get,
+    # entry, image_id, ids). Never written with this lock.
+    inherited: Lock | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "entries", tuple(sorted(self.entries, key=lambda e: e.name)))
@@ -92,8 +154,10 @@ class Lock:
         if len(by_name) != len(self.entries):
             raise ImageError("images.lock names an image twice")
         for e in self.entries:
-            if e.parent is not None and e.parent not in by_name:
-                raise ImageError(f"images.lock: {e.name!r} names unknown parent {e.parent!r}")
+            if e.parent is not None and e.parent not in by_name and (
+                    self.inherited is None or self.inherited.get(e.parent) is None):
+                raise ImageError(f"{self.path or 'images.lock'}: {e.name!r} names unknown parent {e.parent!r}"
+                                 + ("" if self.inherited else " (a user's lock is read with lock_for(its dir))"))
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -103,7 +167,11 @@ class Lock:
         for e in self.entries:
             if e.name == name:
                 return e
-        return None
+        return self.inherited.get(name) if self.inherited is not None else None
+
+    def owns(self, name: str) -> bool:
+        """True when `name` is this lock's own entry (not one of the inherited lock's)."""
+        return any(e.name == name for e in self.entries)
 
     def entry(self, name: str) -> LockEntry:
         e = self.get(name)
@@ -117,7 +185,8 @@ class Lock:
         return self.entry(name).id
 
     def ids(self) -> frozenset[str]:
-        return frozenset(e.id for e in self.entries)
+        own = frozenset(e.id for e in self.entries)
+        return own | self.inherited.ids() if self.inherited is not None else own
 
     def with_entry(self, entry: LockEntry) -> Lock:
         rest = [e for e in self.entries if e.name != entry.name]
@@ -128,7 +197,7 @@ class Lock:
         return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
 
     @classmethod
-    def from_bytes(cls, data: bytes, path: Path | None = None) -> Lock:
+    def from_bytes(cls, data: bytes, path: Path | None = None, inherited: Lock | None = None) -> Lock:
         where = path or "images.lock"
         try:
             doc = json.loads(data)
@@ -144,19 +213,10 @@ class Lock:
             if not isinstance(item, dict):
                 raise ImageError(f"{where}: entry {name!r} must be an object")
             try:
-                entries.append(
-                    LockEntry(
-                        name=name,
-                        id=item["id"],
-                        inputs_sha256=item["inputs_sha256"],
-                        parent=item.get("parent"),
-                        parent_id=item.get("parent_id"),
-                        packages=tuple(item.get("packages", ())),
-                    )
-                )
+                entries.append(LockEntry.from_json(name, item))
             except (KeyError, TypeError) as err:
                 raise ImageError(f"{where}: entry {name!r} is malformed: {err!r}") from err
-        return cls(tuple(entries), path)
+        return cls(tuple(entries), path, inherited)
 
     def write(self, path: Path | None = None) -> Path:
         path = Path(path or self.path or default_lock_path())
@@ -166,8 +226,9 @@ class Lock:
         return path
 
 
-def load_lock(path: str | os.PathLike[str] | None = None) -> Lock:
-    """Read the lock (default: $RINGFENCE_IMAGES_LOCK, else images.lock in images_dir())."""
+def load_lock(path: str | os.PathLike[str] | None = None, *, inherited: Lock | None = None) -> Lock:
+    """Read the lock (default: $RINGFENCE_IMAGES_LOCK, else images.lock in images_dir()).
+    `inherited`: the lock under it (a user's lock: the built-in one; see lock_for)."""
     path = Path(path) if path is not None else default_lock_path()
     try:
         data = path.read_bytes()
@@ -176,7 +237,37 @@ def load_lock(path: str | os.PathLike[str] | None = None) -> Lock:
                          f"or set {IMAGES_DIR_ENV} / {LOCK_ENV}") from e
     except OSError as e:
         raise ImageError(f"cannot read {path}: {e}") from e
-    return Lock.from_bytes(data, path)
+    return Lock.from_bytes(data, path, inherited)
+
+
+def is_builtin(images_dir: str | os.PathLike[str] | None) -> bool:
+    """Whether `images_dir` is the built-in images dir (None means it too)."""
+    return images_dir is None or Path(images_dir).resolve() == IMAGES_DIR.resolve()
+
+
+def builtin_lock() -> Lock | None:
+    """The built-in lock, or None when there is none yet (before the first `make images`)."""
+    path = default_lock_path()
+    return load_lock(path) if path.is_file() else None
+
+
+def lock_for(images_dir: str | os.PathLike[str] | None = None, lock_path: str | os.PathLike[str] | None = None,
+             *, missing_ok: bool = False) -> Lock:
+    """The lock of an images dir as dispatch and the builder see it: DIR/images.lock (or
+    `lock_path`), over the built-in lock when DIR is a user's dir (None: the built-in dir).
+
+    `missing_ok`: a dir with no lock yet gives an empty lock to fill (the first build);
+    otherwise a missing lock is an ImageError, as for load_lock."""
+    if is_builtin(images_dir):
+        path = Path(lock_path) if lock_path is not None else default_lock_path()
+        inherited = None
+    else:
+        assert images_dir is not None  # is_builtin(None) is True
+        path = Path(lock_path) if lock_path is not None else Path(images_dir) / "images.lock"
+        inherited = builtin_lock()
+    if missing_ok and not path.exists():
+        return Lock(path=path, inherited=inherited)
+    return load_lock(path, inherited=inherited)
 
 
 def package_diff(old: tuple[str, ...], new: tuple[str, ...]) -> list[str]:

@@ -25,6 +25,45 @@ and exposed ports are merged). A child spec, e.g. `images/egress-proxy/image.jso
 
 with its files under `images/egress-proxy/rootfs/` (e.g. `rootfs/opt/ringfence/proxy.py`).
 Then `ringfence images build --update-lock egress-proxy` pins it; no Python changes.
+
+A child may also pin dependencies, each installed offline into a layer of its own (below its
+rootfs/ layer, so its own files win):
+
+    "packages": ["jq=1.6-2.1+deb12u2"],            exact Debian versions (sandbox.images.debs)
+    "wheels": [{"name": "tabulate", "version": "0.9.0",
+                "sha256": "024ca478df22e9340661486f85298cff5f6dcdba14f3813e8830015b9ed1948f"}]
+                                                   exact files (sandbox.images.wheels), put in
+                                                   /opt/ringfence/site, which the runner adds to
+                                                   sys.path
+
+`ringfence images fetch` downloads them (with the dependencies the packages need) into the
+build cache; `build` installs from there and never touches the network for them.
+
+Images in the user's project
+----------------------------
+An images dir is a folder of `<name>/image.json` (+ rootfs/), its `images.lock`, and its
+build cache `.build/`. The built-in one (sandbox.images.lock.IMAGES_DIR: the checkout's
+images/, else the copy shipped in the wheel, or $RINGFENCE_IMAGES_DIR) is always there; a
+user's own dir (`--images-dir DIR`, or `[images] dir` in the server's config) is layered over
+it, with ONE search order for every name, a spec's parent as much as the image a tool's
+manifest names at dispatch:
+
+    1. the user's dir (its specs, and its images.lock),
+    2. then the built-in dir (its specs, and its images.lock).
+
+So a user's child may say `"parent": "tool"` and get the built-in tool image, and a user's
+image of the same name as a built-in one shadows it everywhere (a dir of its own "base" is
+self-contained, as the unit tests build); above a built-in image the chain stays built-in
+(the built-in lock pinned "tool" on the built-in "base", whatever a user names "base"), and no
+spec is its own parent. The user's lock holds the user's images only, each
+child of a built-in image recording the built-in lock's ID of that parent: a user's build
+never builds, retags or re-pins a built-in image; it reads the parent's layers from the
+built-in build cache, else from the engine (`docker save` of the pinned ID), else asks for
+`make images`. When ringfence's own lock moves (an upgrade re-pins "tool"), `verify` reports
+the user's child as built on the old parent until it is rebuilt with --update-lock. A spec's
+`files` resolve against the images dir's parent folder (the user's project, like the checkout
+for the built-in images); Debian packages come from the suite and mirror of the root image
+the chain starts from.
 """
 
 from __future__ import annotations
@@ -36,22 +75,28 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from sandbox.errors import ImageError
 from sandbox.images.archive import ContainerConfig, tree_entries
+from sandbox.images.pins import DebPin, WheelPin, normalize_wheel_name
 
 # Bump when the way images are assembled changes (cleaning rules, tar writer, config shape):
 # it is part of every spec's input hash, so the change shows up as stale images.
 BUILDER_VERSION = 2
+# Bump when the way pinned packages or wheels are laid into their layers changes. Hashed only
+# into specs that pin some, so adding the feature left every existing image's inputs as they were.
+DEPS_VERSION = 1
 
 NAME = re.compile(r"[a-z][a-z0-9-]{0,62}")
+_Pin = TypeVar("_Pin", DebPin, WheelPin)
 _PORT = re.compile(r"\d{1,5}/(tcp|udp)")
 _KEYS = {
     "parent", "debootstrap", "account", "entrypoint", "cmd", "user", "workdir", "env",
-    "labels", "exposed_ports", "description", "files",
+    "labels", "exposed_ports", "description", "files", "packages", "wheels",
 }
 
 
@@ -95,6 +140,9 @@ class ImageSpec:
     # modules the host imports too (the egress proxy's), so the image and the tests run the
     # same file instead of a copy that can drift.
     files: tuple[tuple[str, str], ...] = ()
+    # Children only: exact Debian packages and exact wheel files (see the module docstring).
+    packages: tuple[DebPin, ...] = ()
+    wheels: tuple[WheelPin, ...] = ()
     raw: bytes = field(default=b"", repr=False)
 
     @property
@@ -148,6 +196,8 @@ class ImageSpec:
         """
         h = hashlib.sha256()
         h.update(f"builder={BUILDER_VERSION}\n".encode())
+        if self.packages or self.wheels:
+            h.update(f"deps={DEPS_VERSION}\n".encode())
         h.update(json.dumps(json.loads(self.raw), sort_keys=True, separators=(",", ":")).encode())
         h.update(b"\n")
         with self.overlay() as tree:
@@ -211,6 +261,10 @@ def load_spec(directory: Path) -> ImageSpec:
             raise ImageError(f"{path}: parent must name another image")
         if "debootstrap" in doc or "account" in doc:
             raise ImageError(f"{path}: only a root image takes debootstrap/account")
+    if parent is None and ("packages" in doc or "wheels" in doc):
+        # A root image's packages are its debootstrap.include, installed by dpkg with their
+        # maintainer scripts; pinned packages are for the layers above it.
+        raise ImageError(f"{path}: packages/wheels are for child images (a root image uses debootstrap.include)")
     ports = doc.get("exposed_ports") or []
     ports = [f"{p}/tcp" if isinstance(p, int) else p for p in ports]
     if not all(isinstance(p, str) and _PORT.fullmatch(p) for p in ports):
@@ -232,8 +286,25 @@ def load_spec(directory: Path) -> ImageSpec:
         labels=_str_map(name, "labels", doc.get("labels")) or (),
         exposed_ports=tuple(ports),
         files=_files(path, doc.get("files")),
+        packages=_pins(path, doc.get("packages"), DebPin.parse, lambda p: p.name),
+        wheels=_pins(path, doc.get("wheels"), WheelPin.parse, lambda p: normalize_wheel_name(p.name)),
         raw=raw,
     )
+
+
+def _pins(path: Path, value: object, parse: Callable[[object, str], _Pin],
+          key: Callable[[_Pin], str]) -> tuple[_Pin, ...]:
+    """A list of pins, each name at most once (two versions of one package cannot both be)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ImageError(f"{path}: packages and wheels are lists")
+    pins = [parse(item, str(path)) for item in value]
+    names = [key(p) for p in pins]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ImageError(f"{path}: pinned more than once: {', '.join(twice)}")
+    return tuple(sorted(pins, key=key))
 
 
 def _files(path: Path, value: object) -> tuple[tuple[str, str], ...]:
@@ -251,29 +322,61 @@ def _files(path: Path, value: object) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def load_specs(images_dir: Path) -> dict[str, ImageSpec]:
-    """Every `images/*/image.json`, checked for unknown parents and cycles."""
+def load_specs(images_dir: Path, inherited: Mapping[str, ImageSpec] | None = None) -> dict[str, ImageSpec]:
+    """Every `<images_dir>/*/image.json`, checked for unknown parents and cycles.
+
+    `inherited`: the built-in specs a user's dir is layered over (see the module docstring);
+    a parent is looked up in `images_dir` first, then there. Only `images_dir`'s own specs are
+    returned."""
     images_dir = Path(images_dir)
+    inherited = inherited or {}
     specs = {}
     for child in sorted(images_dir.iterdir()) if images_dir.is_dir() else ():
         if child.is_dir() and (child / "image.json").is_file():
             spec = load_spec(child)
             specs[spec.name] = spec
     for spec in specs.values():
+        # Cycles are only possible among the user's own specs; ancestors() then walks them.
         seen = {spec.name}
         p = spec.parent
-        while p is not None:
-            if p not in specs:
-                raise ImageError(f"images/{spec.name}: parent {p!r} has no spec")
+        while p is not None and p in specs:
             if p in seen:
                 raise ImageError(f"images/{spec.name}: parent cycle through {p!r}")
             seen.add(p)
             p = specs[p].parent
+        if p is not None and p not in inherited:
+            raise ImageError(f"images/{spec.name}: parent {p!r} has no spec"
+                             + (" here or among the built-in images" if inherited else ""))
     return specs
 
 
+def ancestors(spec: ImageSpec, own: Mapping[str, ImageSpec],
+              inherited: Mapping[str, ImageSpec]) -> list[tuple[ImageSpec, bool]]:
+    """`spec`'s parent, grandparent, ... up to the root, each with whether it is the user's
+    own (True) or built-in. The search order applies to each parent name, except that above a
+    built-in image the chain stays built-in (the built-in lock pinned it on those parents)."""
+    out: list[tuple[ImageSpec, bool]] = []
+    here_own = spec.name in own and own[spec.name] is spec
+    while (parent := spec.parent) is not None:
+        if here_own and parent in own:
+            spec = own[parent]
+        elif parent in inherited:
+            spec, here_own = inherited[parent], False
+        else:
+            raise ImageError(f"images/{spec.name}: parent {parent!r} has no spec")
+        out.append((spec, here_own))
+    return out
+
+
+def root_of(spec: ImageSpec, own: Mapping[str, ImageSpec], inherited: Mapping[str, ImageSpec]) -> ImageSpec:
+    """The root image (debootstrap) a chain of children starts from."""
+    chain = ancestors(spec, own, inherited)
+    return chain[-1][0] if chain else spec
+
+
 def build_order(specs: dict[str, ImageSpec], names: list[str] | None) -> list[str]:
-    """`names` (default: all) and their ancestors, parents before children."""
+    """`names` (default: all) and their ancestors among `specs`, parents before children.
+    (A parent outside `specs`, a built-in one under a user's dir, is not built here.)"""
     wanted = list(specs) if not names else list(names)
     for n in wanted:
         if n not in specs:
@@ -284,7 +387,7 @@ def build_order(specs: dict[str, ImageSpec], names: list[str] | None) -> list[st
         if n in order:
             return
         p = specs[n].parent
-        if p is not None:
+        if p is not None and p in specs:
             visit(p)
         order.append(n)
 

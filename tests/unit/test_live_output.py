@@ -13,6 +13,7 @@ import threading
 from typing import Any
 
 import pytest
+from control_support import AGENT, FakeClock, Harness
 
 from control import guardrails
 from control.model import ObservationStatus as S
@@ -28,7 +29,6 @@ from control.orchestration.live_output import (
 )
 from control.state import EventType, RunState
 from sandbox.result import Outcome, SandboxResult, ToolErrorClass
-from tests.unit.control_support import AGENT, FakeClock, Harness
 
 SECRET = "AKIAIOSFODNN7EXAMPLE"  # an AWS access key id, as the scanner knows them
 

@@ -14,6 +14,7 @@ import threading
 from typing import Any
 
 import pytest
+from control_support import AGENT, STRANGER, Harness, content_result, error_result
 
 from control.config import FilesConfig, WorkspaceConfig, load_config
 from control.errors import ConfigError, FailedPrecondition, InvalidArgument, NotFound, Unavailable
@@ -25,7 +26,6 @@ from control.store.base import StoreUnavailable
 from control.tools import BUILTIN_DIR, manifest_files
 from sandbox.profile import MiB, WorkspaceMount
 from sandbox.workspace import WorkspaceSpec, volume_name
-from tests.unit.control_support import AGENT, STRANGER, Harness, content_result, error_result
 
 RULES = [{"tool": t, "verdict": "allow"} for t in ("echo", "fail", "ws_read", "ws_write", "ws_note")] + [
     {"tool": "credit", "verdict": "ask", "when": {"amount": {"lte": 100}}}]

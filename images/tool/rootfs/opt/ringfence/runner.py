@@ -8,6 +8,11 @@ Failure:  {"ok": false, "error": {"class": "invalid|transient|rate_limited|fatal
 Run as `python3 -I -S -B runner.py`: -I ignores PYTHON* variables and keeps the working
 directory off sys.path, -S skips site (no site-packages), -B writes no bytecode (the root is
 read-only). Tools are loaded by file path from tools/ next to this file, never by sys.path.
+
+Third-party modules: the wheels a child image pins are unpacked into /opt/ringfence/site
+(sandbox.images.wheels). -S means nothing adds a site folder, so this file appends that one to
+sys.path when it exists: after the standard library (a wheel cannot shadow a stdlib module),
+and without reading .pth files (which run code at start-up).
 """
 
 import importlib.util
@@ -20,6 +25,10 @@ MAX_REQUEST = 4 * 1024 * 1024
 EXIT_OK, EXIT_TOOL_ERROR = 0, 3
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOOL_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+SITE = "/opt/ringfence/site"
+
+if os.path.isdir(SITE):
+    sys.path.append(SITE)
 
 
 def _load_module(name, path):
