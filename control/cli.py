@@ -1,5 +1,5 @@
-"""The `ringfence` command: serve the control plane, run sandboxes, build and verify images, inspect
-and verify the runs in the event store."""
+"""The `ringfence` command: serve the control plane, run sandboxes, build and verify images, write
+and check your own tools, inspect and verify the runs in the event store."""
 
 from __future__ import annotations
 
@@ -20,11 +20,16 @@ def build_parser() -> argparse.ArgumentParser:
     # before optional parts (e.g. the generated gRPC code) are present.
     from control.store import cli as store_cli
     from sandbox import cli as sandbox_cli
+    from sandbox.conformance import cli as conformance_cli
     from sandbox.images import cli as images_cli
 
     sandbox_cli.register(sub)
     images_cli.register(sub)
+    conformance_cli.register(sub)
     store_cli.register(sub)
+    from control.toolpkg import cli as tools_cli
+
+    tools_cli.register(sub)  # `tools new|check`: your own tools (`tools [QUERY]` is people_cli's)
     try:
         from control.api import serve
     except ImportError:
@@ -59,8 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from control.toolpkg.cli import route
+
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(route(list(sys.argv[1:] if argv is None else argv)))
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

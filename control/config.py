@@ -218,6 +218,44 @@ class FilesConfig:
 
 
 @dataclass(frozen=True)
+class ToolsConfig:
+    """Tool packages and the ceilings a tool's manifest may ask for, from `[tools]`
+    (control.toolpkg; docs/TOOLS.md). A manifest whose limits are over a cap is refused when
+    the server starts (a ConfigError naming the manifest and the limit) and by `ringfence tools
+    check`. The defaults admit every built-in tool."""
+
+    packages: tuple[Path, ...] = ()
+    """Folders of tool packages, relative to the config file: every sub-folder holding a
+    manifest.json is a package (a folder that holds one itself is a single package). Loaded
+    beside the built-in tools (`tools_dir`); a tool name defined twice is a ConfigError naming
+    both places."""
+    max_memory_bytes: int = 1 * GiB
+    """The largest `limits.memory_bytes` a manifest may ask for (at most 8 GiB, the sandbox's own)."""
+    max_cpus: float = 2.0
+    """The largest `limits.cpus` (at most 2, the sandbox's own)."""
+    max_pids: int = 256
+    """The largest `limits.pids` (at most 4096)."""
+    max_timeout_s: float = 300.0
+    """The largest `limits.timeout_s`, seconds (at most 3600)."""
+    max_stdout_limit: int = 16 * MiB
+    """The largest `limits.stdout_limit`, bytes (at most 64 MiB)."""
+    max_stderr_limit: int = 16 * MiB
+    """The largest `limits.stderr_limit`, bytes (at most 64 MiB)."""
+
+    def caps(self) -> dict[str, float]:
+        """manifest limit name -> its cap (`memory_bytes` -> max_memory_bytes, ...)."""
+        return {name: float(getattr(self, f"max_{name}")) for name in TOOL_LIMIT_CAPS}
+
+
+# A manifest's limits with a cap in `[tools]`, and the sandbox's own ceiling of each
+# (sandbox.profile.SandboxProfile), past which no config may set a cap.
+TOOL_LIMIT_CAPS: dict[str, float] = {
+    "memory_bytes": 8 * GiB, "cpus": 2.0, "pids": 4096, "timeout_s": 3600.0,
+    "stdout_limit": 64 * MiB, "stderr_limit": 64 * MiB,
+}
+
+
+@dataclass(frozen=True)
 class Config:
     state_dir: Path
     listen: str
@@ -244,6 +282,9 @@ class Config:
     database_url: str = ""
     """postgresql://... to keep the event log in PostgreSQL (several instances may share it);
     empty: SQLite under state_dir."""
+
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
+    """`[tools]`: folders of tool packages, and the caps of a tool's limits."""
 
     images_dir: Path | None = None
     """`[images] dir`: the user's images dir (image specs and their images.lock), relative to
@@ -317,7 +358,7 @@ def _known(key: str, table: Mapping[str, Any], allowed: set[str]) -> None:
 def parse_config(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> Config:
     base_dir = base_dir or Path.cwd()
     _known("", raw, {"state_dir", "listen", "tools_dir", "tenants", "policy", "limits", "inputs", "egress",
-                     "pool", "database_url", "routing", "workspace", "files", "images"})
+                     "pool", "database_url", "routing", "workspace", "files", "images", "tools"})
     state_dir = Path(_expect("state_dir", raw.get("state_dir", "./.state"), str, "a path"))
     if not state_dir.is_absolute():
         state_dir = base_dir / state_dir
@@ -353,6 +394,7 @@ def parse_config(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> Con
     workspace = _parse_workspace(_expect("workspace", raw.get("workspace", {}), Mapping, "a table"))
     files = _parse_files(_expect("files", raw.get("files", {}), Mapping, "a table"))
     images_dir = _parse_images(_expect("images", raw.get("images", {}), Mapping, "a table"), base_dir)
+    tools = _parse_tools(_expect("tools", raw.get("tools", {}), Mapping, "a table"), base_dir)
     database_url = _expect("database_url", raw.get("database_url", ""), str, "a postgresql:// URL")
     if database_url and not database_url.startswith(("postgresql://", "postgres://")):
         raise ConfigError("database_url", "must be a postgresql:// URL (or empty for SQLite)")
@@ -371,7 +413,35 @@ def parse_config(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> Con
         workspace=workspace,
         files=files,
         images_dir=images_dir,
+        tools=tools,
     )
+
+
+def _parse_tools(raw: Mapping[str, Any], base_dir: Path) -> ToolsConfig:
+    _known("tools", raw, {f.name for f in fields(ToolsConfig)})
+    folders = _expect("tools.packages", raw.get("packages", []), list, "a list of folders")
+    packages = []
+    for i, value in enumerate(folders):
+        key = f"tools.packages[{i}]"
+        path = Path(_expect(key, value, str, "a folder"))
+        if not path.is_absolute():
+            path = base_dir / path
+        if not path.is_dir():
+            raise ConfigError(key, f"{path} is not a directory")
+        packages.append(path)
+    d = ToolsConfig()
+    caps: dict[str, Any] = {}
+    for name, ceiling in TOOL_LIMIT_CAPS.items():
+        key = f"max_{name}"
+        value = raw.get(key, getattr(d, key))
+        if name in ("cpus", "timeout_s"):
+            value = float(_expect(f"tools.{key}", value, (int, float), "a number"))
+        else:
+            _expect(f"tools.{key}", value, int, "an integer")
+        if not 0 < value <= ceiling:
+            raise ConfigError(f"tools.{key}", f"must be positive and at most {ceiling:g} (the sandbox's own ceiling)")
+        caps[key] = value
+    return ToolsConfig(packages=tuple(packages), **caps)
 
 
 def _parse_images(raw: Mapping[str, Any], base_dir: Path) -> Path | None:

@@ -1,5 +1,9 @@
 """The tool registry: manifests parsed, checked and looked up by name.
 
+docs/TOOLS.md documents every field of a manifest (and tests/unit/test_toolpkg.py checks that
+it names every key this parser accepts); control.toolpkg loads manifests from tool packages
+and from the built-in folder with these rules.
+
 The registry describes tools; it never decides whether a call is permitted (it does not import
 policy): a tool must not be able to describe itself as allowed. `ToolView`, what callers see,
 carries the argument schema only, never risk metadata, roots or hosts.

@@ -9,7 +9,8 @@ prune`, which read the event store directly, see control/store/cli.py):
     approvals [approve|decline ID]   list pending approvals, decide one
     runs [list]             the runs this token's tenant can see
     run RUN_ID              one run: status, outcome, trajectory, pending approvals
-    tools [QUERY]           the tools, their descriptions and JSON Schemas
+    tools [QUERY]           the tools, their descriptions and JSON Schemas (`tools new|check`,
+                            your own tools without a server, are control/toolpkg/cli.py's)
 
 Common options: --server HOST:PORT (default $RINGFENCE_SERVER, else 127.0.0.1:50051), the bearer
 token from an environment variable ($RINGFENCE_TOKEN, or the one --token-env names; never on
@@ -1243,10 +1244,15 @@ def register(subparsers: SubParsers) -> None:
     p.set_defaults(func=_guarded("run", cmd_run_show))
 
     p = _parser(
-        subparsers, "tools", common, help="the tools: names, descriptions, JSON Schemas of their arguments (gRPC)",
+        subparsers, "tools", common,
+        help="the tools: names, descriptions, JSON Schemas (gRPC); `tools new|check`: your own tools",
         description=("List the tools an agent may propose, with each one's description and the JSON Schema "
-                     "its arguments must satisfy. QUERY narrows the list to the tools that match it."),
-        examples="  ringfence tools\n  ringfence tools credit --json")
+                     "its arguments must satisfy. QUERY narrows the list to the tools that match it. Your own "
+                     "tools, without a server: `ringfence tools new NAME` scaffolds a tool package, `ringfence "
+                     "tools check DIR...` checks one (each has --help; docs/TOOLS.md). A QUERY that is "
+                     "literally new or check: `ringfence tools -- new`."),
+        examples="  ringfence tools\n  ringfence tools credit --json\n  ringfence tools new jq_table\n"
+                 "  ringfence tools check tools/jq_table --config ringfence.toml")
     p.add_argument("query", metavar="QUERY", nargs="?", default="", help="narrow to tools matching this text")
     p.set_defaults(func=_guarded("tools", cmd_tools))
 

@@ -1,6 +1,8 @@
 """`ringfence serve`: the control plane's gRPC server, until SIGINT or SIGTERM.
 
-Builds the config (embedded defaults, then --config), the SQLite event store in the state
+Builds the config (embedded defaults, then --config), the tools (the built-in ones and the
+config's tool packages, control.toolpkg.packages: a bad manifest, a limit over the caps or a
+name defined twice exits 2 before anything else starts), the SQLite event store in the state
 directory, the Docker sandbox backend, the runs' workspaces on the same engine
 (sandbox.workspace.DockerWorkspaces: reaped at start and every workspace.reap_interval_s) and
 the Orchestrator; prints the address it listens on
@@ -128,6 +130,13 @@ def serve_command(args: argparse.Namespace) -> int:
                 raise ValueError("--database-url must be a postgresql:// URL")
             config = dataclasses.replace(config, database_url=args.database_url)
         listen = args.listen or config.listen
+        # The built-in tools and the config's tool packages, checked now (a bad manifest, a
+        # limit over the caps or a name defined twice is a configuration error: exit 2).
+        from control.registry import Registry
+        from control.toolpkg.packages import load_all
+
+        tools = load_all(config)
+        registry = Registry(t.manifest for t in tools)
         tls = _tls(args)
         metrics_at = _host_port(args.metrics_listen, "--metrics-listen") if args.metrics_listen else None
         otlp_endpoint = getattr(args, "otlp_endpoint", None)
@@ -197,7 +206,10 @@ def serve_command(args: argparse.Namespace) -> int:
         except Exception as e:  # noqa: BLE001 - sqlite3/psycopg/OSError: report, do not trace back
             print(f"error: cannot open the event log at {_redact_url(str(where))}: {e}", file=sys.stderr)
             return 1
-        orchestrator = Orchestrator.from_config(config, backend, store,
+        own = [f"{t.name} ({t.folder})" for t in tools if t.folder is not None]
+        if own:
+            print(f"ringfence: tool packages: {', '.join(own)}", file=sys.stderr, flush=True)
+        orchestrator = Orchestrator.from_config(config, backend, store, registry=registry,
                                                 workspaces=workspaces(backend, lock, str(where)))
         hooks: list[EventHook] = []
         if metrics_at is not None:

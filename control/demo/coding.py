@@ -103,8 +103,8 @@ class LiveEvents:
         try:
             for event in self._stream:
                 if event.type == "call_output" and event.data.get("stream") == "stderr":
-                    # stderr is the tool's progress; its stdout is the runner's one result line,
-                    # which comes back as the call's observation.
+                    # stderr is the tool's progress (stdout events would be a tool's own prints;
+                    # the runner's result line never is output: it is the call's observation).
                     for line in str(event.data.get("text", "")).splitlines():
                         print(f"      │ {line}", file=self.out, flush=True)
                 with self._cond:

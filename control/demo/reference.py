@@ -44,8 +44,11 @@ APPROVER_LIMIT = 100.0
 RUNBOOK_URL = "http://runbooks.internal.corp/runbooks/payment-failed"
 REFUND = {"account": "acme-9", "amount": 50, "reason": "INC-4471: refund of the double charge"}
 SUMMARY_PATH = "/output/incident-summary.md"
-CONTEXT_BUDGET = 2_400
-"""The agent's context budget in tokens (control.client.context): past it, older turns are folded."""
+CONTEXT_BUDGET = 2_800
+"""The agent's context budget in tokens (control.client.context): past it, older turns are folded.
+Sized for the built-in catalogue (every tool's schema is in each turn's context: 1927 tokens at
+turn 1, 2693 at turn 6, 2921 at turn 7 uncompacted), so that one compaction comes before turn 7;
+a bigger catalogue moves it earlier (tests/e2e/test_demo.py says so)."""
 
 
 def _summary(context: AgentContext) -> ModelTurn:

@@ -350,8 +350,8 @@ class Dispatcher:
                  live: bool = True) -> Attempt:
         # The call's output, as it runs, becomes call_output events (a reconciliation look-up is
         # not a call of the run: `live` False).
-        output = LiveOutput(repo=self.repo, state=state, call_id=a.call_id, attempt=n, clock=self._clock) \
-            if live else None
+        output = LiveOutput(repo=self.repo, state=state, call_id=a.call_id, attempt=n, clock=self._clock,
+                            protocol_stdout=True) if live else None
         warm = a.manifest.name not in self.config.pool.exclude and a.manifest.workspace is None
         request = SandboxRequest(profile=profile, argv=(), stdin=body, run_id=sandbox_run_id(state),
                                  call_id=f"{a.call_id}.a{n}", warm=warm, on_output=output)

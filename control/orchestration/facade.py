@@ -164,7 +164,11 @@ class Orchestrator:
     @classmethod
     def from_config(cls, config: Config, backend: SandboxBackend, store: EventStore,
                     clock: Callable[[], float] = time.time, **kwargs: Any) -> Orchestrator:
-        registry = kwargs.pop("registry", None) or Registry.from_dir(config.tools_dir)
+        # Default: the built-in tools and the config's tool packages (`[tools] packages`), each
+        # within the config's caps; a name defined twice is a ConfigError naming both.
+        from control.toolpkg.packages import registry_from_config
+
+        registry = kwargs.pop("registry", None) or registry_from_config(config)
         return cls(config=config, registry=registry, backend=backend, store=store, clock=clock, **kwargs)
 
     @property

@@ -16,6 +16,12 @@ call attempt turns those pieces into `call_output` events:
   BEFORE it is appended: the log never holds what it redacts. Private key material withholds
   the chunk and everything after it in that attempt, as it withholds a result.
 
+A tool run by the image's runner answers with one JSON line on stdout, its last (the runner
+protocol): that line is the call's result, recorded with `call_completed`, not output. With
+`protocol_stdout`, stdout's last line is held back until the attempt ends and dropped when it is
+the runner's result document; every line before it (a tool's own prints) is streamed, one line
+behind.
+
 Appends come from the backend's reading thread(s) while the dispatching thread waits for the
 call: `RunRepository.append` is atomic per run (its append lock), as it is for parallel reads,
 and the run's lease is the one its dispatcher holds. `close` runs on the dispatching thread
@@ -24,6 +30,7 @@ after the backend returned, before the attempt's `attempt` event.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable
@@ -106,11 +113,26 @@ def take_chunks(pending: bytearray, *, final: bool) -> list[bytes]:
     return chunks
 
 
+def _last_line_start(pending: bytearray) -> int:
+    """Where the last line of `pending` (complete or not) begins."""
+    return pending.rfind(b"\n", 0, max(len(pending) - 1, 0)) + 1
+
+
+def is_runner_result(line: bytes) -> bool:
+    """Whether `line` is the runner protocol's result document ({"ok": true|false, ...})."""
+    try:
+        doc = json.loads(line)
+    except ValueError:  # also UnicodeDecodeError
+        return False
+    return isinstance(doc, dict) and isinstance(doc.get("ok"), bool)
+
+
 class LiveOutput:
     """The `on_output` listener of one call attempt (see the module docstring)."""
 
     def __init__(self, *, repo: RunRepository, state: RunState, call_id: str, attempt: int,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], protocol_stdout: bool = False) -> None:
+        self._protocol_stdout = protocol_stdout
         self._repo = repo
         self._state = state
         self._call_id = call_id
@@ -158,7 +180,21 @@ class LiveOutput:
                 self._flush(name, s, now, final=True)
 
     def _flush(self, stream: str, s: _Stream, now: float, *, final: bool) -> None:
-        chunks = take_chunks(s.pending, final=final)
+        if self._protocol_stdout and stream == "stdout":
+            start = _last_line_start(s.pending)
+            if final:
+                if is_runner_result(bytes(s.pending[start:])):
+                    del s.pending[start:]  # the result: recorded with call_completed, not output
+            else:
+                held = bytes(s.pending[start:])  # may be the result: wait for the end
+                del s.pending[start:]
+                chunks = take_chunks(s.pending, final=False)
+                s.pending.extend(held)
+                self._emit(stream, s, now, chunks)
+                return
+        self._emit(stream, s, now, take_chunks(s.pending, final=final))
+
+    def _emit(self, stream: str, s: _Stream, now: float, chunks: list[bytes]) -> None:
         for chunk in chunks:
             s.seq += 1
             self._append(stream, s.seq, chunk)

@@ -39,6 +39,19 @@ rootfs/ layer, so its own files win):
 `ringfence images fetch` downloads them (with the dependencies the packages need) into the
 build cache; `build` installs from there and never touches the network for them.
 
+A child of a tool image may lay tool packages (control.toolpkg, docs/TOOLS.md) into its layer:
+
+    "tools": ["../../tools/jq_table"]              package folders, relative to the folder
+                                                   holding this image.json
+
+Each folder's last part is the tool's name ([a-z][a-z0-9_]{0,63}, each at most once); its
+`<name>.py` (a regular file, not a link) is laid at `/opt/ringfence/tools/<name>.py`, mode
+0644, where the runner loads tools. Nothing else of the package is laid: not its manifest (the
+control plane reads that from the package) and not its tests (`ringfence tools check` mounts
+the package read-only beside the image to run them). The code is part of the layer, so of the
+spec's inputs hash: a changed tool is a drifted image until it is rebuilt with --update-lock.
+A path rootfs/ or `files` lays too is refused.
+
 Images in the user's project
 ----------------------------
 An images dir is a folder of `<name>/image.json` (+ rootfs/), its `images.lock`, and its
@@ -96,8 +109,12 @@ _Pin = TypeVar("_Pin", DebPin, WheelPin)
 _PORT = re.compile(r"\d{1,5}/(tcp|udp)")
 _KEYS = {
     "parent", "debootstrap", "account", "entrypoint", "cmd", "user", "workdir", "env",
-    "labels", "exposed_ports", "description", "files", "packages", "wheels",
+    "labels", "exposed_ports", "description", "files", "packages", "wheels", "tools",
 }
+# Where the runner loads a tool's code from (images/tool/rootfs/opt/ringfence/runner.py), and
+# the names it accepts.
+TOOLS_PATH = "opt/ringfence/tools"
+TOOL_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
 
 @dataclass(frozen=True)
@@ -143,32 +160,60 @@ class ImageSpec:
     # Children only: exact Debian packages and exact wheel files (see the module docstring).
     packages: tuple[DebPin, ...] = ()
     wheels: tuple[WheelPin, ...] = ()
+    # Tool packages whose code this layer lays at /opt/ringfence/tools/<name>.py: the folders as
+    # given in the spec (relative to its directory), sorted.
+    tools: tuple[str, ...] = ()
     raw: bytes = field(default=b"", repr=False)
 
     @property
     def rootfs(self) -> Path:
         return self.directory / "rootfs"
 
+    def tool_sources(self) -> list[tuple[str, Path]]:
+        """(tool name, its code on the host) of each package in `tools`."""
+        out = []
+        for rel in self.tools:
+            folder = Path(os.path.normpath(self.directory / rel))
+            out.append((folder.name, folder / f"{folder.name}.py"))
+        return out
+
+    def lays_tool(self, name: str) -> Path | None:
+        """The host file this image's own layer lays at /opt/ringfence/tools/<name>.py (from
+        `tools`, `files` or rootfs/), or None when this layer lays no such file (a parent's
+        may: see `ancestors`)."""
+        target = f"{TOOLS_PATH}/{name}.py"
+        for tool, source in self.tool_sources():
+            if tool == name:
+                return source
+        for laid_at, repo_path in self.files:
+            if laid_at == target:
+                return self.directory.resolve().parent.parent / repo_path
+        candidate = self.rootfs / target
+        return candidate if candidate.is_file() else None
+
     @contextlib.contextmanager
     def overlay(self) -> Iterator[Path | None]:
-        """The tree this image's layer is made of: rootfs/ plus `files`, staged in a temp dir
-        when there are files (None when there is nothing at all)."""
-        if not self.files:
+        """The tree this image's layer is made of: rootfs/ plus `files` and the code of `tools`,
+        staged in a temp dir when there are any (None when there is nothing at all)."""
+        if not self.files and not self.tools:
             yield self.rootfs if self.rootfs.is_dir() else None
             return
         repo = self.directory.resolve().parent.parent
+        where = f"images/{self.name}/image.json"
         with tempfile.TemporaryDirectory(prefix=f"ringfence-{self.name}-overlay-") as tmp:
             staged = Path(tmp) / "rootfs"
             if self.rootfs.is_dir():
                 shutil.copytree(self.rootfs, staged, symlinks=True)
             staged.mkdir(exist_ok=True)
-            for target, source in self.files:
-                src = repo / source
+            laid = [(target, repo / source, f"files: {source}") for target, source in self.files]
+            laid += [(f"{TOOLS_PATH}/{name}.py", code, f"tools: {rel}")
+                     for rel, (name, code) in zip(self.tools, self.tool_sources(), strict=True)]
+            for target, src, what in laid:
                 if not src.is_file() or src.is_symlink():
-                    raise ImageError(f"images/{self.name}/image.json: files: {source} is not a regular file")
+                    raise ImageError(f"{where}: {what}: {src} is not a regular file")
                 dest = staged / target
                 if dest.exists():
-                    raise ImageError(f"images/{self.name}/image.json: files: {target} is also in rootfs/")
+                    raise ImageError(f"{where}: {what}: /{target} is also in rootfs/ (or laid twice)")
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(src, dest)
                 os.chmod(dest, 0o644)
@@ -261,10 +306,11 @@ def load_spec(directory: Path) -> ImageSpec:
             raise ImageError(f"{path}: parent must name another image")
         if "debootstrap" in doc or "account" in doc:
             raise ImageError(f"{path}: only a root image takes debootstrap/account")
-    if parent is None and ("packages" in doc or "wheels" in doc):
+    if parent is None and ("packages" in doc or "wheels" in doc or "tools" in doc):
         # A root image's packages are its debootstrap.include, installed by dpkg with their
         # maintainer scripts; pinned packages are for the layers above it.
-        raise ImageError(f"{path}: packages/wheels are for child images (a root image uses debootstrap.include)")
+        raise ImageError(f"{path}: packages/wheels/tools are for child images (a root image uses "
+                         "debootstrap.include, and has no runner to load tools)")
     ports = doc.get("exposed_ports") or []
     ports = [f"{p}/tcp" if isinstance(p, int) else p for p in ports]
     if not all(isinstance(p, str) and _PORT.fullmatch(p) for p in ports):
@@ -288,6 +334,7 @@ def load_spec(directory: Path) -> ImageSpec:
         files=_files(path, doc.get("files")),
         packages=_pins(path, doc.get("packages"), DebPin.parse, lambda p: p.name),
         wheels=_pins(path, doc.get("wheels"), WheelPin.parse, lambda p: normalize_wheel_name(p.name)),
+        tools=_tools(path, doc.get("tools")),
         raw=raw,
     )
 
@@ -305,6 +352,27 @@ def _pins(path: Path, value: object, parse: Callable[[object, str], _Pin],
     if twice:
         raise ImageError(f"{path}: pinned more than once: {', '.join(twice)}")
     return tuple(sorted(pins, key=key))
+
+
+def _tools(path: Path, value: object) -> tuple[str, ...]:
+    """`tools`: ["../../tools/jq_table"]: relative folders whose last part is a tool name, each
+    name at most once. Whether `<name>.py` is there is checked when the layer is made."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ImageError(f"{path}: tools must be a list of tool package folders")
+    names: dict[str, str] = {}
+    for rel in value:
+        if not isinstance(rel, str) or not rel or rel.startswith("/") or "\0" in rel:
+            raise ImageError(f"{path}: tools: {rel!r} must be a folder relative to the spec's folder")
+        name = Path(os.path.normpath(rel)).name
+        if not TOOL_NAME.fullmatch(name):
+            raise ImageError(f"{path}: tools: {rel!r}: the folder's name is the tool's name, "
+                             f"which must match {TOOL_NAME.pattern}")
+        if name in names:
+            raise ImageError(f"{path}: tools: {names[name]!r} and {rel!r} are both tool {name!r}")
+        names[name] = rel
+    return tuple(sorted(value))
 
 
 def _files(path: Path, value: object) -> tuple[tuple[str, str], ...]:

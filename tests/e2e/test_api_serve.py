@@ -106,7 +106,10 @@ def test_serve_refuses_a_bad_metrics_address_with_exit_2(tmp_path):
 
 
 def _containers_of(docker_client, pid: int, **filters):
-    return docker_client.containers.list(all=True, filters={"label": f"ringfence.pid={pid}", **filters})
+    # ignore_removed: the list inspects each container it found, and one may be gone by then
+    # (a call's container, or a workspace helper's, removed a moment after the listing).
+    return docker_client.containers.list(all=True, filters={"label": f"ringfence.pid={pid}", **filters},
+                                         ignore_removed=True)
 
 
 def _start_a_nap(served: Served) -> tuple[threading.Thread, dict]:

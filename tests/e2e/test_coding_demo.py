@@ -25,17 +25,17 @@ LAST = re.compile(r"coding: tests failed then passed; downloaded calc\.py \(sha2
 REPORT = "reports/tests.txt"
 
 # The run's log, every event in order; a call's consecutive call_output events are one entry here
-# (how many there are depends on how the output was chunked, not on meaning). Every call has
-# output: the runner's result line on stdout, and run_tests its lines on stderr.
+# (how many there are depends on how the output was chunked, not on meaning). Only run_tests has
+# output (its lines on stderr); the runner's result line on stdout is the result, not output.
 SEQUENCE = [
     ("run_started", None),
     ("workspace_created", None),
     # turn 1: two writes of the workspace, one after the other
     ("batch_started", None),
     ("call_decided", "t1.module"), ("call_decided", "t1.tests"),
-    ("dispatch_started", "t1.module"), ("call_output", "t1.module"), ("attempt", "t1.module"),
+    ("dispatch_started", "t1.module"), ("attempt", "t1.module"),
     ("call_completed", "t1.module"), ("observation", "t1.module"),
-    ("dispatch_started", "t1.tests"), ("call_output", "t1.tests"), ("attempt", "t1.tests"),
+    ("dispatch_started", "t1.tests"), ("attempt", "t1.tests"),
     ("call_completed", "t1.tests"), ("observation", "t1.tests"),
     # turn 2: the failing tests, their lines before their completion, the report collected
     ("batch_started", None), ("call_decided", "t2.run"),
@@ -43,7 +43,7 @@ SEQUENCE = [
     ("artifact_collected", "t2.run"), ("observation", "t2.run"),
     # turn 3: the fix
     ("batch_started", None), ("call_decided", "t3.fix"),
-    ("dispatch_started", "t3.fix"), ("call_output", "t3.fix"), ("attempt", "t3.fix"), ("call_completed", "t3.fix"),
+    ("dispatch_started", "t3.fix"), ("attempt", "t3.fix"), ("call_completed", "t3.fix"),
     ("observation", "t3.fix"),
     # turn 4: the passing tests
     ("batch_started", None), ("call_decided", "t4.rerun"),

@@ -59,7 +59,7 @@ def test_the_reference_demo_runs_end_to_end(pinned_images, tmp_path):
     tokens = [int(n) for n in re.findall(r"\d+", line(out, "context tokens").split("(")[0])]
     assert len(tokens) == 7 and all(a < b for a, b in pairwise(tokens[:6])), tokens
     assert tokens[6] < tokens[5], tokens
-    assert line(out, "compactions").startswith("compactions     1 (budget 2400 tokens;")
+    assert line(out, "compactions").startswith("compactions     1 (budget 2800 tokens;")
     assert line(out, "containers left") == "containers left 0"
     # The skill the agent proposed was not retrievable until the reviewer's trials passed in the sandbox.
     skill = out[out.index("skill proposed"):out.index("trace (")]

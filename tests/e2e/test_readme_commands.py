@@ -12,9 +12,14 @@ new README command cannot go untested. What is changed, and why:
   runs what `make demo` runs after building the images;
 - `ringfence eval contract` (with and without `--repeat 2`) is what tests/e2e/test_eval_contract.py
   runs, with its table and comparison checked;
+- `ringfence conformance` (runc and gVisor, table and JSON) is what
+  tests/integration/test_conformance.py runs, with its cases checked;
 - grpcurl is not part of ringfence: its lines run only where it is installed;
 - the wheel's two lines are what tests/e2e/test_wheel.py does offline (the build without
-  isolation, the install without the index, the dependencies from this venv).
+  isolation, the install without the index, the dependencies from this venv);
+- the lines of "Your own tools" run, as written and in their order, in a project folder of
+  their own in tests/e2e/test_own_tools.py (which fetches from the Debian mirror and PyPI and
+  builds an image twice): they are accounted for here, run there.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from readme_support import section, sh_lines
 from serve_support import ROOT, Served
 
 from control.client import Client
@@ -39,20 +45,7 @@ RINGFENCE = str(Path(sys.executable).with_name("ringfence"))
 
 
 def readme_commands() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    lines: list[str] = []
-    for block in re.findall(r"```sh\n(.*?)```", text, re.S):
-        pending = ""
-        for raw in block.splitlines():
-            line = pending + raw.strip()
-            if line.endswith("\\"):
-                pending = line[:-1] + " "
-                continue
-            pending = ""
-            line = re.sub(r"\s+#\s.*$", "", line).strip()  # a trailing comment
-            if line and not line.startswith("#"):
-                lines.append(line)
-    return lines
+    return sh_lines((ROOT / "README.md").read_text())
 
 
 def split(line: str) -> tuple[dict[str, str], list[str]]:
@@ -112,8 +105,15 @@ def test_every_readme_command_works_as_written(pinned_images, tmp_path):
             todo.remove(ln)
         return found
 
+    # "Your own tools": run by tests/e2e/test_own_tools.py (before the `ringfence tools` lines below).
+    own = sh_lines(section("Your own tools"))
+    assert own and (ROOT / "tests/e2e/test_own_tools.py").is_file()
+    for line in own:
+        todo.remove(line)
     take(r"^make (demo|test)$")
     assert len(take(r"ringfence eval contract")) == 2 and (ROOT / "tests/e2e/test_eval_contract.py").is_file()
+    # Both runtimes, table and JSON, and its failures against bad images: that test runs them.
+    assert len(take(r"ringfence conformance")) == 2 and (ROOT / "tests/integration/test_conformance.py").is_file()
     assert len(take(r"^python3 -m pip (wheel|install) ")) == 2 and (ROOT / "tests/e2e/test_wheel.py").is_file()
     # The other ways to serve, one at a time (as a user would: they share ./.state).
     for line in take(r"^\.venv/bin/ringfence serve "):

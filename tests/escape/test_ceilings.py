@@ -9,6 +9,9 @@ Some evidence is read from the host side, from the container's own cgroup while 
 (`CgroupWatch`): the kernel's counters (pids.current, pids.events, cpu.stat nr_throttled) are the
 ground truth for "the limit held", and they are the same for runc and gVisor (runsc puts the
 whole sandbox in the container's cgroup). No assertion is about time.
+
+The attack scripts live in the product (sandbox.conformance.attacks): `ringfence conformance`
+runs the same ones against a user's engine and image.
 """
 
 from __future__ import annotations
@@ -29,6 +32,18 @@ from weaken import Settings, WeakenedBackend
 
 from sandbox import labels as L
 from sandbox.backend import SandboxRequest
+from sandbox.conformance.attacks import (
+    BINARY_FLOOD,
+    CPU_BURN,
+    FD_OPENER,
+    FLOODS,
+    FORK_BOMB,
+    FORK_COUNTER,
+    LINGERERS,
+    MEMORY_BOMB,
+    ORPHANS,
+    WRITER,
+)
 from sandbox.docker_backend import DockerBackend, engine_pids_limit
 from sandbox.profile import KiB, MiB, SandboxProfile
 from sandbox.result import Outcome, SandboxResult
@@ -172,30 +187,6 @@ def changed(docker_client, pinned_images):
 
 # -- 30. fork bomb -----------------------------------------------------------------------------
 
-# The classic bomb, with the tool's own process kept alive (exec, no fork needed) so the call
-# does not end "ok" the moment the first shell returns and tini exits with it.
-FORK_BOMB = ["sh", "-c", "bomb() { bomb | bomb & }; bomb; exec sleep 1000"]
-
-# The bounded form of the attack: fork N sleepers, report how many forks succeeded, the first
-# error, and how many processes the sandbox holds. Bounded, so it is safe without a limit.
-FORK_COUNTER = r"""
-import errno, json, os, sys, time
-n = int(sys.argv[1])
-spawned, error = 0, None
-for _ in range(n):
-    try:
-        pid = os.fork()
-    except OSError as e:
-        error = errno.errorcode[e.errno]
-        break
-    if pid == 0:
-        time.sleep(60)
-        os._exit(0)
-    spawned += 1
-procs = sum(1 for d in os.listdir("/proc") if d.isdigit())
-print(json.dumps({"spawned": spawned, "error": error, "procs": procs}), flush=True)
-os._exit(0)
-"""
 
 
 def test_fork_bomb_is_contained_and_classified(backend, docker_client, runtime) -> None:
@@ -242,8 +233,6 @@ def test_red_check_without_pids_limit_the_counter_passes_32(changed) -> None:
 
 # -- 31. memory bomb ---------------------------------------------------------------------------
 
-# b"x" * n writes every byte (bytearray(n) would only reserve zero pages and never be charged).
-MEMORY_BOMB = ["python3", "-c", "x = b'x' * (1 << 30); print('allocated', len(x))"]
 
 
 def test_memory_bomb_ends_in_oom(attack, runtime) -> None:
@@ -266,7 +255,6 @@ def test_red_check_without_memory_limit_1gib_is_allocated(weakened) -> None:
 
 # -- 32. CPU burn ------------------------------------------------------------------------------
 
-CPU_BURN = ["sh", "-c", "for i in 1 2 3; do (while :; do :; done) & done; wait"]
 CPU_FILES = {"stat": "cpu/cpu.stat", "quota": "cpu/cpu.cfs_quota_us", "period": "cpu/cpu.cfs_period_us"}
 
 
@@ -299,19 +287,6 @@ def test_red_check_without_cpu_quota_nothing_is_throttled(changed, docker_client
 
 # -- 33. disk fill and fsize ---------------------------------------------------------------------
 
-WRITER = r"""
-import errno, json, signal, sys
-signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # so the limit shows as EFBIG, not a kill
-total, chunk = int(sys.argv[1]), 64 * 1024
-written, error = 0, None
-try:
-    with open("/tmp/fill", "wb", buffering=0) as f:
-        while written < total:
-            written += f.write(b"x" * min(chunk, total - written))
-except OSError as e:
-    error = errno.errorcode[e.errno]
-print(json.dumps({"written": written, "error": error}))
-"""
 
 
 def test_tmp_fill_stops_at_the_tmpfs_cap(attack, runtime) -> None:
@@ -355,17 +330,6 @@ def test_red_check_without_fsize_ulimit_the_write_passes(weakened) -> None:
 
 # -- 34. file descriptors ------------------------------------------------------------------------
 
-FD_OPENER = r"""
-import errno, json, os, sys
-most = int(sys.argv[1])
-fds, error = [], None
-try:
-    while len(fds) < most:
-        fds.append(os.open("/dev/null", os.O_RDONLY))
-except OSError as e:
-    error = errno.errorcode[e.errno]
-print(json.dumps({"opened": len(fds), "highest": max(fds), "error": error}))
-"""
 
 
 def test_file_descriptors_stop_at_nofile(attack, runtime) -> None:
@@ -382,15 +346,6 @@ def test_red_check_without_nofile_ulimit_more_files_open(weakened) -> None:
 # -- 35. output floods ---------------------------------------------------------------------------
 
 STDOUT_CAP, STDERR_CAP = 64 * KiB, 16 * KiB
-BINARY_FLOOD = "import sys\nw = sys.{0}.buffer.write\nwhile True:\n    w(b'\\xff\\x00' * 32768)\n    sys.{0}.flush()"
-FLOODS = {
-    "yes-stdout": (["sh", "-c", "exec yes"], "stdout"),
-    "zero-stdout": (["sh", "-c", "exec cat /dev/zero"], "stdout"),
-    "binary-stdout": (["python3", "-c", BINARY_FLOOD.format("stdout")], "stdout"),
-    "yes-stderr": (["sh", "-c", "exec yes >&2"], "stderr"),
-    "zero-stderr": (["sh", "-c", "exec cat /dev/zero >&2"], "stderr"),
-    "binary-stderr": (["python3", "-c", BINARY_FLOOD.format("stderr")], "stderr"),
-}
 
 
 @pytest.mark.parametrize("flood", sorted(FLOODS))
@@ -445,17 +400,6 @@ def test_red_check_each_flood_exceeds_the_cap_when_it_is_raised(attack, flood: s
 
 # -- 36. setsid and TERM-trapping processes --------------------------------------------------------
 
-LINGERERS = r"""
-setsid sleep 1000.{token} &
-(trap '' TERM HUP; exec sleep 1001.{token}) &
-stubborn=$!
-setsid sh -c 'trap "" TERM HUP INT; while :; do sleep 1002.{token}; done' &
-sleep 0.5
-kill -TERM $stubborn
-sleep 0.3
-kill -0 $stubborn && echo "survived TERM"
-wait
-"""
 
 
 def test_setsid_and_term_trapping_processes_die_with_the_container(backend, docker_client, runtime) -> None:
@@ -480,46 +424,6 @@ def test_setsid_and_term_trapping_processes_die_with_the_container(backend, dock
 
 # -- 37. orphans and zombies ---------------------------------------------------------------------
 
-ORPHANS = r"""
-import json, os, sys, time
-token = sys.argv[1]
-for _ in range(5):
-    child = os.fork()
-    if child == 0:
-        if os.fork() == 0:           # grandchild: orphaned as soon as its parent exits
-            time.sleep(0.2)
-            os._exit(0)
-        os._exit(0)
-    os.waitpid(child, 0)              # the middle process is reaped; the grandchild is not ours
-# A long-lived double-forked orphan too, which must not survive teardown.
-if os.fork() == 0:
-    if os.fork() == 0:
-        os.execvp("sleep", ["sleep", "1003." + token])
-    os._exit(0)
-os.wait()
-
-def states():
-    out = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit() and int(d) not in (1, os.getpid()):
-            try:
-                text = open(f"/proc/{d}/stat").read()
-            except OSError:
-                continue
-            out[int(d)] = text.rsplit(")", 1)[1].split()[0]
-    return out
-
-for _ in range(100):                  # wait until the short-lived orphans have all exited
-    if sum(1 for s in states().values() if s != "Z") <= 1:
-        break
-    time.sleep(0.05)
-for _ in range(40):                   # and give their reaper (if any) a moment to collect them
-    if not any(s == "Z" for s in states().values()):
-        break
-    time.sleep(0.05)
-now = states()
-print(json.dumps({"pid": os.getpid(), "zombies": sum(s == "Z" for s in now.values()), "others": len(now)}))
-"""
 
 
 def test_orphans_and_zombies_are_reaped(backend, docker_client, runtime) -> None:

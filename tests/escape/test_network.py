@@ -29,6 +29,7 @@ import pytest
 from testcontainers.core.container import DockerContainer
 from testcontainers.core.wait_strategies import LogMessageWaitStrategy
 
+from sandbox.conformance.attacks import DNS_PROBE, VIEW_PROBE
 from sandbox.images import load_lock
 from sandbox.labels import base_labels
 from sandbox.result import SandboxResult
@@ -70,45 +71,6 @@ while True:
             print("UDP", port, peer[0], repr(data), flush=True)
 """
 
-# What the sandbox sees, and (only when that view holds nothing but lo) whether the metadata
-# address and names can be reached. Prints one JSON object.
-VIEW_PROBE = r"""
-import errno, json, socket, sys
-def ename(e):
-    return errno.errorcode.get(e.errno, str(e.errno)) if e.errno else type(e).__name__
-ifaces = [l.split(":")[0].strip() for l in open("/proc/net/dev").read().splitlines()[2:]]
-routes = [l for l in open("/proc/net/route").read().splitlines()[1:] if l.strip()]
-try:
-    routes6 = [l for l in open("/proc/net/ipv6_route").read().splitlines()
-               if l.strip() and not l.rstrip().endswith("lo")]
-except OSError:
-    routes6 = []
-resolv = [l.split() for l in open("/etc/resolv.conf").read().splitlines() if l.strip() and not l.startswith("#")]
-hosts = open("/etc/hosts").read()
-out = {"ifaces": ifaces, "routes": routes, "routes6": routes6, "resolv": resolv, "hosts": hosts}
-# Safety: aim at the metadata address only when no packet can leave (no interface but lo).
-if ifaces == ["lo"] and not routes:
-    meta = {}
-    for family, addr in ((socket.AF_INET, ("169.254.169.254", 80)), (socket.AF_INET6, ("fd00:ec2::254", 80))):
-        try:
-            with socket.socket(family, socket.SOCK_STREAM) as s:
-                s.settimeout(2)
-                s.connect(addr)
-                meta[addr[0]] = "connected"
-        except OSError as e:
-            meta[addr[0]] = ename(e)
-    names = {}
-    for name in ("metadata.google.internal", "metadata", "instance-data", "instance-data.ec2.internal"):
-        try:
-            names[name] = sorted({a[4][0] for a in socket.getaddrinfo(name, 80)})
-        except socket.gaierror as e:
-            names[name] = "gaierror"
-    out["metadata"] = meta
-    out["metadata_names"] = names
-else:
-    out["metadata"] = "not probed: the sandbox has a network"
-print(json.dumps(out))
-"""
 
 # Connects to each target and sends a marker; prints {target: outcome}.
 CONNECT_PROBE = r"""
@@ -139,37 +101,6 @@ for target in json.loads(sys.argv[2]):
 print(json.dumps(results))
 """
 
-# DNS: a lookup whose name carries the marker (what exfiltration by query name looks like), and
-# whether anything answers on the sandbox's own 127.0.0.1:53.
-DNS_PROBE = r"""
-import errno, json, socket, sys
-def ename(e):
-    if isinstance(e, socket.timeout):
-        return "timeout"
-    return errno.errorcode.get(e.errno, str(e.errno))
-name = sys.argv[1]
-out = {}
-try:
-    out["lookup"] = sorted({a[4][0] for a in socket.getaddrinfo(name, 80, socket.AF_INET)})
-except socket.gaierror as e:
-    out["lookup"] = "gaierror"
-if "--local" in sys.argv:
-    t = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    t.settimeout(2)
-    try:
-        t.connect(("127.0.0.1", 53)); out["tcp53"] = "connected"
-    except OSError as e:
-        out["tcp53"] = ename(e)
-    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    u.settimeout(2)
-    try:
-        u.connect(("127.0.0.1", 53))
-        u.send(b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x01x\x00\x00\x01\x00\x01")
-        u.recv(512); out["udp53"] = "answered"
-    except OSError as e:
-        out["udp53"] = ename(e)
-print(json.dumps(out))
-"""
 
 # The local error connect() gets when there is no route: immediate, no packet sent. gVisor's
 # netstack says EHOSTUNREACH where Linux says ENETUNREACH; with IPv6 disabled in the sandbox,

@@ -15,18 +15,17 @@ this session's label, and is removed at the end; the built-in images are only re
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+from image_support import docker_built, remove_image
 
 from sandbox import labels as L
 from sandbox.backend import SandboxRequest
@@ -72,15 +71,6 @@ def cli(*args: str, netns: bool = False, env: dict[str, str] | None = None) -> s
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def remove_image(client, image_id: str) -> None:
-    import docker.errors
-
-    try:
-        client.images.remove(image_id, force=True)
-    except docker.errors.ImageNotFound:
-        pass
 
 
 @pytest.fixture(scope="module")
@@ -233,38 +223,13 @@ def test_a_parent_in_no_build_cache_is_read_back_from_the_engine(docker_client, 
 # -- adopt -------------------------------------------------------------------------------------
 
 
-def _setuid_shell_tar(path: Path) -> None:
-    """A tar ADD unpacks as it is: a copy of dash, owned by root, setuid."""
-    data = Path("/bin/dash").read_bytes()
-    with tarfile.open(path, "w") as tar:
-        info = tarfile.TarInfo("usr/local/bin/rootsh")
-        info.size, info.mode, info.uid, info.gid = len(data), 0o4755, 0, 0
-        tar.addfile(info, io.BytesIO(data))
-
-
 @pytest.fixture(scope="module")
 def adoptees(docker_client, pinned_images, tmp_path_factory):
     """Images made by `docker build` FROM the pinned tool image's ID (no registry: the engine's
     own image), each labelled; removed at the end (with the builder's intermediate images)."""
-    tool = pinned_images.image_id("tool")
-    recipes = {
-        "clean": f"FROM {tool}\n",
-        "root-user": f"FROM {tool}\nUSER root\n",
-        "setuid-shell": f"FROM {tool}\nADD rootsh.tar /\n",
-    }
-    made: dict[str, str] = {}
-    try:
-        for kind, dockerfile in recipes.items():
-            ctx = tmp_path_factory.mktemp(f"adopt-{kind}")
-            (ctx / "Dockerfile").write_text(dockerfile)
-            if kind == "setuid-shell":
-                _setuid_shell_tar(ctx / "rootsh.tar")
-            image, _logs = docker_client.images.build(path=str(ctx), labels=TEST_LABELS, rm=True, forcerm=True)
-            made[kind] = image.id
+    with docker_built(docker_client, pinned_images.image_id("tool"), ("clean", "root-user", "setuid-shell"),
+                      lambda kind: tmp_path_factory.mktemp(f"adopt-{kind}")) as made:
         yield made
-    finally:
-        for image_id in made.values():
-            remove_image(docker_client, image_id)
 
 
 def test_adopt_pins_a_docker_built_tool_image_that_passes_every_check(adoptees, docker_client, tmp_path):

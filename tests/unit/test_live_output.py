@@ -279,9 +279,10 @@ def test_a_calls_output_is_in_the_log_before_its_attempt_redacted_in_the_file_it
     assert obs.status is S.EXECUTED and obs.content == {"done": 1}  # the result is unchanged
     events = h.events(run)
     outputs = [e.data for e in events if e.type == "call_output"]
+    # The tool's own print is output; the runner's result line is not (it is the result).
     assert outputs == [
         {"call_id": obs.call_id, "attempt": 1, "stream": "stdout", "seq": 1,
-         "text": 'working\n{"ok": true, "content": {"done": 1}}\n', "bytes": 45, "redacted": False},
+         "text": "working\n", "bytes": 8, "redacted": False},
         {"call_id": obs.call_id, "attempt": 1, "stream": "stderr", "seq": 1,
          "text": "token [REDACTED:aws_access_key] used\n", "bytes": len(SECRET) + 12, "redacted": True}]
     types = [e.type for e in events]
@@ -315,3 +316,36 @@ def test_each_attempt_streams_on_its_own(tmp_path):
     stderr = [(e.data["attempt"], e.data["seq"], e.data["text"]) for e in h.events(run)
               if e.type == "call_output" and e.data["stream"] == "stderr"]
     assert stderr == [(1, 1, "try one\n"), (2, 1, "try two\n")]
+
+
+def protocol_live() -> tuple[LiveOutput, Recorder, FakeClock]:
+    repo, clock = Recorder(), FakeClock()
+    out = LiveOutput(repo=repo, state=RunState(run_id="r", key="r", tenant="acme"),  # type: ignore[arg-type]
+                     call_id="c1", attempt=1, clock=clock, protocol_stdout=True)
+    return out, repo, clock
+
+
+def test_the_runners_result_line_is_never_output_and_the_prints_before_it_are():
+    out, repo, clock = protocol_live()
+    out("stdout", b"step 1\n")
+    assert repo.texts() == []  # held back: the last line may be the result
+    clock.advance(1)
+    out("stdout", b"step 2\n")
+    assert repo.texts() == ["step 1\n"]  # one line behind
+    clock.advance(1)
+    out("stdout", b'{"ok": true, "content": {"n": 2}}\n')
+    out.close()
+    assert repo.texts() == ["step 1\n", "step 2\n"]
+    assert out.chunks == 2
+
+
+def test_a_last_line_that_is_not_the_runners_result_is_output_at_the_end():
+    out, repo, _ = protocol_live()
+    out("stdout", b"only a print\n")
+    out("stderr", b"progress\n")
+    assert repo.texts("stderr") == ["progress\n"]  # stderr is never held back
+    out.close()
+    assert repo.texts() == ["only a print\n"]
+    assert not live_output.is_runner_result(b"only a print\n")
+    assert live_output.is_runner_result(b'{"ok": false, "error": {"class": "fatal"}}\n')
+    assert not live_output.is_runner_result(b'{"content": 1}')

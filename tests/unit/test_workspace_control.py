@@ -428,6 +428,9 @@ def test_replay_of_a_run_with_every_new_event_type_gives_the_same_state(tmp_path
         if event.run_id == "replayed" else None
     use_desk(h, RecordingDesk(h))
     h.emulator.overrides["ws_note"] = lambda call: content_result({"noted": True})
+    # echo prints a line of its own before its result: live output (the result line is not).
+    h.emulator.overrides["echo"] = lambda call: dataclasses.replace(content_result({"echo": "hello"}),
+                                                                    stderr=b"echoing\n")
     run = ws_run(h, "replayed")
     h.orch.upload_files(AGENT, run, "src", b"")
     h.submit(run, ("ws_write", {"text": "one"}), ("echo", {"text": "hello"}))

@@ -1,9 +1,9 @@
-"""Probe scripts for the posture battery (ESCAPE-BATTERY cases 1-24).
+"""The battery's probe helpers (ESCAPE-BATTERY cases 1-24 and 40-44).
 
-Each probe is a stdlib-only Python script run inside the sandbox with `python3 -I -c` (the
-container cannot see host files), after the shared helpers of `_lib.py`. A probe never exits
-non-zero on a blocked attack: it prints one JSON object describing what each attempt got, and
-the test asserts on the parsed values.
+The probe scripts themselves live in the product, in sandbox/conformance/probes/, because
+`ringfence conformance` runs the same probes against a user's engine and image: one battery,
+not two. `HERE`, `source` and `argv` are that package's. What stays here is the tests' side:
+`report` (a broken probe fails the test), the settings changes of the red checks, `errnos`.
 """
 
 from __future__ import annotations
@@ -11,16 +11,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from sandbox.conformance.probes import HERE, argv, source
 
-
-def source(name: str) -> str:
-    return (HERE / "_lib.py").read_text() + "\n# ---- probe: " + name + "\n" + (HERE / f"{name}.py").read_text()
-
-
-def argv(name: str, *args: str) -> list[str]:
-    """The argv that runs probe `name` inside the sandbox (extra args land in sys.argv[1:])."""
-    return ["python3", "-I", "-c", source(name), *args]
+__all__ = ["HERE", "argv", "source", "report", "as_root", "with_seccomp", "docker_stock_seccomp", "errnos"]
 
 
 def report(result) -> dict:
