@@ -63,7 +63,7 @@ from control.errors import (
 )
 from control.model import Event
 from control.registry import ToolManifest
-from control.state import EventType, RunState
+from control.state import EventType, RunState, sandbox_run_id
 from control.store.base import EventStore
 from control.workspace_paths import MAX_PATH_BYTES, path_problem
 from sandbox.archive import ArchiveLimits, Tree, extract_output, stage_archive
@@ -436,13 +436,6 @@ class FileDesk:
         present = {f.path for f in tree.files} | set(tree.directories) | {link.path for link in tree.links}
         missing = [p for p in paths if p not in present and p not in under_link]
         return tree, missing, under_link
-
-
-def sandbox_run_id(state: RunState) -> str:
-    """The run's label on its sandboxes: the same as control.orchestration.stops.sandbox_run_id
-    (a unit test holds them equal), so cancelling the run kills a copy in flight. Not imported:
-    this module stays below the orchestration."""
-    return f"{state.tenant}:{state.run_id}"
 
 
 def _entry(f: FileInfo | DownloadedFile) -> dict[str, Any]:

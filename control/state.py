@@ -134,6 +134,12 @@ class PendingCall:
     whether it happened (approve = it did not: run it once)."""
 
 
+def sandbox_run_id(state: RunState) -> str:
+    """The run's label on its sandboxes (cancel and deadlines kill by it): unique across
+    tenants (tenant names have no ':')."""
+    return f"{state.tenant}:{state.run_id}"
+
+
 @dataclass
 class RunState:
     run_id: str = ""  # the caller's id

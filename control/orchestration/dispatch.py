@@ -36,11 +36,11 @@ from control.orchestration import spans
 from control.orchestration.crashpoints import crash_point
 from control.orchestration.live_output import LiveOutput
 from control.orchestration.runs import RunRepository
-from control.orchestration.stops import RunStops, sandbox_run_id
+from control.orchestration.stops import RunStops
 from control.registry import ToolManifest
 from control.resource_policy import call_allowlist
 from control.retry import Attempt, CircuitBreaker, FailureClass, RetryPolicy, classify, retry_call
-from control.state import EventType, RunState
+from control.state import EventType, RunState, sandbox_run_id
 from control.store.base import KeyTaken, StoreError
 from control.validation import signature
 from sandbox.backend import SandboxBackend, SandboxRequest

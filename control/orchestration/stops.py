@@ -15,15 +15,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from control.model import RunOutcome
-from control.state import RunState
+from control.state import RunState, sandbox_run_id
 from sandbox.backend import SandboxBackend
 
 log = logging.getLogger(__name__)
-
-
-def sandbox_run_id(state: RunState) -> str:
-    """The run's label on its sandboxes: unique across tenants (tenant names have no ':')."""
-    return f"{state.tenant}:{state.run_id}"
 
 
 @dataclass(frozen=True)

@@ -30,9 +30,8 @@ from control import files
 from control.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from control.files import check_path, path_problem
 from control.model import Principal, Role, RunOutcome, WorkspaceRequest
-from control.orchestration.stops import sandbox_run_id
 from control.registry import Registry, parse_manifest
-from control.state import EventType
+from control.state import EventType, sandbox_run_id
 from control.tools import BUILTIN_DIR
 from sandbox.backend import SandboxRequest
 from sandbox.fake import FakeBackend, FakeWorkspaces
@@ -230,7 +229,7 @@ def test_upload_stages_copies_in_and_records_every_file_with_its_sha256(desk):
     # read-write, the staged tree read-only at /input, in the tool image.
     [helper] = desk.helpers()
     state = desk.orch.runs.get("acme", run)
-    assert helper.run_id == sandbox_run_id(state) == files.sandbox_run_id(state)
+    assert helper.run_id == sandbox_run_id(state)
     assert helper.warm is False
     assert helper.profile.image == "tool"
     assert helper.profile.workspace.volume == state.live_volume and helper.profile.workspace.read_only is False
