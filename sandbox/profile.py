@@ -81,6 +81,18 @@ def _in_range(name: str, value: int | float, low: int | float, high: int | float
         raise ProfileError(name, f"{value} is outside [{low}, {high}]")
 
 
+LIMIT_RANGES: Mapping[str, tuple[int | float, int | float]] = {
+    "memory_bytes": (8 * MiB, 8 * GiB),
+    "cpus": (0.01, 2.0),
+    "pids": (8, 4096),
+    "timeout_s": (0.1, 3600),
+    "stdout_limit": (1, 64 * MiB),
+    "stderr_limit": (1, 64 * MiB),
+}
+"""The range of each ceiling a tool's manifest may set (the rest are the sandbox's own); a
+profile outside them is refused, and `ringfence tools check` reports against the same table."""
+
+
 @dataclass(frozen=True)
 class SandboxProfile:
     """Limits and inputs for one call. Defaults suit a small stdlib-Python tool."""
@@ -146,12 +158,8 @@ class SandboxProfile:
             _in_range(name, value, 1, 2**31 - 2)
             if value == 0:
                 raise ProfileError(name, "root (0) is never allowed")
-        _in_range("memory_bytes", self.memory_bytes, 8 * MiB, 8 * GiB)
-        _in_range("cpus", self.cpus, 0.01, 2.0)
-        _in_range("pids", self.pids, 8, 4096)
-        _in_range("timeout_s", self.timeout_s, 0.1, 3600)
-        _in_range("stdout_limit", self.stdout_limit, 1, 64 * MiB)
-        _in_range("stderr_limit", self.stderr_limit, 1, 64 * MiB)
+        for name, (low, high) in LIMIT_RANGES.items():
+            _in_range(name, getattr(self, name), low, high)
         _in_range("tmpfs_bytes", self.tmpfs_bytes, 64 * KiB, 1 * GiB)
         _in_range("tmpfs_inodes", self.tmpfs_inodes, 16, 1_000_000)
         _in_range("nofile", self.nofile, 16, 65536)

@@ -58,16 +58,13 @@ from sandbox.backend import SandboxBackend, SandboxRequest
 from sandbox.errors import ImageError, SandboxError
 from sandbox.images.lock import IMAGES_DIR, Lock, LockEntry, is_builtin, lock_for
 from sandbox.images.spec import TOOLS_PATH, ImageSpec, ancestors, load_specs
-from sandbox.profile import InputMount, KiB, MiB, SandboxProfile
+from sandbox.profile import LIMIT_RANGES, InputMount, KiB, MiB, SandboxProfile
 from sandbox.result import Outcome
 
 CHECKS = ("files", "schema", "risk", "limits", "manifest", "image", "code", "tests")
 PACKAGE_MOUNT = "/package"
 DEFAULT_TIMEOUT_S = 120.0
-_RANGES = {  # the sandbox's own (sandbox.profile.SandboxProfile)
-    "memory_bytes": (8 * MiB, 8 * 1024 * MiB), "cpus": (0.01, 2.0), "pids": (8, 4096),
-    "timeout_s": (0.1, 3600.0), "stdout_limit": (1, 64 * MiB), "stderr_limit": (1, 64 * MiB),
-}
+_RANGES = LIMIT_RANGES  # the sandbox's own (sandbox.profile.SandboxProfile)
 
 # Runs in the tool's image (python3 -I -S -B -c SCRIPT NAME): the code's hash, then the tests.
 # Its one report line goes to a private copy of fd 1; fd 1 itself then points at stderr, so

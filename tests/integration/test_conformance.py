@@ -14,7 +14,6 @@ labelled too, and gone when each call ends (a case checks that).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -23,14 +22,11 @@ from pathlib import Path
 import pytest
 from image_support import docker_built
 
-from sandbox import labels as L
 from sandbox.conformance.cases import CASES, NOT_INCLUDED, TITLES
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-SESSION = os.environ[L.TEST_SESSION_ENV]
-TEST_LABELS = {L.PRODUCT_LABEL: L.PRODUCT, L.PURPOSE_LABEL: "test", L.TEST_SESSION_LABEL: SESSION}
 # docs/escape-battery.md, "Known gaps": what gVisor (runsc 20221219) cannot close.
 GVISOR_FINDINGS = {"13", "30", "42"}
 

@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from image_support import docker_built, remove_image
+from image_support import TEST_LABELS, docker_built, remove_image
 
 from sandbox import labels as L
 from sandbox.backend import SandboxRequest
@@ -47,7 +47,6 @@ TABULATE = {"name": "tabulate", "version": "0.9.0",
             "sha256": "024ca478df22e9340661486f85298cff5f6dcdba14f3813e8830015b9ed1948f"}
 WRONG = "0" * 64
 SESSION = os.environ[L.TEST_SESSION_ENV]
-TEST_LABELS = {L.PRODUCT_LABEL: L.PRODUCT, L.PURPOSE_LABEL: "test", L.TEST_SESSION_LABEL: SESSION}
 
 PROBE = '''import subprocess
 
