@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import math
 import re
 import tomllib
 from collections.abc import Mapping
@@ -96,8 +97,9 @@ class PolicyConfig:
 
 @dataclass(frozen=True)
 class Limits:
-    """Ceilings of the core, from `[limits]`; every value must be positive. The edge applies the
-    request-shaped ones again before decoding (control.api.servicer.EdgeOptions.from_config)."""
+    """Ceilings of the core, from `[limits]`; every value must be finite and within its range in
+    LIMIT_RANGES. The edge applies the request-shaped ones again before decoding
+    (control.api.servicer.EdgeOptions.from_config)."""
 
     max_steps: int = 10
     """Steps of an ExecutePlan that does not name max_steps; a longer plan is INVALID_ARGUMENT."""
@@ -146,6 +148,35 @@ class Limits:
     lease_ttl_s: float = 15.0
     """Seconds a run's write lease lives unrenewed (renewed every third of it); past it another
     instance may take the run over and recover it. Also how often orphaned runs are adopted."""
+
+
+# Each `[limits]` value's range, both ends included. The upper ends are not policy: they keep
+# every value inside what the code computes with (deadlines added to a datetime, TTLs handed
+# to timers, sizes handed to grpc as 32-bit options), so a typo of a few zeros is refused at
+# start naming its key instead of answering INTERNAL on every call. TOML has inf and nan:
+# neither passes (a nan compares false with everything, so `value <= 0` alone let it in, and
+# max_cost = nan switched the cost ceiling off).
+DAY_S = 86400.0
+LIMIT_RANGES: Mapping[str, tuple[float, float]] = {
+    "max_steps": (1, 10_000),
+    "max_plan_steps": (1, 10_000),
+    "max_argument_bytes": (1, 1 * GiB),
+    "max_message_bytes": (1 * KiB, 1 * GiB),
+    "max_concurrent_batches": (1, 10_000),
+    "max_batch_calls": (1, 10_000),
+    "max_turns": (1, 1_000_000),
+    "max_cost": (1e-9, 1e12),
+    "run_deadline_s": (1e-3, 30 * DAY_S),
+    "approval_ttl_s": (1e-3, 30 * DAY_S),
+    "loop_threshold": (2, 1_000_000),
+    "max_attempts": (1, 10),
+    "backoff_initial_s": (1e-3, 3600.0),
+    "backoff_max_s": (1e-3, DAY_S),
+    "breaker_threshold": (1, 1_000_000),
+    "breaker_cooldown_s": (1e-3, DAY_S),
+    "max_parallel_reads": (1, 256),
+    "lease_ttl_s": (0.1, 3600.0),
+}
 
 
 @dataclass(frozen=True)
@@ -346,6 +377,9 @@ def _expect(key: str, value: Any, types: type | tuple[type, ...], what: str) -> 
         raise ConfigError(key, f"must be {what}")
     if not isinstance(value, types):
         raise ConfigError(key, f"must be {what}, not {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        # TOML spells inf and nan; no setting of ours means either.
+        raise ConfigError(key, f"must be {what}, finite (not {value})")
     return value
 
 
@@ -592,10 +626,8 @@ def _parse_policy(raw: Mapping[str, Any]) -> PolicyConfig:
             for op, operand in preds.items():
                 if op not in PREDICATES:
                     raise ConfigError(f"{pkey}.{op}", f"unknown predicate; one of {', '.join(PREDICATES)}")
-                if op in ("lt", "lte", "gt", "gte") and (
-                    isinstance(operand, bool) or not isinstance(operand, (int, float))
-                ):
-                    raise ConfigError(f"{pkey}.{op}", "must be a number")
+                if op in ("lt", "lte", "gt", "gte"):
+                    _expect(f"{pkey}.{op}", operand, (int, float), "a number")
                 if op in ("in", "not_in") and not isinstance(operand, list):
                     raise ConfigError(f"{pkey}.{op}", "must be an array")
                 if op in ("matches", "prefix") and not isinstance(operand, str):
@@ -637,18 +669,17 @@ def _parse_limits(raw: Mapping[str, Any]) -> Limits:
         else:
             _expect(key, value, (int, float), "a number")
             value = float(value)
-        if value <= 0:
-            raise ConfigError(key, "must be positive")
+        low, high = LIMIT_RANGES[name]
+        if not low <= value <= high:
+            raise ConfigError(key, f"must be {low:g} to {high:g}")
         values[name] = value
     limits = Limits(**values)
     if limits.max_steps > limits.max_plan_steps:
         raise ConfigError("limits.max_steps", f"is over limits.max_plan_steps ({limits.max_plan_steps})")
-    if limits.max_attempts > 10:
-        raise ConfigError("limits.max_attempts", "at most 10")
-    if limits.loop_threshold < 2:
-        raise ConfigError("limits.loop_threshold", "at least 2")
     if limits.max_argument_bytes > limits.max_message_bytes:
         raise ConfigError("limits.max_argument_bytes", "is over limits.max_message_bytes")
+    if limits.backoff_initial_s > limits.backoff_max_s:
+        raise ConfigError("limits.backoff_initial_s", "is over limits.backoff_max_s")
     return limits
 
 

@@ -59,15 +59,24 @@ def test_serve_prints_serves_stops_and_recovers_its_runs(pinned_images, config_f
         assert again.stop() == 0
 
 
-def test_serve_refuses_a_bad_config_with_exit_2(tmp_path):
+@pytest.mark.parametrize("setting", [
+    "max_steps = 0",
+    # Second attack review, finding 7: each of these once started a server whose every StartRun
+    # (inf) or ASK (nan) answered INTERNAL, or whose cost ceiling was off (nan).
+    "run_deadline_s = inf",
+    "approval_ttl_s = nan",
+    "max_cost = nan",
+])
+def test_serve_refuses_a_bad_config_with_exit_2(tmp_path, setting):
     bad = tmp_path / "bad.toml"
-    bad.write_text("[limits]\nmax_steps = 0\n")
+    bad.write_text(f"[limits]\n{setting}\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "control.cli", "serve", "--config", str(bad), "--listen", "127.0.0.1:0"],
+        [sys.executable, "-m", "control.cli", "serve", "--config", str(bad), "--listen", "127.0.0.1:0",
+         "--state-dir", str(tmp_path / "state")],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )
     assert proc.returncode == 2
-    assert "limits.max_steps" in proc.stderr
+    assert f"limits.{setting.split()[0]}" in proc.stderr
 
 
 def test_serve_refuses_the_public_demo_tokens_off_loopback(tmp_path):
