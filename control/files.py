@@ -5,21 +5,27 @@ path inside a workspace, and the helper containers are as hardened as any tool c
 image, no network, read-only root, no capabilities), killed with the run when it is cancelled.
 
     upload     the client's tar, received whole (capped at the edge) -> `stage_archive` on the
-               host (every unsafe member refuses the whole archive: InvalidArgument naming it,
-               and nothing has reached the workspace) -> a helper call with the staged tree
-               read-only at /input and the workspace read-write runs `cp -R /input/. DEST/`.
+               host (every unsafe member, a name that is not UTF-8 too, refuses the whole
+               archive: InvalidArgument naming it, and nothing has reached the workspace) -> a
+               helper call with the staged tree read-only at /input and the workspace
+               read-write checks the whole plan against the workspace, copies the tree into a
+               staging directory inside the workspace, then renames it into place: all or
+               nothing (see `_COPY_IN`).
     download   a helper call with the workspace READ-ONLY runs GNU tar over the paths (stdout
                capped at files.max_download_bytes plus the tar's own overhead) -> the tar goes
                through `extract_output` into a fresh temp dir on the host (links recorded, never
                created or followed) -> the files are read from there, each with its sha256. A
-               link in the workspace is delivered as `skipped`, never followed.
+               link in the workspace is delivered as `skipped`, never followed, and so is a
+               file whose name is not UTF-8 (a tool can make one; a proto string cannot carry
+               it), its path shown escaped.
     outputs    the download path for a tool's declared outputs after a successful call; each
                file becomes an artifact (the store's `records`, kind "artifact", key
                "{run key}:{path}", body with the bytes in base64), outliving the workspace.
 
-A helper never resolves a path through a link the workspace holds: before GNU tar or cp runs,
-it lstat's every ancestor of the paths (and the destination of an upload) and leaves out what
-lies under a link; a download reports such a path as `skipped`, an upload refuses that `dest`.
+A helper never resolves a path through a link the workspace holds: before GNU tar runs or
+anything is written, it lstat's every ancestor of the paths (for an upload: of `dest` and of every
+member's place) and leaves out what lies under a link; a download reports such a path as
+`skipped`, an upload is refused whole (InvalidArgument naming `dest` or the member).
 
 The helper calls run as the run's sandboxes (label `tenant:run_id`), so a cancel or the run's
 deadline kills a copy in flight; they are always cold (`warm=False`: a warm container's mounts
@@ -66,7 +72,7 @@ from control.registry import ToolManifest
 from control.state import EventType, RunState, sandbox_run_id
 from control.store.base import EventStore
 from control.workspace_paths import MAX_PATH_BYTES, path_problem
-from sandbox.archive import ArchiveLimits, Tree, extract_output, stage_archive
+from sandbox.archive import ArchiveLimits, Tree, escaped_name, extract_output, stage_archive
 from sandbox.backend import SandboxBackend, SandboxRequest
 from sandbox.errors import ArchiveError, SandboxError
 from sandbox.profile import InputMount, KiB, MiB, SandboxProfile, WorkspaceMount
@@ -92,34 +98,169 @@ HELPER_TIMEOUT_S = 120.0
 """Wall clock of one copy in or out: a 16 MiB copy takes well under a second; this only bounds
 a wedged engine."""
 HELPER_MEMORY = 128 * MiB
-HELPER_PIDS = 16  # sh, mkdir, cp, tar: a handful of processes
+HELPER_PIDS = 16  # python3, then GNU tar for a download: a handful of processes
 _STDERR_LIMIT = 64 * KiB
 _TAR_RECORD = 512
-_UNDER_LINK = "rf-under-link "  # the helpers' report of paths under a link (one stderr line, JSON)
-_NOT_A_DIR = "rf-not-a-directory "
+# The helpers' reports: one stderr line each, a marker then JSON.
+_UNDER_LINK = "rf-under-link "  # [[path, the link it lies under], ...]
+_NOT_A_DIR = "rf-not-a-directory "  # [dest, why]
+_REFUSED_MEMBER = "rf-refused-member "  # [member, why]: its place in the workspace is not for it
+_NOT_WRITABLE = "rf-not-writable "  # [a workspace directory the upload would write in, or pass]
+_NOT_STAGED = "rf-not-staged "  # [why, whether the workspace is full]
+_PARTLY_APPLIED = "rf-partly-applied "  # [moved, planned, why]; stdout: {"applied": [paths]}
 
-# The helpers run in the tool image (`python3 -I -S -c SCRIPT ARGS`) and exec GNU cp / tar.
-# GNU tar archives a link it is given as a link, but resolves the *components* of a path it is
-# given ("a/x" with a -> /etc reads the helper's /etc/x); cp and mkdir do the same for a
-# destination. So each helper first lstat's every ancestor of the paths (and for an upload the
-# destination itself) and leaves out what lies under a link. Nothing else writes the workspace
-# meanwhile: the caller holds the run's lock, and no process outlives a call.
+# The helpers run in the tool image (`python3 -I -S -c SCRIPT ARGS`). GNU tar archives a link it
+# is given as a link, but resolves the *components* of a path it is given ("a/x" with a -> /etc
+# reads the helper's /etc/x); a copy into a path does the same. So each helper first lstat's
+# every ancestor of the paths and leaves out (download) or refuses (upload) what lies under a
+# link. Nothing else writes the workspace meanwhile: the caller holds the run's lock, and no
+# process outlives a call.
+#
+# An upload is all or nothing: the helper checks its whole plan against the workspace first
+# (dest and every member's place: no link on the way, no directory where a file goes or the
+# reverse, every directory it writes in writable), then copies the staged tree into a fresh
+# directory INSIDE the workspace (the same tmpfs: a byte or inode cap is met there, before
+# anything is in place), then renames each new top-level entry into place (atomic per entry: a
+# new directory moves whole) and removes the staging directory. A refusal or a full workspace
+# leaves the workspace as it was. A rename cannot fail after those checks short of an engine or
+# kernel fault; if one does, what moved already is reported and recorded, never hidden.
 _COPY_IN = r"""
-import json, os, sys
+import errno, json, os, shutil, stat, sys
 dest = sys.argv[1]
+WS, SRC = "/workspace", "/input"
+
+
+def report(marker, payload, code=3):
+    sys.stderr.write(marker + json.dumps(payload) + "\n")
+    sys.stderr.flush()
+    sys.exit(code)
+
+
+def join(a, b):
+    return a + "/" + b if a else b
+
+
+def at(rel):
+    return join(WS, rel) if rel else WS
+
+
+def kind(path):
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except PermissionError:  # a directory on the way that a tool made unsearchable
+        report("rf-not-writable ", [os.path.dirname(path)[len(WS) + 1:]])
+    return "link" if stat.S_ISLNK(mode) else "dir" if stat.S_ISDIR(mode) else "file"
+
+
+def first_file(rel):
+    path = join(SRC, rel)
+    if not os.path.isdir(path):
+        return rel
+    names = sorted(os.listdir(path))
+    return first_file(join(rel, names[0])) if names else rel
+
+
+# 1. dest: every existing component a directory, never a link; the missing ones are staged too.
 parts = [p for p in dest.split("/") if p]
-for i in range(1, len(parts) + 1):
-    if os.path.islink("/workspace/" + "/".join(parts[:i])):
-        sys.stderr.write("rf-under-link " + json.dumps([[dest, "/".join(parts[:i])]]) + "\n")
-        sys.exit(3)
-target = "/workspace/" + dest if dest else "/workspace"
+base = []
+for part in parts:
+    k = kind(at("/".join(base + [part])))
+    if k is None:
+        break
+    if k == "link":
+        report("rf-under-link ", [[dest, "/".join(base + [part])]])
+    if k != "dir":
+        report("rf-not-a-directory ", [dest, "'%s' is not a directory" % "/".join(base + [part])])
+    base.append(part)
+rest = parts[len(base):]
+base = "/".join(base)
+
+# 2. The plan, checked whole before anything is written: (staged path, workspace path) moves,
+# a new directory moved whole, an existing one entered, a file replacing a file (or a link: the
+# rename replaces the link itself). Every lstat goes through directories only.
+moves, parents = [], {"", base}
+
+
+def plan(rel):
+    for name in sorted(os.listdir(join(SRC, rel))):
+        r = join(rel, name)
+        target = join(dest, r)
+        k = kind(at(target))
+        if os.path.isdir(join(SRC, r)):
+            if k == "dir":
+                parents.add(target)
+                plan(r)
+                continue
+            if k == "link":
+                report("rf-refused-member ", [first_file(r), "'%s' is a link in the workspace: links are never "
+                                              "followed" % target])
+            if k == "file":
+                report("rf-refused-member ", [first_file(r), "'%s' is a file in the workspace, not a directory"
+                                              % target])
+        elif k == "dir":
+            report("rf-refused-member ", [r, "'%s' is a directory in the workspace" % target])
+        moves.append((r, target))
+
+
+if rest:
+    moves.append((rest[0], join(base, rest[0])))
+else:
+    plan("")
+for parent in sorted(parents):
+    if not os.access(at(parent), os.W_OK | os.X_OK):
+        report("rf-not-writable ", [parent])
+
+# 3. Stage: a fresh directory in the workspace (the same filesystem, so the same byte and inode
+# caps, and a rename moves an entry into place atomically).
+stage = ".ringfence-upload-" + os.urandom(8).hex()
+staged_root = join(at(stage), "/".join(rest)) if rest else at(stage)
+
+
+def copy_tree(src, dst):
+    for name in sorted(os.listdir(src)):
+        s, d = join(src, name), join(dst, name)
+        if stat.S_ISDIR(os.lstat(s).st_mode):
+            os.mkdir(d, 0o755)
+            os.chmod(d, 0o755)
+            copy_tree(s, d)
+        else:
+            fd = os.open(d, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            with open(fd, "wb") as out, open(s, "rb") as data:
+                os.fchmod(fd, 0o644)
+                shutil.copyfileobj(data, out, 1 << 20)
+
+
+def discard():
+    if kind(at(stage)) == "dir":
+        shutil.rmtree(at(stage), ignore_errors=True)
+
+
 try:
-    os.makedirs(target, exist_ok=True)
+    os.mkdir(at(stage), 0o700)
+    made = at(stage)
+    for part in rest:
+        made = join(made, part)
+        os.mkdir(made, 0o755)
+    copy_tree(SRC, staged_root)
 except OSError as e:
-    sys.stderr.write("rf-not-a-directory " + json.dumps([dest, e.strerror]) + "\n")
-    sys.exit(3)
-sys.stderr.flush()
-os.execvp("cp", ["cp", "-R", "--remove-destination", "--", "/input/.", target + "/"])
+    discard()
+    full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+    report("rf-not-staged ", [os.strerror(e.errno) if e.errno else str(e), full], code=1)
+
+# 4. Move into place; what moved before a failure is reported (stdout), never hidden.
+applied = []
+try:
+    for staged, target in moves:
+        os.rename(join(at(stage), staged), at(target))
+        applied.append(target)
+except OSError as e:
+    sys.stdout.buffer.write(json.dumps({"applied": applied}, ensure_ascii=False).encode())
+    sys.stdout.flush()
+    discard()
+    report("rf-partly-applied ", [len(applied), len(moves), str(e)], code=4)
+discard()
 """
 _COPY_OUT = r"""
 import json, os, sys
@@ -252,12 +393,17 @@ class FileDesk:
                                       [FieldViolation("tar_chunk", str(e))]) from e
             files = [FileInfo(_joined(dest, f.path), f.size, _sha256(_read_staged(tree.root, f.path)))
                      for f in tree.files]
-            # `dest` is an argument of the script, never spliced into it.
+            # `dest` is an argument of the script, never spliced into it. stdout carries the
+            # report of a move that stopped part way: at most every path of the tree, as JSON.
+            paths_bytes = sum(len(_joined(dest, p).encode()) + 4 for p in (*tree.file_paths(), *tree.directories))
             argv = ("python3", "-I", "-S", "-c", _COPY_IN, dest)
             result = self._helper(state, volume, argv, read_only=False,
-                                  inputs=(InputMount(str(tree.root), "/input"),), stdout_limit=_STDERR_LIMIT)
+                                  inputs=(InputMount(str(tree.root), "/input"),),
+                                  stdout_limit=_STDERR_LIMIT + 2 * paths_bytes)
             if not result.ok:
+                self._record_partial(state, result, dest, files, by)
                 _raise_for_dest(result, dest)
+                _raise_for_members(result)
                 raise _failure(result, "copy the files into the workspace")
         event = self.repo.append(state, EventType.FILES_UPLOADED, {
             "dest": dest, "files": [_entry(f) for f in files], "by": by})
@@ -343,8 +489,13 @@ class FileDesk:
                                                               self.config.files.max_download_bytes)
                     missing.extend(absent)
                     missing.extend(under_link)  # never followed
-                    missing.extend(link.path for link in tree.links)  # never followed
+                    missing.extend(escaped_name(link.path) for link in tree.links)  # never followed
                     for f in tree.files:
+                        if not _is_text(f.path):
+                            log.warning("run %s call %s: output %s: %s", state.run_id, call_id,
+                                        escaped_name(f.path), _NOT_TEXT)
+                            missing.append(escaped_name(f.path))
+                            continue
                         if f.size > cap:
                             log.warning("run %s call %s: output %s is %d bytes, over files.max_artifact_bytes (%d)",
                                         state.run_id, call_id, f.path, f.size, cap)
@@ -370,6 +521,29 @@ class FileDesk:
             "missing": sorted(set(missing) - {c["path"] for c in collected})})
 
     # -- helpers ---------------------------------------------------------------------------
+
+    def _record_partial(self, state: RunState, result: SandboxResult, dest: str, files: Sequence[FileInfo],
+                        by: str) -> None:
+        """When the copy-in helper stopped part way through moving the files into place: append
+        `files_uploaded` with the files that did arrive (and `incomplete`, why), then raise.
+        Otherwise nothing."""
+        report = _report(result.stderr, _PARTLY_APPLIED)
+        if report is None:
+            return
+        moved, planned, why = report
+        try:
+            applied = [str(p) for p in json.loads(result.stdout)["applied"]]
+        except (ValueError, KeyError, TypeError):
+            applied = None  # the report was lost (cut): say so rather than guess
+        arrived = [f for f in files if applied is not None
+                   and any(f.path == p or f.path.startswith(p + "/") for p in applied)]
+        incomplete = (f"the copy stopped after {moved} of {planned} moves into place: {why}" if applied is not None
+                      else f"the copy stopped after {moved} of {planned} moves into place ({why}); which files "
+                           "arrived is not known")
+        event = self.repo.append(state, EventType.FILES_UPLOADED, {
+            "dest": dest, "files": [_entry(f) for f in arrived], "by": by, "incomplete": incomplete})
+        raise FailedPrecondition(f"could not copy the files into the workspace: {incomplete}; "
+                                 f"files_uploaded (seq {event.seq}) lists the {len(arrived)} file(s) that arrived")
 
     @staticmethod
     def _volume(state: RunState) -> str:
@@ -442,14 +616,29 @@ def _entry(f: FileInfo | DownloadedFile) -> dict[str, Any]:
     return {"path": f.path, "size": f.size, "sha256": f.sha256}
 
 
+_NOT_TEXT = "its name is not valid UTF-8 (shown escaped): it cannot be named in a reply or the log"
+
+
+def _is_text(path: str) -> bool:
+    """Whether a name read from a tool's tar (surrogate-escaped where it is not UTF-8) is text."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _delivered(tree: Tree, under_link: Mapping[str, str]) -> list[DownloadedFile]:
     out = []
     for f in tree.files:
+        if not _is_text(f.path):
+            out.append(DownloadedFile(escaped_name(f.path), None, skipped=_NOT_TEXT))
+            continue
         data = _read_staged(tree.root, f.path)
         out.append(DownloadedFile(f.path, data, len(data), _sha256(data)))
     for link in tree.links:
         target = _printable(link.target)
-        out.append(DownloadedFile(link.path, None,
+        out.append(DownloadedFile(escaped_name(link.path), None,
                                   skipped=f"a {link.kind} to {target!r}: links are never followed"))
     for path, link_path in under_link.items():
         out.append(DownloadedFile(path, None,
@@ -460,7 +649,7 @@ def _delivered(tree: Tree, under_link: Mapping[str, str]) -> list[DownloadedFile
 def _printable(text: str) -> str:
     # A link target is the tool's text (any bytes, surrogate-escaped by tarfile): proto strings
     # and event JSON need valid UTF-8.
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return escaped_name(text)
 
 
 def _stderr_lines(stderr: bytes) -> list[str]:
@@ -480,6 +669,38 @@ def _only_missing(stderr: bytes) -> bool:
     lines = [line for line in _stderr_lines(stderr) if not line.startswith(_UNDER_LINK)]
     return (bool(lines) and all(_MISSING_LINE.match(line) or _SUMMARY_LINE.match(line) for line in lines)
             and any(_MISSING_LINE.match(line) for line in lines))
+
+
+def _report(stderr: bytes, marker: str) -> Any:
+    """The JSON a helper reported after `marker`, or None."""
+    for line in _stderr_lines(stderr):
+        if line.startswith(marker):
+            return json.loads(line[len(marker):])
+    return None
+
+
+def _raise_for_members(result: SandboxResult) -> None:
+    """The copy-in helper's refusals of the archive against the workspace (nothing was copied):
+    InvalidArgument naming the member, FailedPrecondition for a directory it may not write in,
+    ResourceExhausted when staging met the workspace's cap."""
+    refused = _report(result.stderr, _REFUSED_MEMBER)
+    if refused is not None:
+        member, why = refused
+        raise InvalidArgument("the archive does not fit the workspace; nothing was copied", [FieldViolation(
+            "tar_chunk", f"member {member!r}: {why}")])
+    not_writable = _report(result.stderr, _NOT_WRITABLE)
+    if not_writable is not None:
+        [path] = not_writable
+        where = repr(path) if path else "the workspace itself"
+        raise FailedPrecondition(f"could not copy the files into the workspace: {where} cannot be written in (a "
+                                 "tool changed its mode); nothing was copied")
+    not_staged = _report(result.stderr, _NOT_STAGED)
+    if not_staged is not None:
+        why, full = not_staged
+        if full:
+            raise ResourceExhausted(f"could not copy the files into the workspace: the workspace is full (its bytes "
+                                    f"or inodes cap): {why}; nothing was copied")
+        raise FailedPrecondition(f"could not copy the files into the workspace: {why}; nothing was copied")
 
 
 def _raise_for_dest(result: SandboxResult, dest: str) -> None:

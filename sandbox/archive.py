@@ -32,6 +32,9 @@ CVE-2024-28189 in Judge0 were a symlink in a sandbox's output followed by the ho
   O_CREAT|O_EXCL|O_NOFOLLOW. A name swapped for a link mid-way makes the call fail (EEXIST /
   ELOOP), never write through it.
 * Written modes are normalized (files 0644, directories 0755): no exec or set-id bits survive.
+* Copy-in names must be valid UTF-8 (they become proto strings and JSON events); copy-out keeps
+  a name that is not, surrogate-escaped as tarfile reads it, for the caller to skip or report
+  (`escaped_name` shows it as text, its odd bytes as `\\xNN`).
 * On any refusal or error the partly written `dest` is removed, so a caller never sees half a tree.
 
 Only uncompressed tar is accepted: a compressed stream would need a decompression-ratio cap as
@@ -58,6 +61,7 @@ __all__ = [
     "OutputLink",
     "Tree",
     "TreeFile",
+    "escaped_name",
     "extract_output",
     "pack_directory",
     "stage_archive",
@@ -158,6 +162,27 @@ def _normalize(name: str, limits: ArchiveLimits) -> str:
     return path
 
 
+def escaped_name(name: str) -> str:
+    """`name` as valid UTF-8 text: the bytes of a name that is not UTF-8 (tarfile and os hand
+    them over surrogate-escaped) shown as `\\xNN`, the rest unchanged."""
+    try:
+        raw = name.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate that no byte decodes to
+        return name.encode("utf-8", "backslashreplace").decode("utf-8")
+    return raw.decode("utf-8", "backslashreplace")
+
+
+def _require_text(name: str) -> None:
+    """Copy-in: a name must be valid UTF-8. The names of an input tree end up in proto strings
+    and JSON events, which hold text only; refusing here means such an archive never reaches a
+    workspace at all, instead of arriving and then failing to be recorded."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ArchiveError(f"member '{escaped_name(name)}': the name is not valid UTF-8 (shown escaped); "
+                           "names must be UTF-8 text") from None
+
+
 # ---------------------------------------------------------------------------------------------
 # Planning: every member is checked before anything is written.
 
@@ -205,6 +230,8 @@ def _plan(tar: tarfile.TarFile, dest: Path, limits: ArchiveLimits, *, links: str
     kinds: dict[str, str] = {"": "dir"}
     total = 0
     for member in _iter_members(tar, limits):
+        if links == "refuse":
+            _require_text(member.name)
         path = _normalize(member.name, limits)
         label = f"member {member.name!r}"
         if member.mode & _SETID:
@@ -433,6 +460,8 @@ def stage_files(
     for name, data in files.items():
         if not isinstance(data, (bytes, bytearray)):
             raise ArchiveError(f"member {name!r}: content must be bytes")
+        if isinstance(name, str):
+            _require_text(name)
         path = _normalize(name, limits)
         if path == "":
             raise ArchiveError(f"member {name!r}: names the root, not a file")
