@@ -35,6 +35,7 @@ from docker.models.containers import Container
 from docker.models.networks import Network
 
 from sandbox import labels as L
+from sandbox import listing
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,9 @@ def reap(client: docker.DockerClient, *, now: float | None = None) -> list[Reape
     host = socket.gethostname()
     selector: dict[str, str | list[str] | bool] = {"label": f"{L.PRODUCT_LABEL}={L.PRODUCT}"}
     reaped: list[Reaped] = []
-    for container in client.containers.list(all=True, filters=selector):
+    # Another process (an instance, a test, another reaper) may remove what we just listed:
+    # sandbox.listing leaves it out, and a removal that finds it gone is no failure.
+    for container in listing.containers(client, selector):
         reason = orphan_reason(container.labels, now=now, host=host)
         if reason:
             try:
@@ -114,7 +117,7 @@ def reap(client: docker.DockerClient, *, now: float | None = None) -> list[Reape
             if state is not None:
                 shutil.rmtree(state, ignore_errors=True)
                 reaped.append(Reaped("directory", state, f"state of proxy {_name(container)}: {reason}"))
-    for network in client.networks.list(filters=selector):
+    for network in listing.networks(client, selector):
         reason = orphan_reason(network.attrs.get("Labels") or {}, now=now, host=host)
         if reason:
             try:
@@ -134,7 +137,7 @@ def reap_stray_volumes(client: docker.DockerClient) -> list[Reaped]:
 
     reaped: list[Reaped] = []
     selector = {"label": [f"{L.PRODUCT_LABEL}={L.PRODUCT}", f"{L.PURPOSE_LABEL}={STRAY_WORKSPACE_PURPOSE}"]}
-    for volume in client.volumes.list(filters=selector):
+    for volume in listing.volumes(client, selector):
         try:
             volume.remove()
             reaped.append(Reaped("volume", str(volume.name), "a stray workspace volume"))

@@ -7,10 +7,14 @@ files, when the last container using it stops, so each workspace has a *keeper*:
 hardened container (no network, no capabilities, read-only root, a few MiB, nothing but a
 sleeping PID 1) whose only job is to hold the volume mounted for the run's lifetime.
 
-Names are derived from the run's store key, so every instance on the same engine finds the same
-workspace (a run continued by another instance after a crash keeps its files); the volume and
-its keeper carry the product labels, the run key and the tenant, so a workspace whose run ended
-or vanished is found and removed by `reap` (the server runs it at start-up and on a timer).
+Names are derived from the deployment's scope and the run's store key, so every instance of one
+deployment on the same engine finds the same workspace (a run continued by another instance
+after a crash keeps its files), while two deployments on one engine (two stores, each with its
+own run X of tenant A) never share, find or remove each other's. The volume and its keeper carry
+the product labels, the scope, the run key and the tenant; every lookup, removal and reap checks
+the scope and the run key on the object itself (a name is only a digest), and a workspace whose
+run ended or vanished is found and removed by `reap` (the server runs it at start-up and on a
+timer).
 
 The control plane decides who may use a workspace; this module only makes, finds and removes
 them. `WorkspaceStore` is the seam: `DockerWorkspaces` is the real one, `sandbox.fake` has an
@@ -20,6 +24,7 @@ in-memory one for control-flow unit tests.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import time
@@ -28,6 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from sandbox import labels as L
+from sandbox import listing
 from sandbox.errors import EngineError, ProfileError
 from sandbox.profile import WORKSPACE_PATH, KiB, MiB
 
@@ -78,10 +84,18 @@ class WorkspaceInfo:
     keeper_running: bool
 
 
-def volume_name(run_key: str) -> str:
-    """The volume of `run_key`'s workspace: the same on every instance, safe as a Docker name
-    whatever the key holds (a key may contain `/`)."""
-    return "rf-ws-" + hashlib.sha256(run_key.encode()).hexdigest()[:32]
+def _digest(run_key: str, scope: str | None) -> str:
+    # JSON keeps the two apart whatever either holds (no separator a key could forge); an
+    # unscoped store keeps the digest of the key alone.
+    text = run_key if scope is None else json.dumps([scope, run_key])
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def volume_name(run_key: str, scope: str | None = None) -> str:
+    """The volume of `run_key`'s workspace in the deployment `scope` (DockerWorkspaces): the
+    same on every instance of that deployment, another in every other deployment, and safe as
+    a Docker name whatever the key holds (a key may contain `/`)."""
+    return "rf-ws-" + _digest(run_key, scope)
 
 
 @runtime_checkable
@@ -135,14 +149,14 @@ KEEPER_ARGV = ["sleep", "infinity"]
 _IN_USE_WAIT_S = 10.0
 
 
-def keeper_name(run_key: str) -> str:
+def keeper_name(run_key: str, scope: str | None = None) -> str:
     """The keeper container of `run_key`'s workspace (the same digest as its volume)."""
-    return KEEPER_PREFIX + volume_name(run_key)[len("rf-ws-"):]
+    return KEEPER_PREFIX + _digest(run_key, scope)
 
 
-def view_name(run_key: str) -> str:
+def view_name(run_key: str, scope: str | None = None) -> str:
     """The read-only view of `run_key`'s workspace."""
-    return volume_name(run_key) + WORKSPACE_VIEW_SUFFIX
+    return volume_name(run_key, scope) + WORKSPACE_VIEW_SUFFIX
 
 
 def volume_options(spec: WorkspaceSpec) -> dict[str, str]:
@@ -175,9 +189,11 @@ class DockerWorkspaces:
 
     def __init__(self, client: docker.DockerClient, lock: ImageLock, *, scope: str | None = None) -> None:
         """`scope`: the deployment whose workspaces these are (e.g. a digest of its store's
-        address), labelled on every object made and the only ones `list` and `reap` see. A
-        server reaps the workspaces whose runs its store does not know; without a scope, two
-        deployments with different stores on one engine would reap each other's."""
+        address): part of every name, labelled on every object made, and checked on every object
+        found, removed, listed or reaped. Two deployments with different stores on one engine
+        may each have a run of the same key (tenant A's run X); without a scope they would share
+        its workspace, and each would remove or reap the other's. Without one (tests, the
+        escape battery) the store sees only unscoped workspaces."""
         self._client = client
         self._lock = lock
         self._scope = scope
@@ -186,14 +202,14 @@ class DockerWorkspaces:
     # -- the protocol ----------------------------------------------------------------------
 
     def create(self, run_key: str, tenant: str, spec: WorkspaceSpec) -> str:
-        name = volume_name(run_key)
+        name = volume_name(run_key, self._scope)
         try:
             volume, made = self._volume(name, run_key, tenant, self._volume_options(spec), PURPOSE_VOLUME)
             try:
                 self._ensure_keeper(run_key, tenant, volume)
                 # After the keeper: the view binds whatever is mounted at the volume's host
                 # mount point when a call mounts it; that is the tmpfs while the keeper holds it.
-                self._volume(view_name(run_key), run_key, tenant,
+                self._volume(view_name(run_key, self._scope), run_key, tenant,
                              view_options(str(volume.attrs["Mountpoint"])), PURPOSE_VIEW)
             except BaseException:
                 if made:  # ours alone: never leave half a workspace behind (a retry makes it whole)
@@ -213,15 +229,15 @@ class DockerWorkspaces:
         import docker.errors
 
         try:
+            name = volume_name(run_key, self._scope)
             try:
-                volume = self._client.volumes.get(volume_name(run_key))
+                volume = self._client.volumes.get(name)
             except docker.errors.NotFound:
                 return None
             labels = volume.attrs.get("Labels") or {}
-            if labels.get(WORKSPACE_LABEL) != run_key:
-                return None  # not this run's (the name is a digest of the key; the label is the key)
-            return WorkspaceInfo(run_key, labels.get(TENANT_LABEL, ""), volume_name(run_key),
-                                 self._keeper_running(run_key))
+            if not self._ours(labels, run_key):
+                return None  # not this run's of this deployment (the name is only a digest)
+            return WorkspaceInfo(run_key, labels.get(TENANT_LABEL, ""), name, self._keeper_running(run_key))
         except self._errors as e:
             raise EngineError(f"cannot look up the workspace of run {run_key!r}: {type(e).__name__}: {e}") from e
 
@@ -238,21 +254,30 @@ class DockerWorkspaces:
             wanted.append(f"{L.TEST_SESSION_LABEL}={session}")
         selector: dict[str, Any] = {"label": wanted}
         try:
-            volumes = self._client.volumes.list(filters=selector)
-            keepers = self._client.containers.list(all=True, filters=selector)
+            volumes = listing.volumes(self._client, selector)
+            keepers = listing.containers(self._client, selector)
         except self._errors as e:
             raise EngineError(f"cannot list workspaces: {type(e).__name__}: {e}") from e
         tenants: dict[str, str] = {}
+        names: dict[str, str] = {}  # the volume as found (one an earlier version named is found too)
         running: set[str] = set()
         for volume in volumes:
             labels = volume.attrs.get("Labels") or {}
-            tenants.setdefault(labels[WORKSPACE_LABEL], labels.get(TENANT_LABEL, ""))
+            key = labels[WORKSPACE_LABEL]
+            if not self._ours(labels, key):  # the filter's job too; an unscoped store sees only the unscoped
+                continue
+            tenants.setdefault(key, labels.get(TENANT_LABEL, ""))
+            if labels.get(L.PURPOSE_LABEL) == PURPOSE_VOLUME:
+                names[key] = str(volume.name)
         for keeper in keepers:
             key = keeper.labels[WORKSPACE_LABEL]
+            if not self._ours(keeper.labels, key):
+                continue
             tenants.setdefault(key, keeper.labels.get(TENANT_LABEL, ""))
             if keeper.status == "running":
                 running.add(key)
-        return [WorkspaceInfo(key, tenant, volume_name(key), key in running) for key, tenant in sorted(tenants.items())]
+        return [WorkspaceInfo(key, tenant, names.get(key, volume_name(key, self._scope)), key in running)
+                for key, tenant in sorted(tenants.items())]
 
     def reap(self, keep: Callable[[WorkspaceInfo], bool]) -> int:
         removed = 0
@@ -271,6 +296,11 @@ class DockerWorkspaces:
     def _volume_options(self, spec: WorkspaceSpec) -> dict[str, str]:
         # One place, so the escape battery can remove exactly one option and show what it stops.
         return volume_options(spec)
+
+    def _ours(self, labels: dict[str, str], run_key: str) -> bool:
+        """Whether an object with these labels is `run_key`'s workspace in this store's scope
+        (names are digests: the labels hold the key and the scope themselves)."""
+        return labels.get(WORKSPACE_LABEL) == run_key and labels.get(SCOPE_LABEL) == self._scope
 
     def _labels(self, run_key: str, tenant: str, purpose: str) -> dict[str, str]:
         # No run label (sandbox.labels.RUN_LABEL): kill_run kills a run's calls, never the
@@ -297,33 +327,35 @@ class DockerWorkspaces:
             except docker.errors.APIError:
                 volume = self._client.volumes.get(name)  # another instance made it meanwhile
         labels = volume.attrs.get("Labels") or {}
-        if labels.get(WORKSPACE_LABEL) != run_key or labels.get(TENANT_LABEL) != tenant:
-            raise ProfileError("workspace", f"volume {name} exists and is not run {run_key!r}'s of tenant {tenant!r}")
+        if not self._ours(labels, run_key) or labels.get(TENANT_LABEL) != tenant:
+            raise ProfileError("workspace", f"volume {name} exists and is not run {run_key!r}'s of tenant {tenant!r} "
+                                            "in this deployment")
         return volume, made
 
     def _keeper_running(self, run_key: str) -> bool:
         import docker.errors
 
         try:
-            keeper = self._client.containers.get(keeper_name(run_key))
+            keeper = self._client.containers.get(keeper_name(run_key, self._scope))
         except docker.errors.NotFound:
             return False
-        return keeper.status == "running"
+        return self._ours(keeper.labels, run_key) and keeper.status == "running"
 
     def _ensure_keeper(self, run_key: str, tenant: str, volume: Volume) -> None:
         """The run's keeper, running: started again when it stopped, made anew when it cannot
         be started or does not exist."""
         import docker.errors
 
-        name = keeper_name(run_key)
+        name = keeper_name(run_key, self._scope)
         for _ in range(3):  # bounded: each round ends with a running keeper or a change seen
             try:
                 keeper: Container | None = self._client.containers.get(name)
             except docker.errors.NotFound:
                 keeper = None
             if keeper is not None:
-                if keeper.labels.get(WORKSPACE_LABEL) != run_key:
-                    raise ProfileError("workspace", f"container {name} exists and is not run {run_key!r}'s keeper")
+                if not self._ours(keeper.labels, run_key):
+                    raise ProfileError("workspace", f"container {name} exists and is not run {run_key!r}'s keeper "
+                                                    "in this deployment")
                 if keeper.status == "running":
                     return
                 try:
@@ -367,7 +399,7 @@ class DockerWorkspaces:
                       driver_config=DriverConfig("local", dict(volume.attrs.get("Options") or {})))
         return dict(
             image=resolve_pinned(self._client, "tool", self._lock),
-            name=keeper_name(run_key),
+            name=keeper_name(run_key, self._scope),
             labels=self._labels(run_key, tenant, PURPOSE_KEEPER),
             entrypoint=[INIT["runc"], "--"],
             command=list(KEEPER_ARGV),
@@ -395,14 +427,22 @@ class DockerWorkspaces:
         """Keeper, view, volume, in that order (a volume in use cannot be removed)."""
         import docker.errors
 
+        # A scoped store also removes what an earlier version named by the key alone (it carried
+        # the scope label already, so `_ours` tells it apart): a run that spanned the upgrade
+        # still leaves nothing behind.
+        scopes = [self._scope] if self._scope is None else [self._scope, None]
         found = False
-        try:
-            self._remove_container(self._client.containers.get(keeper_name(run_key)))
-            found = True
-        except docker.errors.NotFound:
-            pass
-        for name in (view_name(run_key), volume_name(run_key)):
-            found = self._remove_volume(name, run_key) or found
+        for scope in scopes:
+            try:
+                keeper = self._client.containers.get(keeper_name(run_key, scope))
+                if self._ours(keeper.labels, run_key):  # never another deployment's or run's
+                    self._remove_container(keeper)
+                    found = True
+            except docker.errors.NotFound:
+                pass
+        for scope in scopes:
+            for name in (view_name(run_key, scope), volume_name(run_key, scope)):
+                found = self._remove_volume(name, run_key) or found
         return found
 
     def _remove_volume(self, name: str, run_key: str) -> bool:
@@ -412,8 +452,8 @@ class DockerWorkspaces:
         while True:
             try:
                 volume = self._client.volumes.get(name)
-                if (volume.attrs.get("Labels") or {}).get(WORKSPACE_LABEL) != run_key:
-                    return False  # not this run's: never remove another's
+                if not self._ours(volume.attrs.get("Labels") or {}, run_key):
+                    return False  # not this run's of this deployment: never remove another's
                 volume.remove()
                 return True
             except docker.errors.NotFound:

@@ -7,13 +7,16 @@ the run if a test left something behind, so leaks are found rather than hidden.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 
+import docker.errors
 import pytest
 from pg_support import own_pg_cluster, pg_cluster, pg_url  # noqa: F401 - the PostgreSQL fixtures
 
 from sandbox import labels as L
+from sandbox import listing
 
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 SESSION = os.environ.setdefault(L.TEST_SESSION_ENV, uuid.uuid4().hex[:12])
@@ -59,17 +62,22 @@ def docker_client():
 def remove_session_objects(client) -> list[str]:
     """Remove every container, network and volume labelled with this test session (volumes last:
     a workspace's keeper holds its volume); return their names."""
-    selector = f"{L.TEST_SESSION_LABEL}={SESSION}"
+    selector = {"label": f"{L.TEST_SESSION_LABEL}={SESSION}"}
     removed = []
-    for container in client.containers.list(all=True, filters={"label": selector}):
+    # An object gone between the listing and its removal (a test's own finalizer, a reaper) was
+    # still left behind when listed: it is reported, and its absence is no error.
+    for container in listing.containers(client, selector):
         removed.append(f"container {container.name}")
-        container.remove(force=True)
-    for network in client.networks.list(filters={"label": selector}):
+        with contextlib.suppress(docker.errors.NotFound):
+            container.remove(force=True)
+    for network in listing.networks(client, selector):
         removed.append(f"network {network.name}")
-        network.remove()
-    for volume in client.volumes.list(filters={"label": selector}):
+        with contextlib.suppress(docker.errors.NotFound):
+            network.remove()
+    for volume in listing.volumes(client, selector):
         removed.append(f"volume {volume.name}")
-        volume.remove(force=True)
+        with contextlib.suppress(docker.errors.NotFound):
+            volume.remove(force=True)
     return removed
 
 

@@ -250,9 +250,10 @@ def _left_behind(run_id: str, names: set[str]) -> list[str]:
     import docker
 
     from sandbox import labels as L
+    from sandbox import listing
 
     with contextlib.closing(docker.from_env(timeout=60)) as client:
-        found = client.containers.list(all=True, filters={"label": f"{L.PRODUCT_LABEL}={L.PRODUCT}"})
+        found = listing.containers(client, {"label": f"{L.PRODUCT_LABEL}={L.PRODUCT}"})
         # An unnamed container (none should be) is reported by its id.
         return [c.name or c.short_id for c in found if c.labels.get(L.RUN_LABEL) == run_id or c.name in names]
 

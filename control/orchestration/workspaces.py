@@ -16,7 +16,8 @@ when the run ends, reaped when its run is gone.
     reap                     at start-up and every workspace.reap_interval_s: every workspace
                              whose run is finished or unknown to the store is removed.
 
-The workspace's name derives from the run's store key (`volume_name`), so any instance finds it.
+The workspace's name derives from the deployment's scope and the run's store key (`volume_name`),
+so any instance on the same store finds it and no other deployment on the engine does.
 """
 
 from __future__ import annotations
