@@ -6,9 +6,14 @@ use the same run id (or the same client key), and a receiver that deduplicates b
 never drop one tenant's real effect as a repeat of another's. Derived only from what the log
 holds, so the key is the same after a restart.
 
-The orchestrator looks the key up among the run's recorded completions (a completion found →
-the stored result, no dispatch) and passes it to the tool in the runner request, so a receiver
-can deduplicate too: that is the only defence for a crash between the effect and its record.
+The orchestrator looks a derived key up among the run's recorded completions (a completion
+found → the stored result, no dispatch) and passes the key to the tool in the runner request,
+so a receiver can deduplicate too: that is the only defence for a crash between the effect and
+its record. A client's key says nothing about the arguments, so it is judged against the call
+that claimed it in the store, the same way in its own run and in a later one: the same call →
+its stored result; other arguments → refused, never run; a call that may have run without a
+result → in doubt, never run again. A claim whose call provably never started (every attempt
+failed before a container existed) releases the key (control.orchestration.dispatch).
 """
 
 from __future__ import annotations

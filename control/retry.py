@@ -3,6 +3,7 @@
     classify(SandboxResult) -> FailureClass | None        None = success
     retry_call(attempt, policy, *, sleep, rng) -> Attempt  tenacity; transient/rate_limited only
     CircuitBreaker(threshold, cooldown_s, clock)          per tool: closed -> open -> half-open
+    never_started(Attempt) -> bool                        it provably reached no container
 
 Only `transient` (start_failed included: the engine had trouble before the tool could have
 started) and `rate_limited` are retried; `uncertain` (the engine failed after it could have
@@ -85,6 +86,16 @@ class Attempt:
     @property
     def ok(self) -> bool:
         return self.failure is None
+
+
+def never_started(attempt: Attempt) -> bool:
+    """Whether `attempt` provably never reached a tool: the sandbox failed before any container
+    could run it (`start_failed`: the engine unreachable, the image refused, create or start
+    refused) or the breaker refused it. A call whose every attempt is such never ran: it is
+    not executed, and its idempotency key is free for a call that does run. A failure after
+    the container could have started is `uncertain`, never this."""
+    return attempt.failure is FailureClass.CIRCUIT_OPEN or (
+        attempt.failure is not None and attempt.outcome == Outcome.START_FAILED.value)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,9 @@ Event types and their data:
     grant_added       tool, arguments, signature, by
     dispatch_started  call_id, tool, mutates, idempotency_key, arguments, signature, client_key
     attempt           call_id, attempt, failure_class|null, outcome, message, retry_after_s, duration_ms
-    call_completed    call_id, tool, mutates, idempotency_key, ok, content, error, error_class, attempts, cost
+    call_completed    call_id, tool, mutates, idempotency_key, ok, content, error, error_class, attempts, cost,
+                      executed (false: no attempt reached a container, the call never ran and its
+                      client key is free again; absent in older logs: true)
     observation       the Observation's fields
     run_finished      outcome, reason
 

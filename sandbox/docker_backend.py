@@ -18,6 +18,7 @@ import hashlib
 import inspect
 import json
 import logging
+import math
 import os
 import queue
 import select
@@ -40,13 +41,13 @@ import urllib3.exceptions
 from docker.models.containers import Container, _create_container_args  # type: ignore[attr-defined]  # private, so not in the stubs
 from docker.types import DriverConfig, LogConfig, Mount, Ulimit
 
-from sandbox import etc_files, launcher, seccomp
+from sandbox import etc_files, launcher, listing, seccomp
 from sandbox import labels as L
 from sandbox.backend import OutputListener, SandboxRequest
 from sandbox.errors import EngineError, ImageError, ProfileError
 from sandbox.pool import AttachStream, Demux, PoolSettings, Warm, WarmPool
 from sandbox.profile import ENGINE_RUNTIME, WORKSPACE_PATH, SandboxProfile, WorkspaceMount
-from sandbox.result import Outcome, SandboxResult, ToolErrorClass, classify_exit
+from sandbox.result import Outcome, SandboxResult, ToolErrorClass, classify_exit, parse_runner_line
 from sandbox.witness import InitWitness
 from sandbox.workspace import WORKSPACE_LABEL, WORKSPACE_VIEW_SUFFIX
 
@@ -861,10 +862,10 @@ class DockerBackend:
                 progress.killed_reason = reason
         killed = 0
         try:
-            found = self._client.containers.list(filters={"label": f"{L.RUN_LABEL}={run_id}"})
+            found = listing.containers(self._client, {"label": f"{L.RUN_LABEL}={run_id}"}, stopped=False)
             # Warm containers were created before their calls: their names say whose call they run.
             prefix = _claimed_prefix(run_id)
-            found += [c for c in self._client.containers.list(filters={"name": prefix})
+            found += [c for c in listing.containers(self._client, {"name": prefix}, stopped=False)
                       if (c.name or "").startswith(prefix)]
         except ENGINE_ERRORS as e:
             raise EngineError(f"cannot list the run's containers: {e}") from e
@@ -1163,11 +1164,14 @@ def _tool_error(request: SandboxRequest, exit_code: int | None,
     if not request.argv and exit_code == RUNNER_TOOL_ERROR_EXIT:
         try:
             line = stdout.strip().splitlines()[-1]
-            body = json.loads(line)
+            body = parse_runner_line(line)  # strict: a NaN here would reach the log as the retry hint
             error = body["error"]
             cls = ToolErrorClass(error["class"])
             retry_after = error.get("retry_after_s")
-            return cls, str(error.get("message", "")), (float(retry_after) if retry_after is not None else None)
+            hint = float(retry_after) if retry_after is not None else None
+            if hint is not None and not math.isfinite(hint):  # float("nan") takes the string too
+                raise ValueError(f"retry_after_s {retry_after!r} is not a finite number")
+            return cls, str(error.get("message", "")), hint
         except (ValueError, KeyError, IndexError, TypeError):
             return ToolErrorClass.FATAL, "runner reported an error it could not describe", None
     return ToolErrorClass.FATAL, f"exited with status {exit_code}", None

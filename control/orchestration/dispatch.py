@@ -9,6 +9,12 @@
 "Writes" are the calls of `ToolManifest.serial` tools: those that mutate, and those that write
 the run's workspace. A workspace tool gets the run's workspace mounted at /workspace (read-only
 for `read`), in a container of its own (never a warm one: a warm container's mounts are fixed).
+
+A call whose every attempt failed before a container existed (control.retry.never_started)
+never ran: its completion says `executed` false, its observation is DENIED, not executed
+(`sandbox:not_started`, the failure's class), and its client key is released. The runner's
+result line is strict JSON (sandbox.result.parse_runner_line): NaN or Infinity fails the call
+`fatal`, as any result that is not JSON does.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from control.config import Config
 from control.errors import ControlError, Internal
 from control.files import FileDesk
 from control.idempotency import client_idempotency_key, idempotency_key
-from control.model import Observation, ObservationStatus
+from control.model import Event, Observation, ObservationStatus
 from control.orchestration import spans
 from control.orchestration.crashpoints import crash_point
 from control.orchestration.live_output import LiveOutput
@@ -39,21 +45,25 @@ from control.orchestration.runs import RunRepository
 from control.orchestration.stops import RunStops
 from control.registry import ToolManifest
 from control.resource_policy import call_allowlist
-from control.retry import Attempt, CircuitBreaker, FailureClass, RetryPolicy, classify, retry_call
+from control.retry import Attempt, CircuitBreaker, FailureClass, RetryPolicy, classify, never_started, retry_call
 from control.state import EventType, RunState, sandbox_run_id
 from control.store.base import KeyTaken, StoreError
 from control.validation import signature
 from sandbox.backend import SandboxBackend, SandboxRequest
 from sandbox.errors import EngineError, ImageError, SandboxError
 from sandbox.profile import InputMount, SandboxProfile, WorkspaceMount
+from sandbox.result import parse_runner_line
 
 _tracer = trace.get_tracer("ringfence.control")
 log = logging.getLogger(__name__)
 
 
-def client_key_name(key: str) -> str:
-    """The store key (control.store) under which a client idempotency key is claimed."""
-    return f"idem:{key}"
+def client_key_name(key: str, generation: int = 1) -> str:
+    """The store key (control.store) under which a client idempotency key is claimed. A claim
+    whose call provably never started released the key (Dispatcher.key_claim): the next use
+    claims it again under the next generation's name. Store keys are never removed, so the
+    claim of a generation stays the atomic arbiter between runs racing for the same key."""
+    return f"idem:{key}" if generation == 1 else f"idem:{key}#{generation}"
 
 
 @dataclass(frozen=True)
@@ -152,21 +162,25 @@ class Dispatcher:
                                error=f"{stop.reason}; this call never ran", error_class=stop.outcome.value,
                                verdict_path=a.path + (f"run:{stop.outcome.value}",), approval_id=a.approval_id)
         key = a.recorded_key or self.key_for(state, manifest, a.arguments, a.client_key)
-        if key is not None and key in state.completions:
-            # 8 idempotency: recorded completion -> the stored result, no dispatch.
+        if key is not None and key in state.completions and a.client_key is None:
+            # 8 idempotency: recorded completion -> the stored result, no dispatch. Only for a
+            # derived key, which is the call's signature: a client's key says nothing about the
+            # arguments, so it is judged below against the call that claimed it, in this run
+            # exactly as in a later one (other arguments: refused, never a stored result).
             trace.get_current_span(ctx).add_event("idempotency.hit", {
                 "gen_ai.tool.name": manifest.name, "gen_ai.tool.call.id": a.call_id})
             return self._deduplicated(a, state.completions[key]["content"])
         claim: list[str] = []
         if a.client_key is not None and key is not None and not self._holds_client_key(state, a.call_id, key):
             # A client key spans the tenant's runs: the store holds it, with the call that used it.
-            earlier = self.client_key_holder(state, key, signature(manifest.name, a.arguments))
+            name, holder, events = self.key_claim(key)
+            earlier = self._holder_verdict(holder, events, signature(manifest.name, a.arguments))
             if isinstance(earlier, Observation):
                 return replace(earlier, call_id=a.call_id, verdict_path=a.path + earlier.verdict_path,
                                approval_id=a.approval_id)
-            if earlier is not None:
+            if holder is not None:
                 return self._deduplicated(a, earlier)
-            claim = [client_key_name(key)]
+            claim = [name]
         if manifest.workspace is not None and state.live_volume is None:
             # Admission refuses these; this is the same rule for a call that reaches dispatch
             # another way (an approval decided, recovery), never a container without the mount.
@@ -190,7 +204,12 @@ class Dispatcher:
         except KeyTaken:
             # Another run claimed the same client key a moment ago: answer as if we had seen it.
             assert key is not None  # only a claimed key can be taken, and only a key is claimed
-            earlier = self.client_key_holder(state, key, signature(manifest.name, a.arguments))
+            _name, holder, events = self.key_claim(key)
+            earlier = self._holder_verdict(holder, events, signature(manifest.name, a.arguments))
+            if holder is None:
+                # That claim was released already (its call never started): the key is free,
+                # but this call lost its turn; the caller sends it again.
+                earlier = _in_doubt(manifest.name)
             if isinstance(earlier, Observation):
                 return replace(earlier, call_id=a.call_id, verdict_path=a.path + earlier.verdict_path,
                                approval_id=a.approval_id)
@@ -207,6 +226,10 @@ class Dispatcher:
                             "ringfence.idempotency.hit": False,
                             **spans.tool_attributes(manifest, profile, a.arguments)}) as span:
             tool_ctx = otel_context.get_current()
+            # Attempts of an earlier dispatch of this call (recovery runs it again) may have
+            # reached a container: then it is never reported as not started.
+            tried_before = a.call_id in state.attempts
+            tried: list[Attempt] = []
             request_body = json.dumps({"tool": manifest.name, "arguments": a.arguments, "call_id": a.call_id,
                                        "idempotency_key": key}, separators=(",", ":")).encode()
 
@@ -217,6 +240,7 @@ class Dispatcher:
                 else:
                     result = self._attempt(state, a, profile, request_body, n)
                     breaker.record(result.failure)
+                tried.append(result)
                 spans.attempt_span(tool_ctx, started_ns, time.time_ns(), result)
                 self.repo.append(state, EventType.ATTEMPT, {
                     "call_id": a.call_id, "attempt": n,
@@ -228,6 +252,9 @@ class Dispatcher:
 
             final = retry_call(attempt, self._retry, sleep=self._sleep, rng=self._rng)
             attempts = state.attempts.get(a.call_id, final.number)
+            # Every attempt failed before a container existed: the call never ran (not executed,
+            # and its client key, if any, is free again: key_claim).
+            executed = tried_before or not all(never_started(t) for t in tried)
             span.set_attribute("ringfence.attempts", attempts)
             span.set_attribute("ringfence.outcome", final.outcome or "")
             if final.image_id:
@@ -247,7 +274,7 @@ class Dispatcher:
                                 if guard else None),
                       "error": None if final.ok else guardrails.redact((final.message or str(final.failure))[:2000]),
                       "error_class": final.failure.value if final.failure else None,
-                      "attempts": attempts, "cost": manifest.cost * attempts}
+                      "attempts": attempts, "cost": manifest.cost * attempts, "executed": executed}
         self.repo.append(state, EventType.CALL_COMPLETED, completion)
         crash_point("after_completion", manifest.name)
         if final.ok and manifest.outputs:
@@ -272,11 +299,27 @@ class Dispatcher:
 
     def _holds_client_key(self, state: RunState, call_id: str, key: str) -> bool:
         """This very call claimed the key before (recovery runs it again after a restart)."""
-        holder = self.repo.store.lookup_key(client_key_name(key))
+        _name, holder, events = self.key_claim(key)
         if holder is None or holder[0] != state.key:
             return False
-        events = self.repo.store.read(state.key, holder[1])
         return bool(events) and events[0].seq == holder[1] and events[0].data.get("call_id") == call_id
+
+    def key_claim(self, key: str) -> tuple[str, tuple[str, int] | None, list[Event]]:
+        """The claim that speaks for a client key now: (its store key name, the (run, seq) of
+        the `dispatch_started` holding it or None when it is free, that run's events from the
+        holder on). A claim whose call completed without ever starting (every attempt failed
+        before a container existed: `executed` false) released the key: the next generation's
+        claim speaks instead, and the first free one is where the key is claimed again."""
+        generation = 1
+        while True:
+            name = client_key_name(key, generation)
+            holder = self.repo.store.lookup_key(name)
+            if holder is None:
+                return name, None, []
+            events = self.repo.store.read(holder[0], holder[1])
+            if not _released(events, holder[1]):
+                return name, holder, events
+            generation += 1
 
     def lookup(self, state: RunState, call_id: str, manifest: ToolManifest, arguments: Mapping[str, Any]) -> Attempt:
         """Run a read-only look-up tool for `call_id` (reconciliation): retried like any read,
@@ -294,14 +337,19 @@ class Dispatcher:
                            verdict_path=a.path + ("idempotency:deduplicated",), approval_id=a.approval_id)
 
     def client_key_holder(self, state: RunState, key: str, call_signature: str) -> Any:
-        """What an earlier use of a client key says about this call: None (never used), the
-        recorded result's content (used for the same call, completed: deduplicate), or an
-        Observation refusing it (used for other arguments, or its outcome is not known yet)."""
-        holder = self.repo.store.lookup_key(client_key_name(key))
+        """What an earlier use of a client key says about this call: None (never used, or only
+        by calls that never started), the recorded result's content (used for the same call,
+        completed: deduplicate), or an Observation refusing it (used for other arguments, or
+        its outcome is not known yet)."""
+        _name, holder, events = self.key_claim(key)
+        return self._holder_verdict(holder, events, call_signature)
+
+    @staticmethod
+    def _holder_verdict(holder: tuple[str, int] | None, events: list[Event], call_signature: str) -> Any:
+        """client_key_holder's answer from the claim key_claim found."""
         if holder is None:
             return None
-        run_key, seq = holder
-        events = self.repo.store.read(run_key, seq)
+        seq = holder[1]
         started = events[0].data if events and events[0].seq == seq else {}
         tool = started.get("tool", "?")
         if started.get("signature") != call_signature:
@@ -314,10 +362,7 @@ class Dispatcher:
                 if event.data.get("ok"):
                     return event.data.get("content")
                 break
-        return Observation("", tool, ObservationStatus.DENIED, False,
-                           error="this idempotency key belongs to a call that did not complete successfully (or "
-                                 "has not completed yet); it is not run again: use a new key to try again",
-                           error_class="idempotency_key_in_doubt", verdict_path=("idempotency:in_doubt",))
+        return _in_doubt(tool)
 
     def profile(self, manifest: ToolManifest, state: RunState | None = None) -> SandboxProfile:
         """The sandbox of one call of `manifest` (in `state`'s run: its workspace, if the tool
@@ -380,7 +425,9 @@ class Dispatcher:
         if failure is None:
             try:
                 line = result.stdout.decode("utf-8").strip().splitlines()[-1]
-                doc = json.loads(line)
+                # Strict JSON: NaN and Infinity fail the call here, as the tool's fault; the
+                # store would refuse them later, and the run would end `error` instead.
+                doc = parse_runner_line(line)
                 if not isinstance(doc, dict) or doc.get("ok") is not True or "content" not in doc:
                     raise ValueError("not a runner success document")
             except (ValueError, IndexError, UnicodeDecodeError) as e:
@@ -401,6 +448,12 @@ def completion_observation(call_id: str, tool: str, completion: Mapping[str, Any
     """The observation of a recorded completion (also what recovery writes for a completion
     whose observation was lost in a crash)."""
     attempts = int(completion.get("attempts") or 0)
+    if not completion.get("ok") and completion.get("executed") is False:
+        # No attempt reached a container (a completion written before `executed` existed
+        # counts as executed): the call never ran, and may be sent again, with its key.
+        return Observation(call_id, tool, ObservationStatus.DENIED, False, error=completion.get("error"),
+                           error_class=completion.get("error_class"), verdict_path=path + ("sandbox:not_started",),
+                           approval_id=approval_id, attempts=attempts)
     if not completion.get("ok"):
         return Observation(call_id, tool, ObservationStatus.EXECUTED, True, error=completion.get("error"),
                            error_class=completion.get("error_class"), verdict_path=path + ("executed:failed",),
@@ -423,3 +476,23 @@ def completion_observation(call_id: str, tool: str, completion: Mapping[str, Any
     return Observation(call_id, tool, ObservationStatus.EXECUTED, True, content=content,
                        error=guard["reason"] or None, verdict_path=path + suffix, approval_id=approval_id,
                        attempts=attempts)
+
+
+def _in_doubt(tool: str) -> Observation:
+    """The refusal of a client key whose call may have run and has no successful result."""
+    return Observation("", tool, ObservationStatus.DENIED, False,
+                       error="this idempotency key belongs to a call that did not complete successfully (or "
+                             "has not completed yet); it is not run again: use a new key to try again",
+                       error_class="idempotency_key_in_doubt", verdict_path=("idempotency:in_doubt",))
+
+
+def _released(events: list[Event], seq: int) -> bool:
+    """Whether the claim at `seq` (its `dispatch_started`, first of `events`) was released:
+    its call completed without any attempt reaching a container."""
+    if not events or events[0].seq != seq:
+        return False
+    call_id = events[0].data.get("call_id")
+    for event in events:
+        if event.type == EventType.CALL_COMPLETED and event.data.get("call_id") == call_id:
+            return event.data.get("executed") is False and not event.data.get("ok")
+    return False
