@@ -38,7 +38,10 @@ class _ObservationStatusEnumTypeWrapper(google.protobuf.internal.enum_type_wrapp
     OBSERVATION_STATUS_EXECUTED: _ObservationStatus.ValueType  # 1
     """The tool ran; `error` is set when the tool itself reported an error."""
     OBSERVATION_STATUS_DENIED: _ObservationStatus.ValueType  # 2
-    """Policy (resource or contextual) denied the call; it never ran."""
+    """Policy (resource or contextual) denied the call, or it could not be started (an open
+    circuit; the engine unreachable on every attempt: verdict_path ends `sandbox:not_started`
+    and error.class says whether to try again); it never ran.
+    """
     OBSERVATION_STATUS_BLOCKED: _ObservationStatus.ValueType  # 3
     """An action guardrail (secret scanner, loop detector) blocked the call; it never ran."""
     OBSERVATION_STATUS_DECLINED: _ObservationStatus.ValueType  # 4
@@ -61,7 +64,10 @@ OBSERVATION_STATUS_UNSPECIFIED: ObservationStatus.ValueType  # 0
 OBSERVATION_STATUS_EXECUTED: ObservationStatus.ValueType  # 1
 """The tool ran; `error` is set when the tool itself reported an error."""
 OBSERVATION_STATUS_DENIED: ObservationStatus.ValueType  # 2
-"""Policy (resource or contextual) denied the call; it never ran."""
+"""Policy (resource or contextual) denied the call, or it could not be started (an open
+circuit; the engine unreachable on every attempt: verdict_path ends `sandbox:not_started`
+and error.class says whether to try again); it never ran.
+"""
 OBSERVATION_STATUS_BLOCKED: ObservationStatus.ValueType  # 3
 """An action guardrail (secret scanner, loop detector) blocked the call; it never ran."""
 OBSERVATION_STATUS_DECLINED: ObservationStatus.ValueType  # 4
@@ -212,7 +218,8 @@ class ProposedCall(google.protobuf.message.Message):
     idempotency_key: builtins.str
     """For a mutating tool: the client's idempotency key, scoped to the tenant (two tenants never
     share one). The same key again — in this run or a later one — returns the recorded result
-    instead of running the call; the same key with other arguments is refused, never run.
+    instead of running the call; the same key with other arguments is refused, never run, in
+    this run as in a later one. A call that never started frees its key.
     """
     def __init__(
         self,
