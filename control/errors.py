@@ -7,7 +7,7 @@
     ├── FailedPrecondition                e.g. a batch submitted to a finished run
     ├── Unauthenticated
     ├── PermissionDenied                  authenticated, wrong role
-    ├── ResourceExhausted                 sizes, per-tenant concurrency
+    ├── ResourceExhausted                 sizes, per-tenant concurrency, the event store's full disk
     ├── Unavailable                       the sandbox engine cannot be reached
     └── Internal                          a server fault (a bug), with an incident id: retrying
                                           will not help; never raised by the core on purpose

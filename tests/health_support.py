@@ -26,3 +26,43 @@ def wait_for(address: str, wanted: int, service: str = "") -> int:
             return seen
         threading.Event().wait(0.025)
     return seen
+
+
+class Watcher:
+    """A grpc.health.v1 Watch stream read on a thread: every status the server sent, in order.
+    For changes too brief to be caught by polling Check (an outage of a few seconds)."""
+
+    def __init__(self, address: str, service: str = "") -> None:
+        self.seen: list[int] = []
+        self._changed = threading.Condition()
+        self._channel = grpc.insecure_channel(address)
+        self._call = health_pb2_grpc.HealthStub(self._channel).Watch(
+            health_pb2.HealthCheckRequest(service=service), timeout=300)
+        self._thread = threading.Thread(target=self._read, name="health-watch", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            for response in self._call:
+                with self._changed:
+                    self.seen.append(response.status)
+                    self._changed.notify_all()
+        except grpc.RpcError:
+            pass  # cancelled by close(), or the server went away
+
+    def wait_for(self, *statuses: int, timeout: float = 60) -> list[int]:
+        """What was seen once `statuses` appeared in that order (not necessarily adjacent), or all
+        that was seen when `timeout` ran out first (bounded: no timing assertion)."""
+
+        def found() -> bool:
+            it = iter(self.seen)
+            return all(any(s == wanted for s in it) for wanted in statuses)
+
+        with self._changed:
+            self._changed.wait_for(found, timeout)
+            return list(self.seen)
+
+    def close(self) -> None:
+        self._call.cancel()
+        self._thread.join(10)
+        self._channel.close()

@@ -67,7 +67,7 @@ from control.policy import PolicyEngine
 from control.registry import Registry
 from control.routing.service import TicketRouter
 from control.state import EventType, RunState
-from control.store.base import EventStore, SeqConflict
+from control.store.base import EventStore
 from control.validation import signature, validate_arguments
 from sandbox.backend import SandboxBackend
 from sandbox.errors import EngineError
@@ -238,46 +238,46 @@ class Orchestrator:
         spec = self.run_workspaces.spec_for(workspace) if workspace is not None else None
         if spec is not None:
             self.run_workspaces.require_store()
-        with self.runs.run_lock(f"{p.tenant}/{run_id}"):
-            try:
-                existing = self.runs.get(p.tenant, run_id)
-            except NotFound:
-                pass  # a new run
-            else:
-                return self._existing_run(existing)
-            now = self._clock()
-            # The run is a trace of its own (it outlives the RPC that started it, and its later
-            # batches come from other RPCs), linked to the caller's span when there is one.
-            caller = trace.get_current_span().get_span_context()
-            with _tracer.start_as_current_span("invoke_agent", context=otel_context.Context(),
-                                               links=[trace.Link(caller)] if caller.is_valid else [],
-                                               attributes={"gen_ai.operation.name": "invoke_agent",
-                                                           "ringfence.run_id": run_id,
-                                                           "ringfence.tenant": p.tenant}) as span:
-                ctx = span.get_span_context()
-                trace_ids = ({"trace_id": f"{ctx.trace_id:032x}", "span_id": f"{ctx.span_id:016x}"}
-                             if ctx.is_valid else {})
-            state = RunState(run_id=run_id, tenant=p.tenant, key=self.runs.new_key(p.tenant, run_id))
-            try:
-                with self.runs.writing(state):
-                    # The ask is recorded first: a StartRun sent again finds it and makes a
-                    # workspace the engine (or a crash) did not. The workspace itself is made
-                    # after run_started, so a reaper never finds it without its run.
-                    self.runs.start(state, {
-                        "run_id": run_id, "tenant": p.tenant, "goal": goal, "created_at": now,
-                        "deadline_at": now + self.limits.run_deadline_s, "policy_version": self.policy.version,
-                        "trace": trace_ids, "by": p.subject,
-                        "workspace": None if spec is None else {"bytes": spec.bytes, "inodes": spec.inodes}})
-                    if spec is not None:
-                        self.run_workspaces.create(state, spec)
-            except SeqConflict:
-                # Another instance started the same run a moment ago: that run is the answer.
-                return self._existing_run(self.runs.get(p.tenant, run_id))
-            return self.runs.view(state)
+        # No local lock around the store: the store decides which start creates the run (one
+        # insert-if-absent), and a lock held across its calls made every StartRun of one id
+        # wait out the one before it while the store was unreachable.
+        try:
+            existing = self.runs.get(p.tenant, run_id)
+        except NotFound:
+            pass  # a new run
+        else:
+            return self._existing_run(existing)
+        now = self._clock()
+        # The run is a trace of its own (it outlives the RPC that started it, and its later
+        # batches come from other RPCs), linked to the caller's span when there is one.
+        caller = trace.get_current_span().get_span_context()
+        with _tracer.start_as_current_span("invoke_agent", context=otel_context.Context(),
+                                           links=[trace.Link(caller)] if caller.is_valid else [],
+                                           attributes={"gen_ai.operation.name": "invoke_agent",
+                                                       "ringfence.run_id": run_id,
+                                                       "ringfence.tenant": p.tenant}) as span:
+            ctx = span.get_span_context()
+            trace_ids = ({"trace_id": f"{ctx.trace_id:032x}", "span_id": f"{ctx.span_id:016x}"}
+                         if ctx.is_valid else {})
+        # The ask is recorded first: a StartRun sent again finds it and makes a workspace
+        # the engine (or a crash) did not. The workspace itself is made after run_started,
+        # so a reaper never finds it without its run.
+        state = self.runs.start(p.tenant, run_id, {
+            "run_id": run_id, "tenant": p.tenant, "goal": goal, "created_at": now,
+            "deadline_at": now + self.limits.run_deadline_s, "policy_version": self.policy.version,
+            "trace": trace_ids, "by": p.subject,
+            "workspace": None if spec is None else {"bytes": spec.bytes, "inodes": spec.inodes}})
+        if state is None:
+            # This tenant started the same run a moment ago (another thread or instance):
+            # that run, with its goal, is the answer.
+            state = self.runs.get(p.tenant, run_id)
+        # Winner or not, the workspace is made by whoever holds the run first and finds it
+        # missing: never twice, even when another instance answers the same StartRun.
+        return self._existing_run(state)
 
     def _existing_run(self, state: RunState) -> RunView:
-        """StartRun of a run that exists: as it is, with the workspace it asked for at its start
-        made now if it never was (and this server can)."""
+        """StartRun's answer for a run that exists (just started, or found): as it is, with the
+        workspace it asked for at its start made now if it never was (and this server can)."""
         if self.workspace_store is not None and self.run_workspaces.missing(state) is not None:
             with self._write(state):
                 spec = self.run_workspaces.missing(state)

@@ -13,6 +13,10 @@ catches up with the store, so what another instance appended is seen here.
 
 Locks: `writing(state)` (a per-run re-entrant lock, then the lease) serializes batches and
 decisions of one run; `append` is atomic per run (parallel reads append from several threads).
+A cached run's state has a lock of its own, held only while events are applied to it or it is
+read, never while the store is asked anything: a reader of a run (GetRun, catching up) waits
+for its own store read and for nobody else's, so while the store is unreachable each caller
+is answered after one store timeout, not after the timeouts of every caller before it.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from control.model import (
 )
 from control.orchestration.crashpoints import crash_point
 from control.state import EventType, RunState, apply, check_event, fold, observation_data
-from control.store.base import EventStore, Lease
+from control.store.base import EventStore, Lease, RunExists
 from sandbox.labels import instance_id
 
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}")
@@ -82,7 +86,8 @@ class RunRepository:
         self._approval_runs: dict[str, tuple[str, str]] = {}  # approval id -> (tenant, run id)
         self._lock = threading.Lock()  # guards the dicts above and the lock tables below
         self._run_locks: dict[str, threading.RLock] = {}
-        self._append_locks: dict[str, threading.Lock] = {}
+        self._append_locks: dict[str, threading.Lock] = {}  # held across a store append
+        self._state_locks: dict[str, threading.Lock] = {}  # held across no store call
         # Called with (state, event) after every append is applied (metrics, tests).
         self.on_event: Callable[[RunState, Event], None] | None = None
         # Called by finish() with (state, final outcome) just before run_finished is appended:
@@ -111,9 +116,13 @@ class RunRepository:
         return out
 
     def catch_up(self, state: RunState) -> RunState:
-        """Apply what the store holds past this cached state (another instance's appends)."""
-        with self._append_lock(state.key):
-            for event in self.store.read(state.key, state.last_seq + 1):
+        """Apply what the store holds past this cached state (another instance's appends). The
+        store is read with no lock held (see the module's docstring)."""
+        events = self.store.read(state.key, state.last_seq + 1)
+        with self._state_lock(state.key):
+            for event in events:
+                if event.seq <= state.last_seq:
+                    continue  # applied while we read: by the append that wrote it, or another reader
                 apply(state, event)
                 if event.type == EventType.RUN_FINISHED:
                     self._forget(state)
@@ -175,11 +184,6 @@ class RunRepository:
         if where is None or where[0] != tenant:
             return None
         return self.get(*where)
-
-    def new_key(self, tenant: str, run_id: str) -> str:
-        """The store key for a new run: its id, unless another tenant holds it ("/" is not
-        allowed in run ids, so the namespaced form cannot collide with a caller's id)."""
-        return run_id if self.store.tenant_of(run_id) in (None, tenant) else f"{tenant}/{run_id}"
 
     # -- locks -------------------------------------------------------------------------
 
@@ -261,21 +265,49 @@ class RunRepository:
         with self._lock:
             return self._append_locks.setdefault(key, threading.Lock())
 
+    def _state_lock(self, key: str) -> threading.Lock:
+        with self._lock:
+            return self._state_locks.setdefault(key, threading.Lock())
+
     def view(self, state: RunState) -> RunView:
-        # Under the append lock: parallel dispatch threads may be applying events right now.
-        with self._append_lock(state.key):
+        # Under the state lock: parallel dispatch threads may be applying events right now.
+        with self._state_lock(state.key):
             return state.view()
 
     def approvals_of(self, state: RunState) -> list[Approval]:
-        with self._append_lock(state.key):
+        with self._state_lock(state.key):
             return list(state.approvals.values())
 
     # -- writing -----------------------------------------------------------------------
 
-    def start(self, state: RunState, data: Mapping[str, Any]) -> RunState:
-        self.append(state, EventType.RUN_STARTED, data)
-        self._remember(state)
-        return state
+    def start(self, tenant: str, run_id: str, data: Mapping[str, Any]) -> RunState | None:
+        """Create a tenant's run: append its `run_started` (`data`) as the first event of a store
+        key. Returns the new run, or None when this tenant's run with that id exists already
+        (another thread or instance started it a moment before: the caller answers with it).
+
+        The key is decided by the store, atomically: an append with expected_seq=1 is refused
+        (RunExists, naming the holder's tenant) once the key has any event, whichever instance
+        or tenant wrote it, so of several starts exactly one writes `run_started` and nobody
+        ever folds another's event into a run of their own. No lease is taken for it: the
+        insert-if-absent is the single-writer rule of a run that has no events yet.
+
+        The key is the run id, or `tenant/run_id` when another tenant holds the id: each
+        tenant gets a run of its own, and starting an id another tenant uses looks exactly like
+        starting a fresh one (a refusal would tell a tenant that somebody else uses the id).
+        "/" is not allowed in run ids, so the namespaced form never collides with a caller's
+        id, nor one tenant's namespaced key with another's."""
+        for key in (run_id, f"{tenant}/{run_id}"):
+            state = RunState(run_id=run_id, tenant=tenant, key=key)
+            try:
+                self.append(state, EventType.RUN_STARTED, data)
+            except RunExists as e:
+                if e.tenant == tenant:
+                    return None
+                continue  # another tenant's run: this tenant's goes under its own namespace
+            self._remember(state)
+            return state
+        # Only this tenant ever creates `tenant/run_id`; reaching here is a bug, not a race.
+        raise RuntimeError(f"run key {tenant}/{run_id} is held by another tenant")
 
     def append(self, state: RunState, type_: EventType, data: Mapping[str, Any], keys: Sequence[str] = ()) -> Event:
         """Durably append one event and apply it. An event the fold would reject is refused
@@ -284,7 +316,9 @@ class RunRepository:
         with self._append_lock(state.key):
             event = self.store.append(state.key, type_.value, data, expected_seq=state.last_seq + 1,
                                       tenant=state.tenant, keys=keys, lease=self._leases.get(state.key))
-            apply(state, event)
+            with self._state_lock(state.key):
+                if event.seq > state.last_seq:  # else a reader's catch_up applied it already
+                    apply(state, event)
             if type_ is EventType.APPROVAL_REQUESTED:
                 with self._lock:
                     self._approval_runs[data["approval_id"]] = (state.tenant, state.run_id)

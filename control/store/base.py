@@ -7,8 +7,12 @@ through a path the database itself sanctions.
 
     append(run_id, type, data, expected_seq=None, tenant=None, lease=None, keys=()) -> Event
         `expected_seq`: the seq the new event must get (optimistic concurrency); another value
-        means somebody else appended first -> SeqConflict. The first event of a run must carry
-        the run's tenant (argument, or `data["tenant"]`). `lease`: see below. The returned event
+        means somebody else appended first -> SeqConflict. expected_seq=1 creates the run: if
+        the run id has any event already -> RunExists (a SeqConflict naming the tenant that
+        holds it), decided in the append's transaction before the lease and the tenant are
+        looked at, so of several instances (or tenants) creating one run id at once exactly one
+        wins. The first event of a run must carry the run's tenant (argument, or
+        `data["tenant"]`). `lease`: see below. The returned event
         carries `prev_hash` and `hash` (control.store.audit). `keys`: names this event claims,
         unique across all runs (an approval id, a tenant's client idempotency key); one already
         held -> KeyTaken, and nothing is appended.
@@ -37,27 +41,36 @@ through a path the database itself sanctions.
     close()
 
 Run ids are the store's keys: usually the caller's run id, `tenant/run_id` when another tenant
-had already taken that id (see control.orchestration.runs.RunRepository.new_key).
+had already taken that id (see control.orchestration.runs.RunRepository.start).
 
 Errors:
 
     StoreError < control.errors.FailedPrecondition
     ├── SeqConflict            the run's log moved on since the caller read it
+    │   └── RunExists          append(expected_seq=1) of a run id that already has events
     ├── LeaseLost              the append's lease is not (or no longer) the run's current one
     ├── KeyTaken               a key the append claims is held by another event
     ├── RevisionConflict       a record was revised since the caller read it
     ├── SchemaVersionError     the database's schema is newer than this code, or unknown
-    └── StoreUnavailable       the database cannot be reached (also a control.errors.Unavailable)
+    ├── StoreUnavailable       the database cannot be reached (also a control.errors.Unavailable)
+    └── StoreFull              the database's disk is full: nothing can be written until space is
+                               freed (also a control.errors.ResourceExhausted)
+
+`ping()` raises while the store cannot serve: StoreUnavailable when it does not answer, and
+StoreFull from the moment a write failed for want of space until a write succeeds again (ping
+itself tries a write that needs new space meanwhile: a server reporting NOT_SERVING gets no
+writes that could tell it the disk has room again). See WriteOutage.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from control.errors import FailedPrecondition, Unavailable
+from control.errors import FailedPrecondition, ResourceExhausted, Unavailable
 from control.model import Event
 
 SCHEMA_VERSION = 4
@@ -99,6 +112,27 @@ class StoreError(FailedPrecondition):
 
 class SeqConflict(StoreError):
     """The run's log moved on since the caller read it."""
+
+
+class RunExists(SeqConflict):
+    """append(expected_seq=1): the run id already has events. `tenant` is the tenant they belong
+    to, for the caller to tell "my run, started a moment ago" from "another tenant's id"; the
+    message does not name it (it must not reach another tenant)."""
+
+    def __init__(self, run_id: str, tenant: str) -> None:
+        super().__init__(f"run {run_id} already exists")
+        self.run_id = run_id
+        self.tenant = tenant
+
+
+def refuse_existing_run(run_id: str, head_tenant: str | None, expected_seq: int | None) -> None:
+    """An append that creates a run (expected_seq=1) of a run id that has events: RunExists.
+
+    `head_tenant`: the tenant of the run's events, None when it has none. Stores call this
+    first in the append's transaction, before the lease check: a creator holds no lease, and
+    a run someone is writing right now must still read as "exists", not "busy"."""
+    if expected_seq == 1 and head_tenant is not None:
+        raise RunExists(run_id, head_tenant)
 
 
 class LeaseLost(Unavailable, StoreError):
@@ -144,6 +178,36 @@ class SchemaVersionError(StoreError):
 
 class StoreUnavailable(Unavailable, StoreError):
     """The database cannot be reached. Unavailable first: the edge maps it to UNAVAILABLE."""
+
+
+class StoreFull(ResourceExhausted, StoreError):
+    """The database's disk is full (SQLite's SQLITE_FULL, PostgreSQL's SQLSTATE 53100): nothing
+    was written. ResourceExhausted first: the edge maps it to RESOURCE_EXHAUSTED, which a client
+    may retry later (once space is freed), never at once like UNAVAILABLE."""
+
+
+class WriteOutage:
+    """Whether a store's writes fail for want of space: set by a write that failed that way,
+    cleared by the next one that succeeds. The store's `ping` reads it, so the server's health
+    says NOT_SERVING while nothing can be written, though every read still answers."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._reason: str | None = None
+
+    @property
+    def reason(self) -> str | None:
+        """Why the last write failed, while no write has succeeded since; None otherwise."""
+        with self._lock:
+            return self._reason
+
+    def failed(self, reason: str) -> None:
+        with self._lock:
+            self._reason = reason
+
+    def succeeded(self) -> None:
+        with self._lock:
+            self._reason = None
 
 
 @dataclass(frozen=True)
@@ -267,7 +331,8 @@ class EventStore(Protocol):
         ...
 
     def ping(self) -> None:
-        """Raise StoreUnavailable unless the store answers now (the server's health checks)."""
+        """Raise StoreUnavailable unless the store answers now, StoreFull while its writes fail
+        for want of space (the server's health checks)."""
         ...
 
     def close(self) -> None: ...

@@ -12,6 +12,9 @@ control-plane instances sharing one database.
   delivered at commit, and only then). One listener connection per store object dispatches to
   the threads in `wait_for` by run id and bumps `version()`.
 - Thread-safe: a psycopg_pool connection pool; the gRPC edge calls from many threads.
+- An unreachable database costs each call one `timeout_s` (the wait for a pool connection),
+  then StoreUnavailable; the health probe (`ping`) has a connection of its own, so it notices
+  an outage at its next round instead of after the pool's wait and reconnect backoff.
 """
 
 from __future__ import annotations
@@ -41,12 +44,15 @@ from control.store.base import (
     RevisionConflict,
     SeqConflict,
     StoreError,
+    StoreFull,
     StoreUnavailable,
     Subscribers,
+    WriteOutage,
     check_lease,
     check_lease_args,
     next_event,
     next_revision,
+    refuse_existing_run,
 )
 from control.store.postgres_schema import open_schema
 
@@ -58,6 +64,16 @@ CHANNEL = "ringfence_events"
 _EVENT_COLUMNS = "run_id, seq, type, data, schema_version, at, prev_hash, hash"
 _RUN_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 
+_WRITE_PROBE = ("CREATE TEMP TABLE ringfence_write_probe (x int) ON COMMIT DROP",
+                "INSERT INTO ringfence_write_probe VALUES (1)")
+"""The write `ping` tries while writes fail for want of disk (in one transaction, dropped at
+its commit): a new relation that grows by one block, in the database's tablespace as the
+events' tables (unless temp_tablespaces says otherwise). A row written into an existing table
+would fit in a page with room left and succeed while the events could not grow."""
+
+DEFAULT_TIMEOUT_S = 5.0
+"""How long a call waits for a database connection by default (control.config.Limits.store_timeout_s)."""
+
 
 class PostgresEventStore:
     FALLBACK_RECHECK_S = 5.0
@@ -65,8 +81,14 @@ class PostgresEventStore:
     it notices an append if the listener connection was lost and is reconnecting."""
 
     def __init__(self, url: str, *, clock: Callable[[], float] = time.time, pool_size: int = 10,
-                 connect_timeout_s: float = 10.0) -> None:
+                 connect_timeout_s: float = 10.0, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        """`connect_timeout_s`: for opening the store. `timeout_s`: what a call waits at most for
+        a connection later (from the pool, or the health probe's own) before StoreUnavailable."""
         self.url = url
+        self._timeout_s = timeout_s
+        self._writes = WriteOutage()
+        self._probe: psycopg.Connection | None = None  # ping's own connection
+        self._probe_lock = threading.Lock()
         self._clock = clock
         self._cond = threading.Condition(threading.Lock())
         self._version = 0
@@ -83,7 +105,8 @@ class PostgresEventStore:
             raise StoreUnavailable(f"cannot open the event store database: {e}") from e
         self._pool = ConnectionPool(url, min_size=1, max_size=pool_size, open=False, name="ringfence-store",
                                     kwargs={"autocommit": True, "application_name": "ringfence"},
-                                    configure=_configure, check=ConnectionPool.check_connection)
+                                    configure=_configure, check=ConnectionPool.check_connection,
+                                    timeout=timeout_s)
         try:
             self._pool.open(wait=True, timeout=connect_timeout_s)
             self._listener = _Listener(url, self._on_notify, self._wake_all)
@@ -104,9 +127,10 @@ class PostgresEventStore:
         try:
             with self._conn() as conn, conn.transaction():
                 conn.execute(_RUN_LOCK, (run_id,))
-                check_lease(run_id, lease, _lease_row(conn, run_id))
                 row = conn.execute("SELECT seq, tenant, hash FROM events WHERE run_id = %s ORDER BY seq DESC LIMIT 1",
                                    (run_id,)).fetchone()
+                refuse_existing_run(run_id, row[1] if row else None, expected_seq)
+                check_lease(run_id, lease, _lease_row(conn, run_id))
                 seq, tenant = next_event(run_id, (row[0], row[1]) if row else None, data, expected_seq, tenant)
                 prev_hash = row[2] if row else ""
                 digest = event_hash(prev_hash, run_id, seq, type, content, SCHEMA_VERSION, at)
@@ -128,6 +152,7 @@ class PostgresEventStore:
         except psycopg.errors.UniqueViolation as e:  # a writer that skipped the run lock
             raise SeqConflict(f"run {run_id}: seq {seq} was taken") from e
         event = Event(run_id, seq, type, content, SCHEMA_VERSION, at, prev_hash, digest)
+        self._writes.succeeded()
         self._on_notify(run_id)  # our own waiters need not wait for the round trip
         self._subscribers.notify(event)
         return event
@@ -257,6 +282,7 @@ class PostgresEventStore:
                              (tenant, kind, key, revision, payload, written_by, at))
         except psycopg.errors.UniqueViolation as e:  # cannot happen under the lock
             raise RevisionConflict(f"{kind} {key!r}: revision {revision} was taken") from e
+        self._writes.succeeded()
         return Record(tenant, kind, key, revision, json.loads(payload), written_by, at)
 
     def read_records(self, tenant: str, kind: str, key: str) -> list[Record]:
@@ -272,14 +298,48 @@ class PostgresEventStore:
         return (row[0], int(row[1])) if row else None
 
     def ping(self) -> None:
-        """Raise StoreUnavailable unless the database answers a query now (health checks)."""
-        try:
-            with self._pool.connection(timeout=5) as conn:
-                conn.execute("SELECT 1").fetchone()
-        except PoolTimeout as e:
-            raise StoreUnavailable(f"no database connection available: {e}") from e
-        except psycopg.OperationalError as e:
-            raise StoreUnavailable(f"the event store database failed: {e}") from e
+        """Raise StoreUnavailable unless the database answers a query now, and StoreFull while
+        writes fail for want of disk (health checks).
+
+        On a connection of its own, kept between rounds: the pool would hand out a connection
+        only after its wait and its reconnect backoff (seconds after the database went away,
+        or never, when it came back within them), and a pool busy with calls is no outage."""
+        with self._probe_lock:
+            try:
+                try:
+                    self._probe_connection().execute("SELECT 1").fetchone()
+                except psycopg.OperationalError:
+                    # The connection kept since the last round may have been closed meanwhile
+                    # (a restart, an idle timeout) by a database that answers: ask a new one.
+                    self._drop_probe()
+                    self._probe_connection().execute("SELECT 1").fetchone()
+                if self._writes.reason is not None:
+                    # Only a write tells whether writes succeed again, and a server that says
+                    # NOT_SERVING is sent none: write something small and let it decide.
+                    conn = self._probe_connection()
+                    with conn.transaction():
+                        for statement in _WRITE_PROBE:
+                            conn.execute(statement)
+                    self._writes.succeeded()
+            except psycopg.errors.DiskFull as e:
+                self._writes.failed(str(e))
+                raise StoreFull(f"the event store database's disk is full: {e}") from e
+            except psycopg.OperationalError as e:
+                self._drop_probe()
+                raise StoreUnavailable(f"the event store database does not answer: {e}") from e
+
+    def _probe_connection(self) -> psycopg.Connection:
+        if self._probe is None or self._probe.closed:
+            # libpq counts whole seconds, and no fewer than 2.
+            self._probe = psycopg.connect(self.url, autocommit=True, application_name="ringfence-health",
+                                          connect_timeout=max(2, math.ceil(self._timeout_s)))
+            _configure(self._probe)
+        return self._probe
+
+    def _drop_probe(self) -> None:
+        probe, self._probe = self._probe, None
+        if probe is not None:
+            probe.close()
 
     def schema_version(self) -> int:
         with self._conn() as conn:
@@ -338,6 +398,9 @@ class PostgresEventStore:
             self._cond.notify_all()
         self._listener.stop(self._pool)
         self._pool.close()
+        # Not under the probe's lock: a probe stuck on a silent network must not hold up close;
+        # closing its connection ends its wait.
+        self._drop_probe()
 
     # ------------------------------------------------------------------ plumbing
 
@@ -345,11 +408,17 @@ class PostgresEventStore:
     def _conn(self) -> Iterator[psycopg.Connection]:
         # Connection trouble becomes StoreUnavailable (UNAVAILABLE at the edge: retry later);
         # our own StoreErrors and the database's refusals pass through.
+        # A full disk is neither: StoreFull (RESOURCE_EXHAUSTED), and health says so until a
+        # write succeeds.
         try:
             with self._pool.connection() as conn:
                 yield conn
         except PoolTimeout as e:
             raise StoreUnavailable(f"no database connection available: {e}") from e
+        except psycopg.errors.DiskFull as e:
+            self._writes.failed(str(e))
+            raise StoreFull(f"the event store database's disk is full: {e}; nothing was written, "
+                            "retry once space is freed") from e
         except psycopg.OperationalError as e:
             raise StoreUnavailable(f"the event store database failed: {e}") from e
 

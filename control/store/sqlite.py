@@ -33,16 +33,26 @@ from control.store.base import (
     Record,
     SeqConflict,
     StoreError,
+    StoreFull,
     StoreUnavailable,
     Subscribers,
+    WriteOutage,
     check_lease,
     check_lease_args,
     next_event,
     next_revision,
+    refuse_existing_run,
 )
 from control.store.sqlite_schema import DB_NOW, open_schema
 
 _EVENT_COLUMNS = "run_id, seq, type, data, schema_version, at, prev_hash, hash"
+_SQLITE_FULL = 13
+"""SQLite's primary result code for "database or disk is full" (the file system said ENOSPC)."""
+_WRITE_PROBE = ("INSERT INTO schema_meta (key, value) VALUES ('write_probe', 1) "
+                "ON CONFLICT (key) DO UPDATE SET value = schema_meta.value + 1")
+"""The write `ping` tries while writes fail for want of space: a counter that changes, so its
+commit appends a page to the write-ahead log, which needs new space as every commit does (a
+row rewritten as it is would write nothing)."""
 
 
 class SqliteEventStore:
@@ -59,6 +69,7 @@ class SqliteEventStore:
         self._version = 0
         self._closed = False
         self._subscribers = Subscribers()
+        self._writes = WriteOutage()
         # isolation_level=None: we issue BEGIN IMMEDIATE ourselves so every check and its write
         # are one write transaction.
         self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
@@ -80,9 +91,10 @@ class SqliteEventStore:
         at = float(self._clock())  # as stored (REAL / DOUBLE PRECISION): what is hashed must read back equal
         with self._lock:
             with self._write() as cur:
-                check_lease(run_id, lease, self._lease_row(cur, run_id))
                 row = cur.execute("SELECT seq, tenant, hash FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT 1",
                                   (run_id,)).fetchone()
+                refuse_existing_run(run_id, row[1] if row else None, expected_seq)
+                check_lease(run_id, lease, self._lease_row(cur, run_id))
                 seq, tenant = next_event(run_id, row[:2] if row else None, data, expected_seq, tenant)
                 prev_hash = row[2] if row else ""
                 digest = event_hash(prev_hash, run_id, seq, type, content, SCHEMA_VERSION, at)
@@ -233,12 +245,18 @@ class SqliteEventStore:
         return (row[0], int(row[1])) if row else None
 
     def ping(self) -> None:
-        """Raise StoreUnavailable unless the database file answers a query now (health checks)."""
+        """Raise StoreUnavailable unless the database file answers a query now, and StoreFull
+        while writes fail for want of space (health checks)."""
         try:
             with self._lock:
                 self._db.execute("SELECT 1 FROM schema_meta LIMIT 1").fetchone()
         except sqlite3.Error as e:
             raise StoreUnavailable(f"the event log at {self.path} does not answer: {e}") from e
+        if self._writes.reason is not None:
+            # Only a write tells whether writes succeed again, and a server that says
+            # NOT_SERVING is sent none: write something small and let its outcome decide.
+            with self._lock, self._write() as cur:
+                cur.execute(_WRITE_PROBE)
 
     def schema_version(self) -> int:
         with self._lock:
@@ -297,7 +315,7 @@ class SqliteEventStore:
     # ------------------------------------------------------------------ plumbing
 
     def _write(self) -> _WriteTransaction:
-        return _WriteTransaction(self._db)
+        return _WriteTransaction(self._db, self._writes)
 
     def _bump(self) -> None:
         with self._changed:
@@ -316,11 +334,19 @@ class SqliteEventStore:
         return (row[0], row[1], bool(row[2])) if row else None
 
 
-class _WriteTransaction:
-    """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on any exception (the caller holds the lock)."""
+def _is_full(e: sqlite3.Error) -> bool:
+    # Extended result codes carry the primary one in their low byte.
+    return (getattr(e, "sqlite_errorcode", 0) or 0) & 0xFF == _SQLITE_FULL
 
-    def __init__(self, db: sqlite3.Connection) -> None:
+
+class _WriteTransaction:
+    """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on any exception (the caller holds the lock).
+    A full disk, wherever the transaction meets it, is StoreFull and recorded in `writes`; a
+    commit clears it."""
+
+    def __init__(self, db: sqlite3.Connection, writes: WriteOutage) -> None:
         self._db = db
+        self._writes = writes
         self._cur: sqlite3.Cursor | None = None
 
     def __enter__(self) -> sqlite3.Cursor:
@@ -328,7 +354,7 @@ class _WriteTransaction:
         try:
             self._cur.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as e:  # busy past busy_timeout, read-only file, ...
-            raise StoreError(f"cannot write the event log: {e}") from e
+            raise self._refusal("cannot write the event log", e) from e
         return self._cur
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -337,11 +363,22 @@ class _WriteTransaction:
         if exc_type is None:
             try:
                 self._cur.execute("COMMIT")
-                return
             except sqlite3.Error as e:  # disk full, I/O error: nothing was committed
                 self._rollback()
-                raise StoreError(f"cannot commit to the event log: {e}") from e
+                raise self._refusal("cannot commit to the event log", e) from e
+            self._writes.succeeded()
+            return
         self._rollback()
+        if isinstance(exc, sqlite3.Error) and _is_full(exc):
+            # A statement that needed a new page (the cache spilled to a full disk); other
+            # sqlite3 errors of a statement are bugs and pass through as they are.
+            raise self._refusal("cannot write the event log", exc) from exc
+
+    def _refusal(self, doing: str, e: sqlite3.Error) -> StoreError:
+        if _is_full(e):
+            self._writes.failed(str(e))
+            return StoreFull(f"{doing}: its disk is full ({e}); nothing was written, retry once space is freed")
+        return StoreError(f"{doing}: {e}")
 
     def _rollback(self) -> None:
         assert self._cur is not None
