@@ -148,6 +148,21 @@ class Limits:
     lease_ttl_s: float = 15.0
     """Seconds a run's write lease lives unrenewed (renewed every third of it); past it another
     instance may take the run over and recover it. Also how often orphaned runs are adopted."""
+    store_timeout_s: float = 5.0
+    """Seconds a call waits for a PostgreSQL connection (a free one from the pool, or a new one
+    while the database is unreachable) before it is answered UNAVAILABLE; each caller waits
+    once, whatever other callers of the same run do. 5: a healthy pool hands a connection out
+    in milliseconds even under load, so 5 s only runs out in an outage, and a client with a
+    deadline of a few seconds more still gets the retryable UNAVAILABLE (psycopg_pool's own
+    default, 30 s, outlives most clients' deadlines: they saw DEADLINE_EXCEEDED instead).
+    Also the health probe's connect timeout (libpq counts whole seconds, at least 2)."""
+    health_interval_s: float = 1.0
+    """Seconds between two rounds of health checks (the sandbox engine and the event store,
+    control.api.health). An outage is reported NOT_SERVING at the first round after it starts
+    (the store's probe has a connection of its own and fails at once when the database is
+    gone), so within about this long: 1 s reports outages of a few seconds, which a 2 s round
+    behind the pool's 5 s wait reported only 5.6-6.6 s late or not at all. A round is two
+    cheap requests (Docker's /_ping, SELECT 1)."""
 
 
 # Each `[limits]` value's range, both ends included. The upper ends are not policy: they keep
@@ -176,6 +191,10 @@ LIMIT_RANGES: Mapping[str, tuple[float, float]] = {
     "breaker_cooldown_s": (1e-3, DAY_S),
     "max_parallel_reads": (1, 256),
     "lease_ttl_s": (0.1, 3600.0),
+    # A store timeout past a few minutes outlives every client's deadline (the point of it is
+    # to answer UNAVAILABLE before); a health round past a minute reports nothing in time.
+    "store_timeout_s": (0.1, 300.0),
+    "health_interval_s": (0.05, 60.0),
 }
 
 
@@ -249,6 +268,47 @@ class FilesConfig:
 
 
 @dataclass(frozen=True)
+class EdgeConfig:
+    """How the gRPC edge shares the server between tenants (control.api.servicer), from `[edge]`.
+
+    Every limit is per tenant and role (agent, approver, admin, verifier), never server-wide:
+    one tenant's burst cannot refuse or slow another tenant, and a tenant's agents cannot use
+    up what its approvers need. The numbers (bench/bench_fairness.py, tenant A's 100 agents
+    starting runs as fast as the server answers, tenant B's GetRun p50 idle about 0.9 ms): a
+    GetRun or a StartRun holds a worker thread for about a millisecond, mostly waiting for the
+    event log's one writer (SQLite), so a few threads already keep that writer busy, and each more
+    thread of A's is one more append B's read waits behind. `worker_share` 4: B's p50 3.8 ms
+    while A started 4,680 runs in 10 s; with 8, 5.6 ms and 5,205 runs; with 2, 2.7 ms and
+    4,507 runs; with 32 and A's 1,000 agents, 500 ms. `worker_threads` 64 lets sixteen tenants'
+    agents run at full tilt side by side before any call waits for a thread at all, and a
+    tenant whose four roles all burst holds a quarter of the pool at most. `max_in_flight` 128
+    (4 running, the rest waiting their turn) bounds what one tenant and role keeps waiting,
+    lets a dashboard's 100 concurrent GetRuns through, and refuses the rest at once. Batches,
+    plans and file transfers are not in the pool: they wait on containers for seconds, so each
+    runs on a thread of its own, bounded per tenant by `limits.max_concurrent_batches` (and
+    the edge's transfer limit)."""
+
+    max_in_flight: int = 128
+    """Core calls of one tenant and role admitted at once: running on a worker thread or waiting
+    their turn for one. One more is refused at once with RESOURCE_EXHAUSTED naming this limit
+    ("retry later"), never queued. A call stays counted until its work really ends, even if its
+    client gave up; one that was still waiting for a thread leaves at once. Streams are counted
+    apart (max_watch_streams, limits.max_concurrent_batches)."""
+    max_watch_streams: int = 16
+    """WatchRun and WatchApprovals streams one tenant and role may hold open at once; one more
+    is refused with RESOURCE_EXHAUSTED. Per role, so an agent holding all of its streams never
+    stops its approvers from opening WatchApprovals."""
+    worker_threads: int = 64
+    """Threads running core calls (all but batches, plans and transfers), for all tenants
+    together; bounded so a flood queues instead of spawning threads."""
+    worker_share: int = 4
+    """Of worker_threads, at most this many run one tenant's and role's calls at once (at most
+    worker_threads); its other admitted calls wait for one of its own threads, in their own
+    queue, never in front of another tenant's or role's calls. A larger share buys one tenant
+    little throughput (SQLite has one writer) and costs every other tenant latency."""
+
+
+@dataclass(frozen=True)
 class ToolsConfig:
     """Tool packages and the ceilings a tool's manifest may ask for, from `[tools]`
     (control.toolpkg; docs/TOOLS.md). A manifest whose limits are over a cap is refused when
@@ -309,6 +369,9 @@ class Config:
 
     files: FilesConfig = field(default_factory=FilesConfig)
     """Caps of files moved in and out of workspaces, and of collected artifacts."""
+
+    edge: EdgeConfig = field(default_factory=EdgeConfig)
+    """How the gRPC edge shares worker threads and admission between tenants and roles."""
 
     database_url: str = ""
     """postgresql://... to keep the event log in PostgreSQL (several instances may share it);
@@ -392,7 +455,7 @@ def _known(key: str, table: Mapping[str, Any], allowed: set[str]) -> None:
 def parse_config(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> Config:
     base_dir = base_dir or Path.cwd()
     _known("", raw, {"state_dir", "listen", "tools_dir", "tenants", "policy", "limits", "inputs", "egress",
-                     "pool", "database_url", "routing", "workspace", "files", "images", "tools"})
+                     "pool", "database_url", "routing", "workspace", "files", "images", "tools", "edge"})
     state_dir = Path(_expect("state_dir", raw.get("state_dir", "./.state"), str, "a path"))
     if not state_dir.is_absolute():
         state_dir = base_dir / state_dir
@@ -427,6 +490,7 @@ def parse_config(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> Con
     routing = parse_routing(_expect("routing", raw.get("routing", {}), Mapping, "a table"))
     workspace = _parse_workspace(_expect("workspace", raw.get("workspace", {}), Mapping, "a table"))
     files = _parse_files(_expect("files", raw.get("files", {}), Mapping, "a table"))
+    edge = _parse_edge(_expect("edge", raw.get("edge", {}), Mapping, "a table"))
     images_dir = _parse_images(_expect("images", raw.get("images", {}), Mapping, "a table"), base_dir)
     tools = _parse_tools(_expect("tools", raw.get("tools", {}), Mapping, "a table"), base_dir)
     database_url = _expect("database_url", raw.get("database_url", ""), str, "a postgresql:// URL")
@@ -446,6 +510,7 @@ def parse_config(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> Con
         routing=routing,
         workspace=workspace,
         files=files,
+        edge=edge,
         images_dir=images_dir,
         tools=tools,
     )
@@ -516,6 +581,17 @@ def _parse_workspace(raw: Mapping[str, Any]) -> WorkspaceConfig:
         raise ConfigError("workspace.reap_interval_s", "must be 1 to 86400 seconds")
     return WorkspaceConfig(default_bytes=default_bytes, default_inodes=default_inodes, max_bytes=max_bytes,
                            max_inodes=max_inodes, reap_interval_s=float(interval))
+
+
+def _parse_edge(raw: Mapping[str, Any]) -> EdgeConfig:
+    _known("edge", raw, {f.name for f in fields(EdgeConfig)})
+    d = EdgeConfig()
+    in_flight = _int_in("edge.max_in_flight", raw.get("max_in_flight", d.max_in_flight), 1, 100_000)
+    watches = _int_in("edge.max_watch_streams", raw.get("max_watch_streams", d.max_watch_streams), 1, 10_000)
+    # Threads are real: a few thousand is already more than one process should start.
+    workers = _int_in("edge.worker_threads", raw.get("worker_threads", d.worker_threads), 1, 4096)
+    share = _int_in("edge.worker_share", raw.get("worker_share", d.worker_share), 1, workers, "edge.worker_threads")
+    return EdgeConfig(max_in_flight=in_flight, max_watch_streams=watches, worker_threads=workers, worker_share=share)
 
 
 def _parse_files(raw: Mapping[str, Any]) -> FilesConfig:

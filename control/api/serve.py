@@ -202,7 +202,9 @@ def serve_command(args: argparse.Namespace) -> int:
             print(f"ringfence: exporting traces to {otlp_endpoint} (OTLP/gRPC)", flush=True)
         where = config.database_url or config.db_path
         try:
-            store = open_store(where)
+            # PostgreSQL: a call waits this long for a connection, then is told UNAVAILABLE.
+            store = (open_store(where, timeout_s=config.limits.store_timeout_s) if config.database_url
+                     else open_store(where))
         except Exception as e:  # noqa: BLE001 - sqlite3/psycopg/OSError: report, do not trace back
             print(f"error: cannot open the event log at {_redact_url(str(where))}: {e}", file=sys.stderr)
             return 1
@@ -283,17 +285,25 @@ async def _serve(listen: str, orchestrator: Orchestrator, config: Config, tls: T
 
 
 def workspaces(backend: DockerBackend, lock: ImageLock, store_address: str) -> DockerWorkspaces:
-    """The runs' workspaces on the backend's engine, their keepers from the same pinned images.
-
-    Scoped to the event store: a server reaps the workspaces whose run its store does not know,
-    so two deployments with different stores on one engine must not see each other's. Every
-    instance on one store (its address, password left out) shares the scope."""
-    import hashlib
-
+    """The runs' workspaces on the backend's engine, their keepers from the same pinned images,
+    in the deployment scope of the event store at `store_address` (`deployment_scope`)."""
     from sandbox.workspace import DockerWorkspaces
 
-    scope = hashlib.sha256(_redact_url(store_address).encode()).hexdigest()[:16]
-    return DockerWorkspaces(backend.client, lock, scope=scope)
+    return DockerWorkspaces(backend.client, lock, scope=deployment_scope(store_address))
+
+
+def deployment_scope(store_address: str) -> str:
+    """The deployment a server belongs to on a shared engine: a digest of its event store's
+    address (a PostgreSQL URL without its password; the SQLite file's path, which the config
+    makes absolute, so two state directories are two deployments).
+
+    Two deployments with different stores may each hold a run of the same key (tenant A's run
+    X): the scope is in their workspaces' names and labels, so neither finds, removes nor reaps
+    the other's. Every instance given the same address shares it, and so each other's
+    workspaces."""
+    import hashlib
+
+    return hashlib.sha256(_redact_url(store_address).encode()).hexdigest()[:16]
 
 
 class Periodic:

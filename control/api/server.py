@@ -85,10 +85,10 @@ async def create_server(
     tls: TlsOptions | None = None,
     tracer_provider: trace.TracerProvider | None = None,
     options: EdgeOptions | None = None,
-    max_concurrent_rpcs: int = 512,
-    health_interval_s: float = 2.0,
+    health_interval_s: float | None = None,
 ) -> tuple[ApiServer, int]:
     """Build and bind (not start) the server; `address` "127.0.0.1:0" picks a free port.
+    `health_interval_s`: seconds between health rounds (default: limits.health_interval_s).
 
     Must be awaited on the event loop that will run the server.
     """
@@ -101,8 +101,10 @@ async def create_server(
             # Two servers on one port would split traffic silently; refuse instead.
             ("grpc.so_reuseport", 0),
         ],
-        # Past this many RPCs at once grpc answers RESOURCE_EXHAUSTED (all tenants together).
-        maximum_concurrent_rpcs=max_concurrent_rpcs,
+        # No maximum_concurrent_rpcs: that ceiling is server-wide, so one tenant's burst filled it
+        # and grpc refused every other tenant too. The edge bounds each tenant (and role) instead
+        # (EdgeOptions: max_in_flight, max_watch_streams, the batch and transfer limits); a
+        # request without a valid token is refused before it holds anything.
     )
     # grpc_health's stubs describe only the synchronous servicer; health.aio exists at runtime.
     health_servicer: HealthReporter = health.aio.HealthServicer()  # type: ignore[attr-defined]  # see above
@@ -123,5 +125,6 @@ async def create_server(
         raise OSError(f"cannot listen on {address}")
     # A test double may leave health checks out: then the server is SERVING while it runs.
     probes = [Probe(name, check) for name, check in getattr(orchestrator, "health_checks", lambda: [])()]
-    monitor = HealthMonitor(health_servicer, ("", *SERVICE_NAMES), probes, interval_s=health_interval_s)
+    interval_s = config.limits.health_interval_s if health_interval_s is None else health_interval_s
+    monitor = HealthMonitor(health_servicer, ("", *SERVICE_NAMES), probes, interval_s=interval_s)
     return ApiServer(server, edge, health_servicer, port, monitor), port

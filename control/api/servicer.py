@@ -18,9 +18,14 @@ bypass the wrapper (and without an entry in auth.METHOD_ROLES nobody may call it
 
 Threads: the Orchestrator is synchronous and a batch can wait seconds on containers, so calls
 run in the edge's own pool (asyncio's default pool has cpu+4 workers: six on these machines,
-fewer than one tenant's batch limit times two tenants). A client stream is received on the event
-loop (the messages are small and arrive at the network's pace), and the core call it ends in
-runs on a worker thread like any other. Streams (ExecutePlan, WatchRun,
+fewer than one tenant's batch limit times two tenants). The pool is shared fairly: every limit
+is per tenant (most also per role), never server-wide, and one tenant's calls in one role hold at most
+`worker_share` of the threads, its other calls waiting in their own queue (TenantShares), so
+another tenant's GetRun, or the same tenant's approver, finds a free thread during a burst.
+Calls that hold a per-tenant slot (batches, plans, transfers: they can wait on containers for
+seconds) run in a lane of their own, bounded per tenant by that slot's limit. A client stream
+is received on the event loop (the messages are small and arrive at the network's pace), and
+the core call it ends in runs on a worker thread like any other. Streams (ExecutePlan, WatchRun,
 WatchApprovals) each get one pump thread that iterates the core's iterator from start to end,
 so any span or lock the core holds across yields stays on one thread; a bounded semaphore
 gives backpressure when the client reads slowly.
@@ -63,7 +68,7 @@ from control.api.routing_methods import RoutingMethods
 from control.api.status import code_for, to_grpc_status
 from control.config import Config
 from control.errors import FieldViolation, InvalidArgument, ResourceExhausted, Unavailable
-from control.model import Principal, RunView
+from control.model import Principal, Role, RunView
 
 log = logging.getLogger(__name__)
 
@@ -96,10 +101,21 @@ class EdgeOptions:
     """A caller's max_steps above this is refused at the edge; the core checks it again."""
     max_concurrent_batches: int = 32
     """Per tenant: SubmitBatch and ExecutePlan in flight at once; past it RESOURCE_EXHAUSTED."""
+    max_in_flight: int = 128
+    """Per tenant and role: core calls admitted at once (running or waiting for a worker);
+    past it RESOURCE_EXHAUSTED (edge.max_in_flight)."""
     max_watch_streams: int = 16
-    """Per tenant: WatchRun and WatchApprovals streams open at once; past it RESOURCE_EXHAUSTED."""
-    worker_threads: int = 32
+    """Per tenant and role: WatchRun and WatchApprovals streams open at once; past it
+    RESOURCE_EXHAUSTED (edge.max_watch_streams)."""
+    worker_threads: int = 64
     """Threads running Orchestrator calls; bounded so a flood queues instead of spawning."""
+    worker_share: int = 4
+    """Per tenant and role: worker threads its calls may hold at once; its other calls wait
+    their turn (edge.worker_share)."""
+    slot_threads: int = 1024
+    """Threads running the calls that hold a per-tenant slot (batches, plans, verifications,
+    routings, file transfers): those limits bound them, tenant by tenant; this only backstops
+    a deployment of very many tenants, whose slot calls then queue."""
     stream_buffer: int = 64
     """Events a stream's pump thread may run ahead of a slow client."""
     max_upload_bytes: int = 16 * 1024 * 1024
@@ -128,13 +144,18 @@ class EdgeOptions:
             max_concurrent_batches=limits.max_concurrent_batches,
             max_upload_bytes=config.files.max_upload_bytes,
             max_files=config.files.max_files,
+            max_in_flight=config.edge.max_in_flight,
+            max_watch_streams=config.edge.max_watch_streams,
+            worker_threads=config.edge.worker_threads,
+            worker_share=config.edge.worker_share,
         )
         values.update(overrides)
         return cls(**values)
 
 
 class TenantLimiter:
-    """Counts a tenant's in-flight work; refuses (never queues) past the limit.
+    """Counts in-flight work per tenant, or per tenant and role when `acquire` names the role;
+    refuses (never queues) past the limit.
 
     Thread-safe, because a slot is released by the worker thread when the work really ends,
     not when the client stops waiting: cancelling and resubmitting must not beat the limit.
@@ -144,15 +165,18 @@ class TenantLimiter:
         self._limit = limit
         self._what = what
         self._lock = threading.Lock()
-        self._counts: dict[str, int] = {}
+        self._counts: dict[tuple[str, Role | None], int] = {}
 
-    def acquire(self, tenant: str) -> Callable[[], None]:
+    def acquire(self, tenant: str, role: Role | None = None) -> Callable[[], None]:
+        key = (tenant, role)
         with self._lock:
-            n = self._counts.get(tenant, 0)
+            n = self._counts.get(key, 0)
             if n >= self._limit:
+                who = f"tenant {tenant!r}" + (f" as {role.value}" if role is not None else "")
+                per = " per tenant and role" if role is not None else ""
                 raise ResourceExhausted(
-                    f"tenant {tenant!r} already has {n} {self._what} in flight (limit {self._limit})")
-            self._counts[tenant] = n + 1
+                    f"{who} already has {n} {self._what} in flight (limit {self._limit}{per}); retry later")
+            self._counts[key] = n + 1
         released = threading.Event()
 
         def release() -> None:
@@ -160,13 +184,46 @@ class TenantLimiter:
                 if released.is_set():
                     return
                 released.set()
-                self._counts[tenant] -= 1
+                self._counts[key] -= 1
 
         return release
 
-    def in_flight(self, tenant: str) -> int:
+    def in_flight(self, tenant: str, role: Role | None = None) -> int:
+        """The tenant's count for `role`; without a role, for all of its roles together."""
         with self._lock:
-            return self._counts.get(tenant, 0)
+            if role is not None:
+                return self._counts.get((tenant, role), 0)
+            return sum(n for (t, _), n in self._counts.items() if t == tenant)
+
+
+class TenantShares:
+    """At most `share` worker threads per tenant and role at once.
+
+    A call past its share waits on the event loop, in its own tenant's and role's FIFO, until
+    one of that tenant's and role's calls ends: a burst queues behind itself, never in front of
+    another tenant's calls in the pool's one queue, nor in front of its own approvers'. Acquired
+    on the event loop only; released from any thread (the worker that ran the call, or the loop).
+    """
+
+    def __init__(self, share: int) -> None:
+        self._share = share
+        # One per configured tenant and role: bounded by the config, not by the callers.
+        self._semaphores: dict[tuple[str, Role], asyncio.Semaphore] = {}
+
+    async def acquire(self, tenant: str, role: Role) -> Callable[[], None]:
+        semaphore = self._semaphores.get((tenant, role))
+        if semaphore is None:
+            semaphore = self._semaphores[(tenant, role)] = asyncio.Semaphore(self._share)
+        await semaphore.acquire()
+        loop = asyncio.get_running_loop()
+
+        def release() -> None:
+            try:
+                loop.call_soon_threadsafe(semaphore.release)
+            except RuntimeError:  # the loop is closed (the server stopped): nobody waits any more
+                pass
+
+        return release
 
 
 @dataclass
@@ -184,15 +241,41 @@ class Call:
         return ctx
 
     async def run(self, fn: Callable[..., T], *args: Any, slot: Callable[[], None] | None = None) -> T:
-        """`fn(*args)` on a worker thread, inside this RPC's span."""
+        """`fn(*args)` on a worker thread, inside this RPC's span.
+
+        Admitted first against the caller's tenant and role (RESOURCE_EXHAUSTED past
+        `max_in_flight`), then run on one of its tenant's and role's share of the workers,
+        waiting for one if that share is busy; a call holding a `slot` (already bounded per
+        tenant by that slot's limit) runs in the slot lane instead. The admission, the share
+        and `slot` are released when the work ends (not when the client stops waiting), or at
+        once if it never starts.
+        """
+        edge = self.edge
+        releases = [slot] if slot is not None else []
+
+        def release_all(_future: object = None) -> None:
+            for release in releases:
+                release()
+
+        tenant, role = self.principal.tenant, self.principal.role
         try:
-            future = self.edge.executor.submit(self._context().run, fn, *args)
-        except RuntimeError as e:  # the pool is closed: the server is stopping
-            if slot is not None:
-                slot()
-            raise Unavailable("the server is shutting down") from e
-        if slot is not None:
-            future.add_done_callback(lambda _f: slot())
+            releases.append(edge.admitted.acquire(tenant, role))
+            if slot is None:
+                releases.append(await edge.shares.acquire(tenant, role))
+                executor = edge.executor
+            else:
+                # A batch, a plan or a transfer can wait on containers for seconds: in the
+                # shared pool it would hold a thread its own tenant's GetRuns need. It has its own
+                # lane, bounded per tenant by the slot it holds.
+                executor = edge.slot_executor
+            try:
+                future = executor.submit(self._context().run, fn, *args)
+            except RuntimeError as e:  # the pool is closed: the server is stopping
+                raise Unavailable("the server is shutting down") from e
+        except BaseException:  # refused, stopping, or the client went away while it waited its turn
+            release_all()
+            raise
+        future.add_done_callback(release_all)
         return await asyncio.wrap_future(future)
 
     async def stream(
@@ -300,7 +383,11 @@ class Edge:
         self.options = options
         self.tracer = trace.get_tracer("ringfence.api", tracer_provider=tracer_provider)
         self.executor = ThreadPoolExecutor(options.worker_threads, thread_name_prefix="rf-api")
+        self.slot_executor = ThreadPoolExecutor(options.slot_threads, thread_name_prefix="rf-api-slot")
         self.batches = TenantLimiter(options.max_concurrent_batches, "batches or plans")
+        # Per tenant and role: an agent's burst or streams never refuse its approvers.
+        self.admitted = TenantLimiter(options.max_in_flight, "calls")
+        self.shares = TenantShares(options.worker_share)
         self.watches = TenantLimiter(options.max_watch_streams, "watch streams")
         self.transfers = TenantLimiter(options.max_transfers, "file transfers")
         self.unexpected_errors = 0
@@ -311,7 +398,11 @@ class Edge:
     def close(self, wait: bool = False) -> None:
         """Refuse new work; with `wait`, block until the Orchestrator calls already running
         end (a batch whose client gave up still records its effects before shutdown)."""
-        self.executor.shutdown(wait=wait, cancel_futures=True)
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        self.slot_executor.shutdown(wait=False, cancel_futures=True)
+        if wait:
+            self.executor.shutdown(wait=True)
+            self.slot_executor.shutdown(wait=True)
 
     # -- the wrapper ------------------------------------------------------------------------
 
@@ -561,7 +652,7 @@ class RingfenceMethods:
         v = convert.Violations()
         convert.check_id(request.run_id, "run_id", v)
         v.raise_if_any()
-        slot = self.edge.watches.acquire(call.principal.tenant)
+        slot = self.edge.watches.acquire(call.principal.tenant, call.principal.role)
         stop = threading.Event()
         events = call.stream(
             lambda: self.core.watch_run(call.principal, request.run_id, request.from_seq, stop), stop, slot=slot
@@ -583,7 +674,7 @@ class RingfenceMethods:
     async def WatchApprovals(
         self, request: approvals_pb2.WatchApprovalsRequest, call: Call
     ) -> AsyncIterator[types_pb2.Approval]:
-        slot = self.edge.watches.acquire(call.principal.tenant)
+        slot = self.edge.watches.acquire(call.principal.tenant, call.principal.role)
         stop = threading.Event()
         approvals = call.stream(lambda: self.core.watch_approvals(call.principal, stop), stop, slot=slot)
         async for approval in approvals:
