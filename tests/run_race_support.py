@@ -11,9 +11,17 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
-from control.model import Event, RunView
+from control.model import Event, RunOutcome, RunStatus, RunView
 
 HANG_GUARD_S = 60.0  # only so that a broken server fails instead of hanging; never a time assertion
+
+
+class RunLog(Protocol):
+    """What the tests read a run's log through: an event store."""
+
+    def read(self, key: str) -> Iterable[Event]: ...
+
+    def runs(self, tenant: str) -> Iterable[str]: ...
 
 
 class Starter(Protocol):
@@ -48,3 +56,21 @@ def start_at_once(run_id: str, starts: Sequence[tuple[Starter, str]]) -> list[Ru
 def started_events(events: Iterable[Event]) -> list[tuple[str, str]]:
     """(tenant, goal) of every run_started among `events`: a run has exactly one."""
     return [(e.data["tenant"], e.data["goal"]) for e in events if e.type == "run_started"]
+
+
+def one_tenant_round(clients: Sequence, log: RunLog, round_: int) -> None:
+    """One round of one tenant starting one fresh run id through two servers at once: exactly
+    one run_started, both answers the winner's run (its goal), one store key, and the run
+    finished through one server is finished through the other."""
+    run_id = f"same-tenant-{round_}"
+    goals = [f"goal through instance {n} in round {round_}" for n in (1, 2)]
+    answers = start_at_once(run_id, list(zip(clients, goals, strict=True)))
+    assert all(isinstance(a, RunView) for a in answers), f"round {round_}: {answers!r}"
+    winner = answers[0].goal
+    assert [a.goal for a in answers] == [winner, winner], f"round {round_}: two runs answered"
+    assert winner in goals and {a.tenant for a in answers} == {"acme"}, round_
+    assert started_events(log.read(run_id)) == [("acme", winner)], round_
+    assert [k for k in log.runs("acme") if k.endswith(run_id)] == [run_id], round_
+    assert clients[1].finish_run(run_id).outcome is RunOutcome.COMPLETED, round_
+    view = clients[0].get_run(run_id)
+    assert (view.goal, view.status) == (winner, RunStatus.FINISHED), round_

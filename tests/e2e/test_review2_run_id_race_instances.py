@@ -14,12 +14,12 @@ The processes use the real engine for nothing but their start-up checks: no call
 from __future__ import annotations
 
 import pytest
-from run_race_support import start_at_once, started_events
+from run_race_support import one_tenant_round, start_at_once, started_events
 from serve_support import Served
 
 from control.api.client import RingfenceClient
 from control.config import token_digest
-from control.model import RunOutcome, RunStatus, RunView
+from control.model import RunOutcome, RunView
 from control.store import open_store
 
 pytestmark = pytest.mark.docker
@@ -109,18 +109,7 @@ def test_one_tenant_through_two_instances_gets_one_run_with_the_winners_goal(two
     clients = clients_for([(address, "acme") for address in addresses])
     try:
         for i in range(ROUNDS):
-            run_id = f"same-tenant-{i}"
-            goals = [f"goal through instance {n} in round {i}" for n in (1, 2)]
-            answers = start_at_once(run_id, list(zip(clients, goals, strict=True)))
-            assert all(isinstance(a, RunView) for a in answers), f"round {i}: {answers!r}"
-            winner = answers[0].goal
-            assert [a.goal for a in answers] == [winner, winner], f"round {i}: two runs answered"
-            assert winner in goals and {a.tenant for a in answers} == {"acme"}, i
-            assert started_events(log.read(run_id)) == [("acme", winner)], i
-            assert [k for k in log.runs("acme") if k.endswith(run_id)] == [run_id], i
-            assert clients[1].finish_run(run_id).outcome is RunOutcome.COMPLETED, i
-            view = clients[0].get_run(run_id)
-            assert (view.goal, view.status) == (winner, RunStatus.FINISHED), i
+            one_tenant_round(clients, log, i)
     finally:
         for client in clients:
             client.close()

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
-import importlib.util
 import io
 import json
 import os
@@ -30,6 +29,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from module_support import load_module
 from recording_backend import RecordingBackend
 
 from control.api.background import BackgroundServer
@@ -51,17 +51,8 @@ AGENT, STRANGER, APPROVER = "files-agent-token", "files-stranger-token", "files-
 CAP = 1024 * 1024  # files.max_upload_bytes of the server under test
 
 
-def _load(name: str, path: Path):
-    """A battery module by path (the tests directories are not packages)."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(name, module)
-    spec.loader.exec_module(module)
-    return module
-
-
-archive_battery = _load("archive_battery", ROOT / "tests" / "unit" / "test_archive.py")
-transfer_battery = _load("transfer_battery", ROOT / "tests" / "escape" / "test_file_transfer.py")
+archive_battery = load_module("archive_battery", ROOT / "tests" / "unit" / "test_archive.py")
+transfer_battery = load_module("transfer_battery", ROOT / "tests" / "escape" / "test_file_transfer.py")
 
 
 class Stack:

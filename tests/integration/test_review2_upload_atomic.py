@@ -15,13 +15,12 @@ no `files_uploaded` event was appended.
 
 from __future__ import annotations
 
-import importlib.util
 import io
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
+from module_support import load_module
 
 from control.client import FailedPrecondition, InvalidArgument, ResourceExhausted, WorkspaceOptions
 from control.state import EventType
@@ -34,15 +33,7 @@ pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(name, module)
-    spec.loader.exec_module(module)
-    return module
-
-
-files_api = _load("files_api_harness", ROOT / "tests" / "integration" / "test_files_api.py")
+files_api = load_module("files_api_harness", ROOT / "tests" / "integration" / "test_files_api.py")
 stack = files_api.stack  # the fixture: a real server, orchestrator, engine and workspaces
 sha = files_api.sha
 

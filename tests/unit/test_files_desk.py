@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import importlib.util
 import io
 import json
 import os
 import posixpath
-import sys
 import tarfile
 import tempfile
 from dataclasses import dataclass, field
@@ -25,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from control_support import AGENT, STRANGER, Harness
+from module_support import load_module
 
 from control import files
 from control.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
@@ -43,11 +42,7 @@ APPROVER_ACME = Principal("acme", Role.APPROVER, "boss")
 
 def _load_archive_battery():
     """The unsafe-archive builders of the archive battery (cases 38-39, tests/unit/test_archive.py)."""
-    spec = importlib.util.spec_from_file_location("archive_battery", ROOT / "tests" / "unit" / "test_archive.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("archive_battery", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_module("archive_battery", ROOT / "tests" / "unit" / "test_archive.py")
 
 
 battery = _load_archive_battery()

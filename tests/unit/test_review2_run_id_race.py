@@ -24,11 +24,11 @@ from __future__ import annotations
 import pytest
 from api_support import TOKENS, RealCore, fake_backend, make_config
 from control_support import AGENT, STRANGER, Harness
-from run_race_support import start_at_once, started_events
+from run_race_support import one_tenant_round, start_at_once, started_events
 
 from control.api.background import BackgroundServer
 from control.api.client import RingfenceClient
-from control.model import Principal, Role, RunOutcome, RunStatus, RunView, WorkspaceRequest
+from control.model import Principal, Role, RunOutcome, RunView, WorkspaceRequest
 from control.orchestration import Orchestrator
 from control.store import SqliteEventStore
 from sandbox.labels import instance_id
@@ -90,18 +90,7 @@ def test_one_tenant_racing_one_run_id_through_two_instances_gets_one_run(config)
             for client in clients:
                 client.list_runs()
             for i in range(ROUNDS):
-                run_id = f"same-{i}"
-                goals = [f"goal through instance {n} in round {i}" for n in (1, 2)]
-                answers = start_at_once(run_id, list(zip(clients, goals, strict=True)))
-                assert all(isinstance(a, RunView) for a in answers), f"round {i}: {answers!r}"
-                winner = answers[0].goal
-                assert [a.goal for a in answers] == [winner, winner], f"round {i}: two runs answered"
-                assert winner in goals and {a.tenant for a in answers} == {"acme"}, i
-                assert started_events(one.store.read(run_id)) == [("acme", winner)], i
-                assert [k for k in one.store.runs("acme") if k.endswith(run_id)] == [run_id], i
-                assert clients[1].finish_run(run_id).outcome is RunOutcome.COMPLETED, i
-                view = clients[0].get_run(run_id)
-                assert (view.goal, view.status) == (winner, RunStatus.FINISHED), i
+                one_tenant_round(clients, one.store, i)
         finally:
             for client in clients:
                 client.close()

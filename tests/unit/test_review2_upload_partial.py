@@ -13,15 +13,14 @@ a declared output whose name is not UTF-8 are refused, skipped and reported miss
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 from control_support import AGENT
+from module_support import load_module
 
 from control.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from control.state import EventType
@@ -30,15 +29,7 @@ from sandbox.result import Outcome
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(name, module)
-    spec.loader.exec_module(module)
-    return module
-
-
-desk_harness = _load("files_desk_harness", ROOT / "tests" / "unit" / "test_files_desk.py")
+desk_harness = load_module("files_desk_harness", ROOT / "tests" / "unit" / "test_files_desk.py")
 desk = desk_harness.desk  # the fixture
 result, tar_of, sha = desk_harness.result, desk_harness.tar_of, desk_harness.sha
 
