@@ -1,21 +1,21 @@
-"""Your own tools, end to end (issue 12): the README's "Your own tools", run as written in a
+"""Your own tools, end to end: "Your own tools" of docs/tools-and-images.md, run as written in a
 project folder outside the checkout.
 
-`ringfence tools new jq_table` scaffolds the package and its image spec; the README's files
+`ringfence tools new jq_table` scaffolds the package and its image spec; the page's files
 (the image pinning Debian's jq and the tabulate wheel, the manifest, the code, its tests, the
-server's config) are written over the scaffold as the README shows them; `images fetch` fetches
+server's config) are written over the scaffold as the page shows them; `images fetch` fetches
 from the real Debian mirror and PyPI; `images build --update-lock` pins the image; `images build
 --force --offline` builds it again from scratch in a network namespace of its own (root only)
 with the mirror and index pointed nowhere, to the same image ID; `tools check` passes every
 check, the tests running in the sandbox; `ringfence serve --config ringfence.toml` serves the
 tool from that folder's config (its `[tools] packages`, its `[images] dir`, its policy rule);
-the README's SDK script calls it through the API, and the result shows jq and the wheel at work
+the page's SDK script calls it through the API, and the result shows jq and the wheel at work
 in the sandbox. Then the failures: a bad schema and limits over the caps, each named by `tools
 check`; a changed tool, which `tools check` and `images verify` name as a drifted image.
 
 Every line is run by the installed `ringfence` script (this checkout's code) in a subprocess,
 as a user would run it. The image carries the product labels and this session's label (added to
-the README's image.json here) and is removed at the end; the built-in images are only read.
+the page's image.json here) and is removed at the end; the built-in images are only read.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ import sys
 import time
 from pathlib import Path
 
+import docker.errors
 import pytest
-from readme_support import blocks, section, sh_lines
+from docs_support import DOCS, blocks, section, sh_lines
 from serve_support import ROOT, Served
 
 from sandbox import labels as L
@@ -58,8 +59,6 @@ def run(project: Path, line: str, *, netns: bool = False,
 
 
 def remove_image(client, image_id: str) -> None:
-    import docker.errors
-
     try:
         client.images.remove(image_id, force=True)
     except docker.errors.ImageNotFound:
@@ -68,10 +67,10 @@ def remove_image(client, image_id: str) -> None:
 
 @pytest.fixture(scope="module")
 def walked(docker_client, pinned_images, tmp_path_factory):
-    """The README's lines, in order, with what each printed and how long it took."""
+    """The page's lines, in order, with what each printed and how long it took."""
     project = tmp_path_factory.mktemp("own-tools")
     assert ROOT not in project.parents and project != ROOT
-    text = section("Your own tools")
+    text = section(DOCS / "tools-and-images.md", "Your own tools")
     lines = sh_lines(text)
     kinds = ["tools new", "images fetch", "images build", "images build", "tools check", "serve"]
     assert [" ".join(shlex.split(ln)[1:3]) if "serve" not in ln else "serve" for ln in lines] == kinds, lines
@@ -99,12 +98,12 @@ def walked(docker_client, pinned_images, tmp_path_factory):
     try:
         step("tools new", new)
         scaffolded = {p.relative_to(project).as_posix() for p in project.rglob("*") if p.is_file()}
-        # Not in the README: the scaffold as it is builds, and passes every check in the sandbox.
+        # Not on the page: the scaffold as it is builds, and passes every check in the sandbox.
         label(project / "images/jq-table/image.json")
         step("scaffold build", "ringfence images build --images-dir images --update-lock")
         ids.append(lock_for(project / "images").image_id("jq-table"))
         step("scaffold check", "ringfence tools check tools/jq_table --images-dir images")
-        # The README's files over the scaffold, as written (the image gets the test labels).
+        # The page's files over the scaffold, as written (the image gets the test labels).
         files = {path: content for _lang, path, content in blocks(text) if path is not None}
         assert set(files) == scaffolded | {"ringfence.toml"}, (set(files), scaffolded)
         for path, content in files.items():
@@ -144,8 +143,8 @@ def test_the_scaffold_builds_and_passes_every_check_as_it_is(walked):
     assert "ringfence images build --images-dir images --update-lock" in out
     check = walked["runs"]["scaffold check"].stdout
     assert "    tests: ok: 2 tests passed" in check and check.rstrip().endswith("every check passed")
-    scaffold, readme = walked["ids"][0], walked["ids"][1]
-    assert scaffold != readme  # the README's tool is another image
+    scaffold, page_tool = walked["ids"][0], walked["ids"][1]
+    assert scaffold != page_tool  # the page's tool is another image
 
 
 def test_the_image_is_built_twice_to_one_id_the_second_time_offline(walked, docker_client):
@@ -181,7 +180,7 @@ def test_the_tool_is_served_from_the_project_and_called_through_the_api(walked):
     call = walked["call"]
     assert call.returncode == 0, call.stderr[-3000:]
     first, *table = call.stdout.splitlines()
-    # The README says what it prints: jq (the Debian package) and tabulate (the wheel), both
+    # The page says what it prints: jq (the Debian package) and tabulate (the wheel), both
     # used in the sandbox, in the image the project pinned.
     assert first == "executed jq-1.6 0.9.0 /opt/ringfence/site/tabulate/__init__.py"
     assert [row.split() for row in table] == [["name", "from"], ["--------", "------"], ["jq", "deb"],

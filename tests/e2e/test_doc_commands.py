@@ -1,13 +1,15 @@
-"""Every command in the README's shell blocks works as written, tried as a new user would.
+"""Every command in the shell blocks of README.md and docs/*.md works as written, tried as a
+new user would.
 
-Each line of every ```sh block is run (in a scratch folder holding a copy of `examples/`), in an
-order that lets later commands use what earlier ones printed: RUN_ID and APPROVAL_ID are the
-ids `submit` and `approvals` printed. A line this test does not know how to run fails it, so a
-new README command cannot go untested. What is changed, and why:
+Each line of every ```sh block of every page (tests/docs_support.py: `doc_commands`) is run
+(in a scratch folder holding a copy of `examples/`), in an order that lets later commands use
+what earlier ones printed: RUN_ID and APPROVAL_ID are the ids `submit` and `approvals` printed.
+A line this test does not know how to run fails it, so a new command on any page cannot go
+untested. What is changed, and why:
 
-- the servers listen on port 0 instead of the README's fixed ports (a busy port on a shared
-  machine is not the README's fault); the people commands reach the first one through
-  $RINGFENCE_SERVER, which the README documents;
+- the servers listen on port 0 instead of the pages' fixed ports (a busy port on a shared
+  machine is not the page's fault); the people commands reach the first one through
+  $RINGFENCE_SERVER, which docs/control-plane.md documents;
 - `make demo` / `make test` are not run here: CI runs `make test`, and tests/e2e/test_demo.py
   runs what `make demo` runs after building the images;
 - `ringfence eval contract` (with and without `--repeat 2`) is what tests/e2e/test_eval_contract.py
@@ -17,7 +19,7 @@ new README command cannot go untested. What is changed, and why:
 - grpcurl is not part of ringfence: its lines run only where it is installed;
 - the wheel's two lines are what tests/e2e/test_wheel.py does offline (the build without
   isolation, the install without the index, the dependencies from this venv);
-- the lines of "Your own tools" run, as written and in their order, in a project folder of
+- the lines of "Your own tools" (docs/tools-and-images.md) run, as written and in their order, in a project folder of
   their own in tests/e2e/test_own_tools.py (which fetches from the Debian mirror and PyPI and
   builds an image twice): they are accounted for here, run there.
 """
@@ -34,7 +36,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from readme_support import section, sh_lines
+from docs_support import DOCS, doc_commands, section, sh_lines
 from serve_support import ROOT, Served
 
 from control.client import Client
@@ -42,10 +44,6 @@ from control.client import Client
 pytestmark = pytest.mark.docker
 
 RINGFENCE = str(Path(sys.executable).with_name("ringfence"))
-
-
-def readme_commands() -> list[str]:
-    return sh_lines((ROOT / "README.md").read_text())
 
 
 def split(line: str) -> tuple[dict[str, str], list[str]]:
@@ -81,7 +79,7 @@ class Session:
 
 
 def serve_line(line: str, workdir: Path) -> None:
-    """A README `ringfence serve ...` line starts, serves and stops cleanly (port 0)."""
+    """A page's `ringfence serve ...` line starts, serves and stops cleanly (port 0)."""
     _, argv = split(line)
     args = argv[2:]
     for flag in ("--listen", "--metrics-listen"):
@@ -94,9 +92,9 @@ def serve_line(line: str, workdir: Path) -> None:
     assert served.stop() == 0, served.lines
 
 
-def test_every_readme_command_works_as_written(pinned_images, tmp_path):
+def test_every_command_of_every_page_works_as_written(pinned_images, tmp_path):
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
-    lines = readme_commands()
+    lines = doc_commands()
     todo = list(lines)
 
     def take(pattern: str) -> list[str]:
@@ -106,7 +104,7 @@ def test_every_readme_command_works_as_written(pinned_images, tmp_path):
         return found
 
     # "Your own tools": run by tests/e2e/test_own_tools.py (before the `ringfence tools` lines below).
-    own = sh_lines(section("Your own tools"))
+    own = sh_lines(section(DOCS / "tools-and-images.md", "Your own tools"))
     assert own and (ROOT / "tests/e2e/test_own_tools.py").is_file()
     for line in own:
         todo.remove(line)
@@ -123,7 +121,7 @@ def test_every_readme_command_works_as_written(pinned_images, tmp_path):
     try:
         s = Session(tmp_path, served.address)
 
-        # The people's commands, in the README's order, each with the ids the earlier ones printed.
+        # The people's commands, in the page's order, each with the ids the earlier ones printed.
         [export] = take(r"^export RINGFENCE_TOKEN=")
         s.env["RINGFENCE_TOKEN"] = export.split("=", 1)[1]
         [submit] = take(r"ringfence submit ")
@@ -138,11 +136,11 @@ def test_every_readme_command_works_as_written(pinned_images, tmp_path):
         shown = s.run(finish).stdout
         assert "status finished, outcome completed" in shown and "write_note   executed" in shown
         # Files in and out of a workspace: a run started with one through the SDK, as the
-        # README's example does; run_tests collects its report as an artifact after the upload;
+        # workspaces page's example does; run_tests collects its report as an artifact after the upload;
         # `watch` last, on the finished run (it streams until the run ends).
         put, get, get_artifacts, watch_ws = take(r"WS_RUN_ID")
         with Client(served.address, s.env["RINGFENCE_TOKEN"]) as agent:
-            ws_run = agent.start_run("the README's workspace", workspace=True)
+            ws_run = agent.start_run("the workspaces page's run", workspace=True)
             s.ids["WS_RUN_ID"] = ws_run.run_id
             assert "files put" in put and s.run(put).returncode == 0
             [tests] = agent.submit_batch(ws_run.run_id, [{"call_id": "tests", "tool": "run_tests", "arguments": {}}])
@@ -175,5 +173,5 @@ def test_every_readme_command_works_as_written(pinned_images, tmp_path):
                 s.run(line.replace("127.0.0.1:50051", served.address))
     finally:
         assert served.stop() == 0
-    assert todo == [], f"README commands this test does not know how to run: {todo}"
+    assert todo == [], f"commands on the pages this test does not know how to run: {todo}"
     assert {"RUN_ID", "APPROVAL_ID"} <= set(s.ids)

@@ -1,7 +1,8 @@
-"""The README's Python examples run as written: the code blocks under "A first agent", "Plans an
-independent verifier checks", "Routing tickets to specialists" and "Workspaces, files and live
-output", unchanged, against `ringfence serve` on its embedded defaults (a real process, real
-containers)."""
+"""The pages' Python examples run as written: the README's "A first agent", docs/control-plane.md's
+"Plans an independent verifier checks" and "Routing tickets to specialists", and
+docs/workspaces.md's "An agent's workspace, end to end", unchanged, against `ringfence serve` on
+its embedded defaults (a real process, real containers). The one in "Your own tools" needs a
+project of its own: tests/e2e/test_own_tools.py runs it."""
 
 from __future__ import annotations
 
@@ -12,17 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from docs_support import DOCS, README, python_block
 from serve_support import ROOT, Served
 
 pytestmark = pytest.mark.docker
-
-
-def readme_example(heading: str) -> str:
-    """The one ```python block of the README section `heading`, as written."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
-    [code] = re.findall(r"```python\n(.*?)```", section, re.S)
-    return code
 
 
 def run_against_serve(code: str, tmp_path: Path) -> subprocess.CompletedProcess:
@@ -42,7 +36,7 @@ def run_against_serve(code: str, tmp_path: Path) -> subprocess.CompletedProcess:
 
 
 def test_the_readme_agent_runs_as_written(pinned_images, tmp_path):
-    proc = run_against_serve(readme_example("A first agent"), tmp_path)
+    proc = run_against_serve(python_block(README, "A first agent"), tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     first, tokens = proc.stdout.splitlines()
     assert first == "completed [('echo', 'executed'), ('read_file', 'denied')]"
@@ -54,14 +48,14 @@ def test_the_readme_agent_runs_as_written(pinned_images, tmp_path):
     ("Plans an independent verifier checks", "steps=1 verified=true remediation=none"),
     ("Routing tickets to specialists", "status=review route=latency evidence=fixture:L1"),
 ])
-def test_the_readme_plan_and_routing_examples_run_as_written(pinned_images, tmp_path, heading, printed):
-    proc = run_against_serve(readme_example(heading), tmp_path)
+def test_the_plan_and_routing_examples_run_as_written(pinned_images, tmp_path, heading, printed):
+    proc = run_against_serve(python_block(DOCS / "control-plane.md", heading), tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout == printed + "\n"
 
 
-def test_the_readme_workspace_example_runs_as_written(pinned_images, tmp_path):
-    proc = run_against_serve(readme_example("Workspaces, files and live output"), tmp_path)
+def test_the_workspace_example_runs_as_written(pinned_images, tmp_path):
+    proc = run_against_serve(python_block(DOCS / "workspaces.md", "An agent's workspace, end to end"), tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     # The test run's lines arrived while the call ran (printed by the example's watcher), then
