@@ -18,7 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # Each area registers its own subcommands; imports stay inside so that `--help` works even
     # before optional parts (e.g. the generated gRPC code) are present.
-    from control.store import cli as store_cli
+    from control.api.cli import commands as people_commands
     from sandbox import cli as sandbox_cli
     from sandbox.conformance import cli as conformance_cli
     from sandbox.images import cli as images_cli
@@ -26,22 +26,14 @@ def build_parser() -> argparse.ArgumentParser:
     sandbox_cli.register(sub)
     images_cli.register(sub)
     conformance_cli.register(sub)
-    store_cli.register(sub)
-    from control.toolpkg import cli as tools_cli
-
-    tools_cli.register(sub)  # `tools new|check`: your own tools (`tools [QUERY]` is people_cli's)
+    people_commands.register_runs(sub)  # `runs`: over gRPC, and the event store's actions under it
     try:
         from control.api import serve
     except ImportError:
         pass
     else:
         serve.register(sub)
-    try:  # submit, watch, approvals, run, tools, and `runs` with no action: over gRPC
-        from control.api import people_cli
-    except ImportError:
-        pass
-    else:
-        people_cli.register(sub)
+    people_commands.register(sub)  # submit, watch, files, approvals, run, tools (and `tools new|check`)
     try:  # `ringfence trace RUN_ID`: a run's span tree, from the event store
         from control.tracing import cli as trace_cli
     except ImportError:
@@ -64,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from control.toolpkg.cli import route
+    from control.api.cli.tools import route
 
     parser = build_parser()
     args = parser.parse_args(route(list(sys.argv[1:] if argv is None else argv)))

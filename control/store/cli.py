@@ -1,4 +1,5 @@
-"""`ringfence runs ...`: look at, export, verify and prune the runs in an event store.
+"""`ringfence runs show|export|verify|prune`: look at, export, verify and prune the runs in an event
+store (the actions; `runs` itself is control.api.cli.runs's, which adds them with add_actions).
 
 Reads the store directly (no server needed): the SQLite log in a state directory, as `ringfence
 serve` writes it, or a PostgreSQL database. Exit codes: 0 done (for verify: the chain is
@@ -13,13 +14,17 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from control.model import Event
-    from control.store.base import EventStore
+from control.config import load_config
+from control.errors import ConfigError
+from control.model import Event
+from control.state import fold
+from control.store import SQLITE_FILENAME, StoreError, is_database_url, open_store
+from control.store.audit import canonical_json, verify
+from control.store.base import EventStore
 
-StoreAction = Callable[[argparse.Namespace, "EventStore", str], int]
+StoreAction = Callable[[argparse.Namespace, EventStore, str], int]
 """A subcommand's body: (its arguments, the open store, where the store is, for messages) -> exit code."""
 
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*")
@@ -58,14 +63,15 @@ def store_options() -> argparse.ArgumentParser:
     return common
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    common = store_options()
+DESCRIPTION = ("Inspect the event store directly: one run's events, its audit hash chain, and retention of "
+               "finished runs. " + KEYS_NOTE)
+"""What the store's actions are for: the store's part of `ringfence runs --help` (control.api.cli.runs)."""
 
-    p = subparsers.add_parser(
-        "runs", help="show, export, verify or prune the runs in the event store",
-        description="Inspect the event store directly: one run's events, its audit hash chain, and "
-                    "retention of finished runs. " + KEYS_NOTE)
-    sub = p.add_subparsers(dest="runs_command", required=True, metavar="ACTION")
+
+def add_actions(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> dict[str, argparse.ArgumentParser]:
+    """Add show, export, verify and prune to `sub` (the actions of `ringfence runs`, whose owner,
+    control.api.cli.runs, composes them with its own); return each action's parser by name."""
+    common = store_options()
 
     show = sub.add_parser("show", parents=[common], help="a run's state and its events, one per line",
                           description="Print a run's tenant, status and outcome (the fold of its events), "
@@ -97,12 +103,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     prune.add_argument("--older-than", required=True, type=parse_duration, metavar="DURATION",
                        help="a number and a unit: s, m, h, d or w (e.g. 30d, 12h)")
     prune.set_defaults(func=_prune)
+    return {"show": show, "export": export, "verify": verify, "prune": prune}
 
 
 def run_on_store(args: argparse.Namespace, action: StoreAction) -> int:
-    from control.errors import ConfigError
-    from control.store import StoreError
-
     store = None
     try:
         store, where = _open(args)
@@ -127,8 +131,6 @@ def run_on_store(args: argparse.Namespace, action: StoreAction) -> int:
 
 
 def _open(args: argparse.Namespace) -> tuple[EventStore, str]:
-    from control.store import SQLITE_FILENAME, is_database_url, open_store
-
     if args.database_url is not None:
         if args.state_dir is not None or args.config is not None:
             raise StoreCommandError("--database-url goes alone: not with --state-dir or --config", 2)
@@ -138,8 +140,6 @@ def _open(args: argparse.Namespace) -> tuple[EventStore, str]:
         return open_store(args.database_url), "the PostgreSQL store"
     state_dir = args.state_dir
     if state_dir is None:
-        from control.config import load_config
-
         state_dir = load_config(args.config).state_dir
     path = Path(state_dir) / SQLITE_FILENAME
     if not path.is_file():
@@ -170,9 +170,6 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _do_show(args: argparse.Namespace, store: EventStore, where: str) -> int:
-    from control.state import fold
-    from control.store.audit import canonical_json, verify
-
     events = run_events(store, args.run_id, where)
     try:
         state = fold(events)
@@ -196,8 +193,6 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _do_export(args: argparse.Namespace, store: EventStore, where: str) -> int:
-    from control.store.audit import canonical_json
-
     for e in run_events(store, args.run_id, where):
         line: dict[str, Any] = {"run_id": e.run_id, "seq": e.seq, "type": e.type, "data": e.data,
                                 "schema_version": e.schema_version, "at": e.at, "prev_hash": e.prev_hash,
@@ -211,8 +206,6 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _do_verify(args: argparse.Namespace, store: EventStore, where: str) -> int:
-    from control.store.audit import verify
-
     report = verify(run_events(store, args.run_id, where))
     if report.ok:
         print(f"ok: {report.events} events, chain intact")

@@ -1,10 +1,9 @@
-"""`ringfence tools new NAME` and `ringfence tools check DIR...` (docs/TOOLS.md).
+"""`ringfence tools new NAME` and `ringfence tools check DIR...` (docs/TOOLS.md): their parsers and
+bodies.
 
-`ringfence tools [QUERY]` lists a running server's tools (control.api.people_cli); these two
-work on the user's files, without a server. argparse cannot give one command both an optional
-positional and sub-commands, so `route` sends `tools new ...` and `tools check ...` to parsers
-of their own (registered under the names "tools new" and "tools check", which no one types as
-one word); a query that is literally "new" or "check" is `ringfence tools -- new`.
+These two work on the user's files, without a server. The `tools` command itself (`tools [QUERY]`
+lists a running server's tools) is control.api.cli.tools's: it adds these parsers beside its own
+and routes `tools new|check ...` to them.
 """
 
 from __future__ import annotations
@@ -15,23 +14,19 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from control.config import load_config
+from control.errors import ConfigError
+from control.toolpkg import scaffold
+from control.toolpkg.check import Checker, Images, builtin_tools, targets
+from sandbox.errors import SandboxError
+
 if TYPE_CHECKING:
     from sandbox.backend import SandboxBackend
 
-ACTIONS = ("new", "check")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
-def route(argv: list[str]) -> list[str]:
-    """["tools", "new", ...] -> ["tools new", ...]; anything else unchanged."""
-    if len(argv) >= 2 and argv[0] == "tools" and argv[1] in ACTIONS:
-        return [f"tools {argv[1]}", *argv[2:]]
-    return argv
-
-
 def cmd_new(args: argparse.Namespace) -> int:
-    from control.toolpkg import scaffold
-
     try:
         planned = scaffold.plan(args.name, tools_dir=args.tools_dir, images_dir=args.images_dir, image=args.image)
         scaffold.write(planned)
@@ -46,11 +41,6 @@ def cmd_new(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from control.config import load_config
-    from control.errors import ConfigError
-    from control.toolpkg.check import Checker, Images, builtin_tools, targets
-    from sandbox.errors import SandboxError
-
     try:
         config = load_config(args.config)
         images = Images(args.images_dir if args.images_dir is not None else config.images_dir)
@@ -101,11 +91,15 @@ def cmd_check(args: argparse.Namespace) -> int:
     return EXIT_FAILED if failed else EXIT_OK
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    # No help= on either: argparse then leaves them out of the command list, where
-    # `tools` (control.api.people_cli) names them.
+def add_new_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser], name: str,
+                   ) -> argparse.ArgumentParser:
+    """The parser of `ringfence tools new`, added to `subparsers` as `name`.
+
+    No help= (here or in add_check_parser): argparse then leaves it out of the command list,
+    where `tools` names it.
+    """
     p = subparsers.add_parser(
-        "tools new", prog="ringfence tools new",
+        name, prog="ringfence tools new",
         description=("Scaffold a tool package: TOOLS_DIR/NAME/{manifest.json, NAME.py, test_NAME.py} (a working "
                      "tool with a passing test) and IMAGES_DIR/IMAGE/image.json (a child of the built-in tool "
                      "image that lays the package's code), then print what to do next. Refuses a bad or taken "
@@ -121,9 +115,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--image", default=None, metavar="IMAGE",
                    help="the image's name (default: NAME with '_' as '-')")
     p.set_defaults(func=cmd_new)
+    return p
 
+
+def add_check_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser], name: str,
+                     ) -> argparse.ArgumentParser:
+    """The parser of `ringfence tools check`, added to `subparsers` as `name`."""
     c = subparsers.add_parser(
-        "tools check", prog="ringfence tools check",
+        name, prog="ringfence tools check",
         description=("Check tool packages: files, schema (valid JSON Schema), risk metadata, limits within the "
                      "server's caps, the other manifest fields, the image pinned, the image holding this code; "
                      "then the package's own tests, run in the sandbox in the tool's image. One line per check; "
@@ -142,3 +141,4 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="wall time of the tests' sandbox (default 120)")
     c.add_argument("--json", action="store_true", help="one JSON document on stdout, for CI")
     c.set_defaults(func=cmd_check)
+    return c

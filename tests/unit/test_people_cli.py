@@ -22,8 +22,8 @@ import pytest
 from api_support import TOKENS, RealCore, fake_backend, make_config
 
 from control.api.background import BackgroundServer
+from control.api.cli.plan import PlanError, load_plan
 from control.api.client import RingfenceClient
-from control.api.people_cli import PlanError, load_plan
 from control.model import ApprovalStatus, ObservationStatus, Role, RunOutcome
 
 ROOT = Path(__file__).resolve().parents[2]

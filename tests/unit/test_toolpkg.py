@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from control import cli
+from control.api.cli.tools import route
 from control.config import TOOL_LIMIT_CAPS, ToolsConfig, load_config
 from control.errors import ConfigError
 from control.registry import _LIMIT_KEYS, _MANIFEST_KEYS, _RECONCILE_KEYS
 from control.toolpkg.check import SCRIPT, Checker, Images, builtin_tools, stage_package, targets
-from control.toolpkg.cli import route
 from control.toolpkg.packages import load_all, load_package, package_folders, registry_from_config
 from sandbox.fake import FakeBackend, ok_result
 from sandbox.images.lock import IMAGES_DIR, Lock, LockEntry, builtin_lock
@@ -223,6 +223,7 @@ def user_images(tmp_path: Path, specs: dict[str, dict], pinned: tuple[str, ...] 
         (images / name).mkdir(parents=True, exist_ok=True)
         (images / name / "image.json").write_text(json.dumps(doc))
     builtin = builtin_lock()
+    assert builtin is not None, "the built-in images have a lock"
     entries = [LockEntry(name, "sha256:" + hashlib.sha256(name.encode()).hexdigest(),
                          load_spec(images / name).inputs_sha256(), "tool", builtin.image_id("tool"))
                for name in pinned]
