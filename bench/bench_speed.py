@@ -418,7 +418,7 @@ class BareRunner:
 
         from sandbox import labels as L
         from sandbox import seccomp
-        from sandbox.docker_backend import host_config_kwargs
+        from sandbox.host_config import host_config_kwargs
 
         self.api = client.api
         settings = host_config_kwargs(profile, seccomp.profile_json(profile.runtime))

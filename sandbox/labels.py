@@ -21,7 +21,7 @@ RUN_LABEL = "ringfence.run"
 CALL_LABEL = "ringfence.call"
 DEADLINE_LABEL = "ringfence.deadline"  # unix time after which the object is an orphan
 # call | pool | network | proxy | test | workspace | workspace-view | workspace-keeper |
-# workspace-stray (sandbox.workspace, sandbox.docker_backend)
+# workspace-stray (sandbox.workspace, sandbox.hardening)
 PURPOSE_LABEL = "ringfence.purpose"
 
 # Set by the test suite so every object a test run creates can be removed by one label.

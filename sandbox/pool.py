@@ -21,19 +21,29 @@ it); shapes not asked for in `idle_s` are let go, the least recently used first 
 is no longer waiting (it exited, or wrote something) is discarded at the claim, not given out.
 
 Everything that makes a container safe is the backend's, the same code as a cold call's
-(sandbox.docker_backend): the pool only decides when to create and whom to give what.
+(sandbox.docker_backend): the pool only decides when to create and whom to give what. The
+hand-over's own pieces are here too (the end of this module): the launcher command, the name a
+claimed container takes, the launch line, and the check that a ready one still waits.
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import json
 import logging
+import select
 import socket
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypedDict, TypeVar
+
+from sandbox import launcher
+from sandbox.profile import SandboxProfile
 
 if TYPE_CHECKING:
     from docker.models.containers import Container
@@ -278,3 +288,55 @@ class WarmPool(Generic[K, S]):
                 self._lock.notify_all()
             if not keep:
                 self._drop(w)
+
+
+# -- the hand-over: how the backend gives a call to a warm container ------------------------
+
+# A warm container's command when the call's command or environment is not known ahead of it:
+# it reads one launch line on stdin and execs it (sandbox.launcher).
+LAUNCHER_ARGV = ["python3", "-I", "-S", "-B", "-c", inspect.getsource(launcher)]
+# How long a warm container may live past its pool's idle limit, for the reaper's deadline label:
+# the longest wall time a call may have (SandboxProfile caps timeout_s) and a margin.
+POOL_DEADLINE_MARGIN_S = 3600 + 60
+# A pool shape's key: what must be equal for a warm container to serve a call (image ID, runtime,
+# hand-over mode, egress or not, digest of the container settings); and its spec: what a
+# container of the shape is made from (image ID, the profile without its egress grant, mode,
+# egress or not). See DockerBackend._pool_shape.
+ShapeKey = tuple[str, str, str, bool, str]
+ShapeSpec = tuple[str, SandboxProfile, str, bool]
+
+
+def claimed_prefix(run_id: str) -> str:
+    """The name prefix of a warm container claimed by one of `run_id`'s calls: a digest of the
+    whole run id (a container name cannot hold every character a run id may, and a prefix of
+    the id could match another run)."""
+    return f"rf-w-{hashlib.sha256(run_id.encode()).hexdigest()[:24]}-"
+
+
+def claimed_name(run_id: str) -> str:
+    """A fresh name for a warm container claimed by one of `run_id`'s calls: kill_run finds it
+    by its prefix from any instance."""
+    return claimed_prefix(run_id) + uuid.uuid4().hex[:12]
+
+
+def launch_line(argv: list[str], env: dict[str, str]) -> bytes:
+    """What a launcher-mode container reads before the call's stdin (sandbox.launcher)."""
+    return json.dumps({"argv": argv, "env": env}).encode() + b"\n"
+
+
+def warm_alive(warm: Warm) -> bool:
+    """Still blocked on its stdin: its stream has not ended. What it wrote meanwhile (the
+    init's report of its child) is kept for the call's streams, in order."""
+    sock = warm.sock
+    try:
+        sock.setblocking(False)
+        while select.select([sock], [], [], 0)[0]:
+            data = sock.recv(65536)
+            if not data:
+                return False
+            warm.extra["early"].extend(warm.extra["demux"].feed(data))
+    except BlockingIOError:
+        return True
+    except (OSError, ValueError):
+        return False
+    return True

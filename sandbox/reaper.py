@@ -14,7 +14,7 @@ A workspace's keeper (sandbox.workspace) belongs to a run, not to the instance t
 make it: another instance continues the run with the same files, so a keeper is never an
 instance's orphan. The control plane reaps workspaces by their runs (`WorkspaceStore.reap`).
 A stray workspace volume (one the engine made by itself for a call whose workspace was removed
-meanwhile: sandbox.docker_backend.STRAY_WORKSPACE_PURPOSE) is removed once no container uses it
+meanwhile: sandbox.hardening.STRAY_WORKSPACE_PURPOSE) is removed once no container uses it
 (`reap_stray_volumes`, on the server's periodic pass).
 """
 
@@ -36,6 +36,8 @@ from docker.models.networks import Network
 
 from sandbox import labels as L
 from sandbox import listing
+from sandbox.egress.proxy import CONTROL_DIR, STATE_PREFIX
+from sandbox.hardening import STRAY_WORKSPACE_PURPOSE
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +80,6 @@ def orphan_reason(labels: dict[str, str], *, now: float, host: str) -> str | Non
 def proxy_state_dir(attrs: dict[str, Any], labels: dict[str, str], *, host: str) -> str | None:
     """The host state directory of an egress proxy container, when it is one of ours on this
     host: bind-mounted at the proxy's control dir, named by its prefix, a real directory."""
-    from sandbox.egress.proxy import CONTROL_DIR, STATE_PREFIX
-
     if labels.get(L.PURPOSE_LABEL) != "proxy" or labels.get(L.HOST_LABEL) != host:
         return None
     for m in attrs.get("Mounts") or []:
@@ -133,8 +133,6 @@ def reap(client: docker.DockerClient, *, now: float | None = None) -> list[Reape
 
 def reap_stray_volumes(client: docker.DockerClient) -> list[Reaped]:
     """Remove stray workspace volumes no container uses (one in use is left for next time)."""
-    from sandbox.docker_backend import STRAY_WORKSPACE_PURPOSE
-
     reaped: list[Reaped] = []
     selector = {"label": [f"{L.PRODUCT_LABEL}={L.PRODUCT}", f"{L.PURPOSE_LABEL}={STRAY_WORKSPACE_PURPOSE}"]}
     for volume in listing.volumes(client, selector):

@@ -7,8 +7,6 @@ classification is an enum, never a string match on messages.
 from __future__ import annotations
 
 import enum
-import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,25 +21,6 @@ class Outcome(enum.StrEnum):
     START_FAILED = "start_failed"  # engine trouble before the tool could have started: transient
     UNCERTAIN = "uncertain"  # engine trouble after the tool could have started: it may have run
     KILLED = "killed"  # ended by a signal that was not ours and not the OOM killer, or by its runtime
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number (the runner's document must hold finite numbers only)")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):  # 1e999 parses to inf
-        raise ValueError(f"{text} is not a finite number (the runner's document must hold finite numbers only)")
-    return value
-
-
-def parse_runner_line(line: str | bytes) -> Any:
-    """One line of the runner's protocol, as strict JSON: NaN, Infinity and numbers too big
-    for a float are refused (ValueError). Python's json writes and reads them, but they are
-    not JSON, and the event store (rightly) refuses them: a result that holds one must fail
-    its call, never reach the log and end the run."""
-    return json.loads(line, parse_constant=_refuse_constant, parse_float=_finite_float)
 
 
 class ToolErrorClass(enum.StrEnum):

@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from sandbox import labels as L
-from sandbox import listing
+from sandbox import listing, seccomp
 from sandbox.errors import EngineError, ProfileError
+from sandbox.hardening import INIT
 from sandbox.profile import WORKSPACE_PATH, KiB, MiB
 
 if TYPE_CHECKING:
@@ -177,7 +178,9 @@ def view_options(mountpoint: str) -> dict[str, str]:
 
 
 def _engine_errors() -> tuple[type[BaseException], ...]:
-    from sandbox.docker_backend import ENGINE_ERRORS
+    # Imported here, as docker itself is in this module: loading sandbox.engine loads the
+    # engine's client library, which the control plane's config must not.
+    from sandbox.engine import ENGINE_ERRORS
 
     return ENGINE_ERRORS
 
@@ -387,9 +390,7 @@ class DockerWorkspaces:
         keeper's memory), whose child sleeps forever."""
         from docker.types import DriverConfig, LogConfig, Mount, Ulimit
 
-        from sandbox import seccomp
-        from sandbox.docker_backend import INIT
-        from sandbox.images import resolve_pinned  # the lock lives with the builder
+        from sandbox.images import resolve_pinned  # the lock lives with the builder, which loads docker
 
         # The volume's own options and labels on the mount: were it removed between our look
         # and this create (a racing remove), the engine would make it again from these, capped,

@@ -28,8 +28,8 @@ from typing import Any
 
 from sandbox import etc_files
 from sandbox.conformance import attacks, probes
-from sandbox.docker_backend import GVISOR_HIDDEN_DEVICES, INIT
 from sandbox.errors import ProfileError
+from sandbox.hardening import GVISOR_HIDDEN_DEVICES, INIT
 from sandbox.profile import KiB, MiB, SandboxProfile
 from sandbox.result import Outcome, SandboxResult
 

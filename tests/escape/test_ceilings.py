@@ -44,7 +44,8 @@ from sandbox.conformance.attacks import (
     ORPHANS,
     WRITER,
 )
-from sandbox.docker_backend import DockerBackend, engine_pids_limit
+from sandbox.docker_backend import DockerBackend
+from sandbox.hardening import engine_pids_limit
 from sandbox.profile import KiB, MiB, SandboxProfile
 from sandbox.result import Outcome, SandboxResult
 

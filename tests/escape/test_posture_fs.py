@@ -25,7 +25,7 @@ import pytest
 from docker.types import Mount
 
 from sandbox import labels as L
-from sandbox.docker_backend import GVISOR_HIDDEN_DEVICES
+from sandbox.hardening import GVISOR_HIDDEN_DEVICES
 from sandbox.profile import InputMount
 
 pytestmark = pytest.mark.docker

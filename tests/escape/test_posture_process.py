@@ -21,8 +21,8 @@ import pytest
 from weaken import with_readable_init, without_security_opt
 
 from sandbox import labels as L
-from sandbox.docker_backend import INIT
 from sandbox.errors import ProfileError
+from sandbox.hardening import INIT
 from sandbox.profile import SandboxProfile
 
 pytestmark = pytest.mark.docker

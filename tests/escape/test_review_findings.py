@@ -17,7 +17,7 @@ from weaken import WeakenedBackend, with_readable_init
 
 from sandbox import seccomp
 from sandbox.backend import SandboxRequest
-from sandbox.docker_backend import DOCKER_DEFAULT_MASKED_PATHS
+from sandbox.hardening import DOCKER_DEFAULT_MASKED_PATHS
 from sandbox.profile import KiB, SandboxProfile
 from sandbox.result import Outcome
 

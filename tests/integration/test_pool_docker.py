@@ -33,9 +33,9 @@ from egress_support import SANDBOX_CLIENT
 
 from sandbox import labels as L
 from sandbox.backend import SandboxRequest
-from sandbox.docker_backend import DockerBackend, _claimed_prefix
+from sandbox.docker_backend import DockerBackend
 from sandbox.egress.grant import EgressGrant
-from sandbox.pool import PoolSettings
+from sandbox.pool import PoolSettings, claimed_prefix
 from sandbox.profile import SandboxProfile
 from sandbox.reaper import reap
 from sandbox.result import Outcome
@@ -98,18 +98,22 @@ def request_for(argv=(), *, run: str = "it-pool", warm: bool = True, stdin: byte
 
 def fill(backend: DockerBackend, *requests: SandboxRequest) -> None:
     """Warm the requests' shapes and wait until each has its ready containers."""
+    pool = backend.pool
+    assert pool is not None, "the backend has no warm pool"
     for r in requests:
-        assert backend.pool.prewarm(r), "the request cannot be pooled"
-    assert backend.pool.wait_filled(90), f"the pool did not fill: {backend.pool.stats()}"
+        assert pool.prewarm(r), "the request cannot be pooled"
+    assert pool.wait_filled(90), f"the pool did not fill: {pool.stats()}"
 
 
 def run_warm(backend: Recording, request: SandboxRequest, *, prewarm: bool = True):
     """Run `request` and prove it was pooled: one more claim, and a container the pool made."""
     if prewarm:
         fill(backend, request)
-    before = backend.pool.stats()["claims"]
+    pool = backend.pool
+    assert pool is not None, "the backend has no warm pool"
+    before = pool.stats()["claims"]
     result = backend.run(request)
-    assert backend.pool.stats()["claims"] == before + 1, "the call was not pooled"
+    assert pool.stats()["claims"] == before + 1, "the call was not pooled"
     assert backend.claimed and backend.claimed[-1] in backend.made
     return result
 
@@ -332,7 +336,7 @@ def test_kill_run_from_another_instance_kills_only_that_runs_warm_call(pooled, d
     for t in threads:
         t.start()
     try:
-        prefix = _claimed_prefix(target)
+        prefix = claimed_prefix(target)
         deadline = time.monotonic() + 30
         while not [c for c in docker_client.containers.list(filters={"name": prefix}) if c.name.startswith(prefix)]:
             assert time.monotonic() < deadline, "the target's warm container was never claimed"

@@ -27,9 +27,11 @@ import pytest
 
 from sandbox import labels as L
 from sandbox.backend import SandboxRequest
-from sandbox.docker_backend import STRAY_WORKSPACE_PURPOSE, DockerBackend, applied_settings
+from sandbox.docker_backend import DockerBackend
 from sandbox.errors import ProfileError
-from sandbox.pool import PoolSettings
+from sandbox.hardening import STRAY_WORKSPACE_PURPOSE
+from sandbox.host_config import applied_settings
+from sandbox.pool import PoolSettings, claimed_prefix
 from sandbox.profile import KiB, MiB, SandboxProfile, WorkspaceMount
 from sandbox.reaper import orphan_reason, reap, reap_stray_volumes
 from sandbox.result import Outcome
@@ -411,10 +413,8 @@ def test_live_output_arrives_while_the_call_runs_cold(backend, docker_client):
 
 def test_live_output_arrives_while_the_call_runs_warm(pooled, docker_client):
     def running(request):
-        # A claimed warm container is named for its call's run (sandbox.docker_backend._claimed_name).
-        from sandbox.docker_backend import _claimed_prefix
-
-        prefix = _claimed_prefix(request.run_id)
+        # A claimed warm container is named for its call's run (sandbox.pool.claimed_name).
+        prefix = claimed_prefix(request.run_id)
         return any((c.name or "").startswith(prefix)
                    for c in docker_client.containers.list(filters={"name": prefix, "status": "running"}))
 

@@ -3,10 +3,9 @@ is still removed (a KeyError from an os.environ race once ended it, and the rest
 
 from __future__ import annotations
 
-import queue
 from types import SimpleNamespace
 
-from sandbox.docker_backend import DockerBackend
+from sandbox.removal import Remover
 
 
 def test_an_unexpected_error_does_not_stop_the_removals():
@@ -19,9 +18,8 @@ def test_an_unexpected_error_does_not_stop_the_removals():
             raise KeyError("HTTP_PROXY")  # what os.environ raised mid-iteration
         removed.append(container.id)
 
-    removals: queue.Queue = queue.Queue()
+    remover = Remover(remove)
     for name in ("a", "b", "c"):
-        removals.put(SimpleNamespace(id=name))
-    removals.put(None)
-    DockerBackend._remove_queued(SimpleNamespace(_removals=removals, _remove=remove))
+        remover.later(SimpleNamespace(id=name))
+    remover.close()  # drains the queue before the thread ends
     assert removed == ["a", "c"]

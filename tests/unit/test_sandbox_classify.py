@@ -4,9 +4,10 @@ import struct
 
 import pytest
 
-from sandbox.backend import SandboxRequest
-from sandbox.docker_backend import _Demuxer, _Streams, _tool_error
+from sandbox.classify import engine_reported_oom, oom_in_events
 from sandbox.result import Outcome, ToolErrorClass, classify_exit
+from sandbox.runner_protocol import ToolFailure, read_failure
+from sandbox.streams import CappedStreams, Demuxer
 from sandbox.units import parse_duration, parse_size
 
 
@@ -36,7 +37,7 @@ def frame(stream: int, data: bytes) -> bytes:
 def test_demuxer_splits_frames_across_arbitrary_chunk_boundaries():
     raw = frame(1, b"hello ") + frame(2, b"warn") + frame(1, b"world")
     for cut in range(1, len(raw)):
-        demux = _Demuxer()
+        demux = Demuxer()
         frames = demux.feed(raw[:cut]) + demux.feed(raw[cut:])
         out = b"".join(d for s, d in frames if s == 1)
         err = b"".join(d for s, d in frames if s == 2)
@@ -44,7 +45,7 @@ def test_demuxer_splits_frames_across_arbitrary_chunk_boundaries():
 
 
 def test_streams_keep_exactly_the_cap_and_flag_truncation():
-    streams = _Streams(stdout_limit=10, stderr_limit=4, stdout=bytearray(), stderr=bytearray())
+    streams = CappedStreams(stdout_limit=10, stderr_limit=4, stdout=bytearray(), stderr=bytearray())
     assert not streams.add(1, b"12345")
     assert streams.add(1, b"6789abcdef")
     assert bytes(streams.stdout) == b"123456789a" and streams.stdout_truncated
@@ -53,13 +54,10 @@ def test_streams_keep_exactly_the_cap_and_flag_truncation():
 
 def test_tool_error_class_comes_from_the_runner_json_only_in_runner_mode():
     body = b'{"ok": false, "error": {"class": "rate_limited", "message": "slow down", "retry_after_s": 2}}\n'
-    cls, message, retry_after = _tool_error(SandboxRequest(), 3, body)
-    assert (cls, message, retry_after) == (ToolErrorClass.RATE_LIMITED, "slow down", 2.0)
+    assert read_failure(body, 3, runner=True) == ToolFailure(ToolErrorClass.RATE_LIMITED, "slow down", 2.0)
     # A plain command that prints the same JSON is not trusted to classify itself.
-    cls, _, _ = _tool_error(SandboxRequest(argv=("sh",)), 3, body)
-    assert cls is ToolErrorClass.FATAL
-    cls, _, _ = _tool_error(SandboxRequest(), 3, b"not json")
-    assert cls is ToolErrorClass.FATAL
+    assert read_failure(body, 3, runner=False).error_class is ToolErrorClass.FATAL
+    assert read_failure(b"not json", 3, runner=True).error_class is ToolErrorClass.FATAL
 
 
 @pytest.mark.parametrize(
@@ -109,7 +107,7 @@ TINI_EXITED = b"[INFO  tini (1)] Main child exited normally (with status '2')\n"
 def test_witness_takes_tinis_lines_out_of_stdout_at_any_chunk_boundary():
     raw = TINI_SPAWNED + b"tool says\npartial" + TINI_EXITED
     for cut in range(len(raw) + 1):
-        streams = _Streams(stdout_limit=100, stderr_limit=10, stdout=bytearray(), stderr=bytearray())
+        streams = CappedStreams(stdout_limit=100, stderr_limit=10, stdout=bytearray(), stderr=bytearray())
         streams.add(1, raw[:cut])
         streams.add(1, raw[cut:])
         streams.finish()
@@ -137,7 +135,7 @@ def test_witness_reads_a_signal_and_leaves_lookalikes_alone():
 
 
 def test_tinis_lines_do_not_count_against_the_stdout_cap():
-    streams = _Streams(stdout_limit=4, stderr_limit=4, stdout=bytearray(), stderr=bytearray())
+    streams = CappedStreams(stdout_limit=4, stderr_limit=4, stdout=bytearray(), stderr=bytearray())
     assert not streams.add(1, TINI_SPAWNED + b"abcd" + TINI_EXITED)
     streams.finish()
     assert bytes(streams.stdout) == b"abcd" and not streams.stdout_truncated
@@ -156,7 +154,6 @@ def test_tinis_lines_do_not_count_against_the_stdout_cap():
     ],
 )
 def test_the_engines_events_explain_a_sigkill(actions, expected):
-    from sandbox.docker_backend import oom_in_events
 
     assert oom_in_events(actions) is expected
 
@@ -178,7 +175,6 @@ class _EventsClient:
 def test_a_late_oom_event_is_waited_for():
     import time
 
-    from sandbox.docker_backend import engine_reported_oom
 
     client = _EventsClient([], [], ["oom"])
     assert engine_reported_oom(client, "c1", time.monotonic(), wait_s=30) is True
@@ -188,7 +184,6 @@ def test_a_late_oom_event_is_waited_for():
 def test_no_account_from_the_engine_leaves_the_kill_unexplained():
     import time
 
-    from sandbox.docker_backend import engine_reported_oom
 
     client = _EventsClient([])
     assert engine_reported_oom(client, "c1", time.monotonic(), wait_s=0) is False

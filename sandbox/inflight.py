@@ -1,0 +1,70 @@
+"""The calls running now, by run: what kill_run and kill_all find, and how far each call got.
+
+A kill comes from another thread (a run's cancel or deadline, the process's SIGTERM) while the
+call's own thread creates, starts and reads its container; the call's `Progress` is where the
+two meet. Once the backend is stopping, a call that registers is marked killed at once, so
+nothing starts after a kill_all.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+
+@dataclass
+class Progress:
+    """How far one call got: once its start request is issued, the tool may have run; a
+    `killed_reason` says we killed it on purpose (cancel, run deadline), not the kernel."""
+
+    start_issued: bool = False
+    killed_reason: str | None = None
+
+    def killed(self) -> bool:
+        """Whether a kill came: kill_run and kill_all set `killed_reason` from other threads."""
+        return self.killed_reason is not None
+
+
+class Inflight:
+    """run id -> {container id: Progress} of the calls running now; thread-safe."""
+
+    def __init__(self) -> None:
+        self._calls: dict[str, dict[str, Progress]] = {}
+        self._mutex = threading.Lock()
+        self._stopping: str | None = None
+
+    @property
+    def stopping(self) -> str | None:
+        """Why every call is being killed (kill_all's reason), or None."""
+        return self._stopping
+
+    def track(self, run_id: str, container_id: str, progress: Progress) -> None:
+        """A call's container, running now: kill_run and kill_all find it here."""
+        with self._mutex:
+            self._calls.setdefault(run_id, {})[container_id] = progress
+            if self._stopping is not None:
+                progress.killed_reason = self._stopping
+
+    def untrack(self, run_id: str, container_id: str) -> None:
+        with self._mutex:
+            calls = self._calls.get(run_id, {})
+            calls.pop(container_id, None)
+            if not calls:
+                self._calls.pop(run_id, None)
+
+    def running(self) -> int:
+        """How many calls run now."""
+        with self._mutex:
+            return sum(len(calls) for calls in self._calls.values())
+
+    def stop(self, reason: str) -> list[tuple[str, Progress]]:
+        """From now on every call is killed for `reason`; the calls running now, to kill."""
+        with self._mutex:
+            self._stopping = reason
+            return [(cid, p) for calls in self._calls.values() for cid, p in calls.items()]
+
+    def mark_run(self, run_id: str, reason: str) -> None:
+        """The run's calls running now are killed for `reason` (their containers by the caller)."""
+        with self._mutex:
+            for progress in self._calls.get(run_id, {}).values():
+                progress.killed_reason = reason
