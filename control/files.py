@@ -41,6 +41,7 @@ removed afterwards, whatever happened.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 import logging
@@ -67,9 +68,10 @@ from control.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from control.events import ArtifactCollected, ArtifactFile, EventPayload, FileEntry, FilesDownloaded, FilesUploaded
 from control.model import Event
 from control.registry import ToolManifest
-from control.state import EventType, RunState, sandbox_run_id
+from control.state import RunState, sandbox_run_id
 from control.store.base import EventStore
 from control.workspace_paths import MAX_PATH_BYTES, path_problem
 from sandbox.archive import ArchiveLimits, Tree, escaped_name, extract_output, stage_archive
@@ -310,8 +312,7 @@ class RunLog(Protocol):
 
     store: EventStore
 
-    def append(self, state: RunState, type_: EventType, data: Mapping[str, Any],
-               keys: Sequence[str] = ()) -> Event: ...
+    def append(self, state: RunState, payload: EventPayload, keys: Sequence[str] = ()) -> Event: ...
 
 
 # --- paths -----------------------------------------------------------------------------------
@@ -405,8 +406,7 @@ class FileDesk:
                 _raise_for_dest(result, dest)
                 _raise_for_members(result)
                 raise _failure(result, "copy the files into the workspace")
-        event = self.repo.append(state, EventType.FILES_UPLOADED, {
-            "dest": dest, "files": [_entry(f) for f in files], "by": by})
+        event = self.repo.append(state, FilesUploaded(dest=dest, files=tuple(_entry(f) for f in files), by=by))
         return files, event.seq
 
     def download(self, state: RunState, paths: Sequence[str], by: str) -> list[DownloadedFile]:
@@ -420,8 +420,8 @@ class FileDesk:
             if missing:
                 raise NotFound(f"not in the workspace of run {state.run_id}: {', '.join(map(repr, missing))}")
             out = _delivered(tree, under_link)
-        self.repo.append(state, EventType.FILES_DOWNLOADED, {
-            "files": [_entry(f) for f in out if f.data is not None], "artifacts": False, "by": by})
+        self.repo.append(state, FilesDownloaded(files=tuple(_entry(f) for f in out if f.data is not None),
+                                                artifacts=False, by=by))
         return out
 
     def download_artifacts(self, state: RunState, paths: Sequence[str], by: str) -> list[DownloadedFile]:
@@ -455,14 +455,14 @@ class FileDesk:
             if digest != meta["sha256"] or digest != record.body.get("sha256"):
                 raise RuntimeError(f"artifact {path!r} of run {state.run_id} does not match its sha256")
             out.append(DownloadedFile(path, data, len(data), digest))
-        entries = [_entry(f) for f in out]
+        entries = tuple(_entry(f) for f in out)
         if state.finished:
             # A finished run's log is closed (nothing is appended after run_finished): the
             # download of what outlived it is recorded in the server's log instead.
             log.info("run %s (finished): %d artifact(s) downloaded by %s: %s", state.run_id, len(out), by,
-                     json.dumps(entries, separators=(",", ":")))
+                     json.dumps([dataclasses.asdict(e) for e in entries], separators=(",", ":")))
         else:
-            self.repo.append(state, EventType.FILES_DOWNLOADED, {"files": entries, "artifacts": True, "by": by})
+            self.repo.append(state, FilesDownloaded(files=entries, artifacts=True, by=by))
         return out
 
     def collect_outputs(self, state: RunState, call_id: str, manifest: ToolManifest) -> None:
@@ -475,7 +475,7 @@ class FileDesk:
         outputs = list(dict.fromkeys(manifest.outputs))
         if not outputs:
             return
-        collected: list[dict[str, Any]] = []
+        collected: list[ArtifactFile] = []
         missing: list[str] = [p for p in outputs if path_problem(p) is not None]
         readable = [p for p in outputs if p not in missing]
         volume = state.live_volume
@@ -508,17 +508,17 @@ class FileDesk:
                             {"path": f.path, "size": len(data), "sha256": digest, "call_id": call_id,
                              "data_b64": base64.b64encode(data).decode("ascii")},
                             written_by=f"call:{call_id}")
-                        collected.append({"path": f.path, "size": len(data), "sha256": digest,
-                                          "revision": record.revision})
+                        collected.append(ArtifactFile(path=f.path, size=len(data), sha256=digest,
+                                                      revision=record.revision))
             except (ControlError, SandboxError) as e:
                 # The copy-out failed as a whole (the workspace's content, or the engine): the
                 # outputs not recorded yet are missing; the call's own result stands.
                 log.warning("run %s call %s: outputs not collected: %s", state.run_id, call_id, e)
-                done = {c["path"] for c in collected}
+                done = {c.path for c in collected}
                 missing.extend(p for p in readable if p not in done)
-        self.repo.append(state, EventType.ARTIFACT_COLLECTED, {
-            "call_id": call_id, "files": collected,
-            "missing": sorted(set(missing) - {c["path"] for c in collected})})
+        self.repo.append(state, ArtifactCollected(
+            call_id=call_id, files=tuple(collected),
+            missing=tuple(sorted(set(missing) - {c.path for c in collected}))))
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -540,8 +540,8 @@ class FileDesk:
         incomplete = (f"the copy stopped after {moved} of {planned} moves into place: {why}" if applied is not None
                       else f"the copy stopped after {moved} of {planned} moves into place ({why}); which files "
                            "arrived is not known")
-        event = self.repo.append(state, EventType.FILES_UPLOADED, {
-            "dest": dest, "files": [_entry(f) for f in arrived], "by": by, "incomplete": incomplete})
+        event = self.repo.append(state, FilesUploaded(dest=dest, files=tuple(_entry(f) for f in arrived), by=by,
+                                                      incomplete=incomplete))
         raise FailedPrecondition(f"could not copy the files into the workspace: {incomplete}; "
                                  f"files_uploaded (seq {event.seq}) lists the {len(arrived)} file(s) that arrived")
 
@@ -612,8 +612,8 @@ class FileDesk:
         return tree, missing, under_link
 
 
-def _entry(f: FileInfo | DownloadedFile) -> dict[str, Any]:
-    return {"path": f.path, "size": f.size, "sha256": f.sha256}
+def _entry(f: FileInfo | DownloadedFile) -> FileEntry:
+    return FileEntry(path=f.path, size=f.size, sha256=f.sha256)
 
 
 _NOT_TEXT = "its name is not valid UTF-8 (shown escaped): it cannot be named in a reply or the log"

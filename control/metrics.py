@@ -47,7 +47,7 @@ class Metrics:
         elif event.type == EventType.ATTEMPT:
             call_id = data.get("call_id")
             started = state.inflight.get(call_id) if isinstance(call_id, str) else None
-            tool = str((started or {}).get("tool", "unknown"))
+            tool = started.tool if started is not None else "unknown"
             self.attempts.labels(tool, str(data.get("outcome"))).inc()
             if data.get("duration_ms") is not None:
                 self.latency.labels(tool).observe(float(data["duration_ms"]) / 1000)

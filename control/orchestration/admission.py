@@ -27,6 +27,7 @@ from control.resource_policy import check_resources
 # Defined beside the event types (the log records it and the reducer reads it); named here too,
 # where verdicts are made.
 from control.state import AdmissionVerdict as AdmissionVerdict
+from control.state import RunState
 from control.validation import signature, validate_arguments
 
 
@@ -73,6 +74,23 @@ class AdmissionContext:
     @property
     def limits(self) -> Limits:
         return self.config.limits
+
+
+@dataclass(frozen=True)
+class AdmissionRules:
+    """The server's side of admission (tools, configuration, policy), fixed for its lifetime."""
+
+    registry: Registry
+    config: Config
+    policy: PolicyEngine
+
+    def context_for(self, state: RunState) -> AdmissionContext:
+        """The context a batch of this run is judged in: these rules, with the run's grants,
+        the call signatures it has seen, and whether its workspace is live. A snapshot: the
+        batch's own events do not change the verdicts of its other calls."""
+        return AdmissionContext(registry=self.registry, config=self.config, policy=self.policy,
+                                grants=frozenset(state.grants), seen_signatures=dict(state.signatures),
+                                workspace=state.live_volume is not None)
 
 
 def admit_batch(calls: Sequence[ProposedCall], ctx: AdmissionContext) -> list[Decision]:

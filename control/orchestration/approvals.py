@@ -8,7 +8,8 @@ that was not dispatched yet is resumed from the log alone (control.orchestration
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -16,6 +17,14 @@ from opentelemetry import trace
 from control.approvals import approval_digest, new_approval_id
 from control.config import Limits
 from control.errors import FailedPrecondition, NotFound, PermissionDenied
+from control.events import (
+    ApprovalDecided,
+    ApprovalExpired,
+    ApprovalRequested,
+    ApprovalUsed,
+    DispatchStarted,
+    GrantAdded,
+)
 from control.model import (
     Approval,
     ApprovalKind,
@@ -31,8 +40,9 @@ from control.orchestration.dispatch import Admitted, Dispatcher
 from control.orchestration.runs import BusyElsewhere, RunRepository
 from control.policy import PolicyEngine
 from control.registry import Registry, ToolManifest
-from control.state import EventType, PendingCall, RunState
+from control.state import PendingCall, RunState
 from control.validation import signature
+from sandbox.images.lock import lock_for
 
 _tracer = trace.get_tracer("ringfence.control")
 
@@ -42,12 +52,40 @@ def approval_key(approval_id: str) -> str:
     return f"approval:{approval_id}"
 
 
+def locked_image_ids(images_dir: Path | None = None) -> Callable[[str], str]:
+    """An image name's pinned ID, as dispatch will resolve it (the config's images dir over the
+    built-in images), cached per name: what an approval's digest binds the call to."""
+    cache: dict[str, str] = {}
+
+    def image_id(name: str) -> str:
+        if name not in cache:
+            try:
+                cache[name] = lock_for(images_dir).image_id(name)
+            except Exception:  # noqa: BLE001 - no lock: the digest says so, dispatch will refuse
+                cache[name] = f"unpinned:{name}"
+        return cache[name]
+
+    return image_id
+
+
+class ApprovedCallRunner(Protocol):
+    """What the desk needs to run a call once it is approved (control.orchestration.execution)."""
+
+    def deadline_passed(self, state: RunState) -> tuple[RunOutcome, str] | None:
+        """The outcome and reason to end the run with when its deadline has passed, else None."""
+        ...
+
+    def execute(self, state: RunState, admitted: list[Admitted], ctx: otel_context.Context) -> dict[str, Observation]:
+        """Each call's observation, by call id (the run ends when dispatch cannot finish them)."""
+        ...
+
+
 class ApprovalDesk:
+    """Approvals from request to use; `resume` hands an approved call to `execution`."""
+
     def __init__(self, *, repo: RunRepository, dispatcher: Dispatcher, registry: Registry, policy: PolicyEngine,
                  limits: Limits, clock: Callable[[], float], image_digest: Callable[[str], str],
-                 run_context: Callable[[RunState], otel_context.Context],
-                 deadline_passed: Callable[[RunState], tuple[RunOutcome, str] | None],
-                 execute: Callable[[RunState, list[Admitted], otel_context.Context], dict[str, Observation]]) -> None:
+                 execution: ApprovedCallRunner) -> None:
         self.repo = repo
         self.dispatcher = dispatcher
         self.registry = registry
@@ -55,9 +93,7 @@ class ApprovalDesk:
         self.limits = limits
         self._clock = clock
         self._image_digest = image_digest
-        self._run_context = run_context
-        self._deadline_passed = deadline_passed
-        self._execute = execute
+        self._execution = execution
 
     def digest(self, state: RunState, manifest: ToolManifest, arguments: Mapping[str, Any]) -> str:
         return approval_digest(tenant=state.tenant, run_id=state.run_id, tool=manifest.name, arguments=arguments,
@@ -69,36 +105,38 @@ class ApprovalDesk:
         now = self._clock()
         approval_id = new_approval_id()
         path = d.path + ("approval:requested",)
-        self.repo.append(state, EventType.APPROVAL_REQUESTED, keys=[approval_key(approval_id)], data={
-            "approval_id": approval_id, "call_id": d.call.call_id, "tool": d.manifest.name,
-            "arguments": dict(d.arguments), "digest": self.digest(state, d.manifest, d.arguments),
-            "created_at": now, "expires_at": now + self.limits.approval_ttl_s, "mutates": d.manifest.mutates,
-            "idempotency_key": self.dispatcher.key_for(state, d.manifest, d.arguments, d.call.idempotency_key),
-            "client_key": d.call.idempotency_key if d.manifest.mutates else None,
-            "image_digest": self._image_digest(d.manifest.image), "policy_version": self.policy.version,
-            "verdict_path": list(path), "proposed_by": proposed_by})
+        self.repo.append(state, ApprovalRequested(
+            approval_id=approval_id, call_id=d.call.call_id, tool=d.manifest.name,
+            arguments=dict(d.arguments), digest=self.digest(state, d.manifest, d.arguments),
+            created_at=now, expires_at=now + self.limits.approval_ttl_s, mutates=d.manifest.mutates,
+            idempotency_key=self.dispatcher.key_for(state, d.manifest, d.arguments, d.call.idempotency_key),
+            client_key=d.call.idempotency_key if d.manifest.mutates else None,
+            image_digest=self._image_digest(d.manifest.image), policy_version=self.policy.version,
+            verdict_path=path, proposed_by=proposed_by), keys=[approval_key(approval_id)])
         return self.repo.observe(state, Observation(d.call.call_id, d.manifest.name, ObservationStatus.PENDING_APPROVAL,
                                                     False, error="waiting for approval", verdict_path=path,
                                                     approval_id=approval_id))
 
-    def request_reconciliation(self, state: RunState, call_id: str, data: Mapping[str, Any], why: str) -> Observation:
-        """A task for approvers: this mutating call was interrupted mid-effect and nobody can
-        look it up. Approve = it did not happen, run it once now; decline = leave it uncertain."""
+    def request_reconciliation(self, state: RunState, started: DispatchStarted, why: str) -> Observation:
+        """A task for approvers: this mutating call (`started`, its dispatch) was interrupted
+        mid-effect and nobody can look it up. Approve = it did not happen, run it once now;
+        decline = leave it uncertain."""
         now = self._clock()
         approval_id = new_approval_id()
-        manifest = self.registry.get(data["tool"])
-        arguments = dict(data.get("arguments") or {})
+        call_id = started.call_id
+        manifest = self.registry.get(started.tool)
+        arguments = dict(started.arguments)
         digest = self.digest(state, manifest, arguments) if manifest is not None else "unknown-tool"
-        path = tuple(data.get("verdict_path") or ()) + ("recovery:reconcile",)
-        self.repo.append(state, EventType.APPROVAL_REQUESTED, keys=[approval_key(approval_id)], data={
-            "approval_id": approval_id, "call_id": call_id, "tool": data["tool"], "arguments": arguments,
-            "digest": digest, "created_at": now, "expires_at": now + self.limits.approval_ttl_s, "mutates": True,
-            "idempotency_key": data.get("idempotency_key"), "client_key": data.get("client_key"),
-            "image_digest": self._image_digest(manifest.image) if manifest is not None else "",
-            "policy_version": self.policy.version, "verdict_path": list(path), "proposed_by": None,
-            "kind": ApprovalKind.RECONCILE.value, "reason": why})
+        path = started.verdict_path + ("recovery:reconcile",)
+        self.repo.append(state, ApprovalRequested(
+            approval_id=approval_id, call_id=call_id, tool=started.tool, arguments=arguments,
+            digest=digest, created_at=now, expires_at=now + self.limits.approval_ttl_s, mutates=True,
+            idempotency_key=started.idempotency_key, client_key=started.client_key,
+            image_digest=self._image_digest(manifest.image) if manifest is not None else "",
+            policy_version=self.policy.version, verdict_path=path, proposed_by=None,
+            kind=ApprovalKind.RECONCILE, reason=why), keys=[approval_key(approval_id)])
         return self.repo.observe(state, Observation(
-            call_id, data["tool"], ObservationStatus.PENDING_APPROVAL, True,
+            call_id, started.tool, ObservationStatus.PENDING_APPROVAL, True,
             error=f"interrupted while it ran and {why}: whether it took effect is unknown; an approver decides "
                   "(approve = it did not happen, run it once; decline = leave it)",
             error_class="reconciliation_needed", verdict_path=path, approval_id=approval_id,
@@ -122,8 +160,8 @@ class ApprovalDesk:
         for approval in list(state.approvals.values()):
             if approval.status is ApprovalStatus.PENDING and now >= approval.expires_at:
                 pending = state.pending.get(approval.call_id)
-                self.repo.append(state, EventType.APPROVAL_EXPIRED, {"approval_id": approval.approval_id})
-                spans.approval_wait(self._run_context(state), approval, "expired", now)
+                self.repo.append(state, ApprovalExpired(approval_id=approval.approval_id))
+                spans.approval_wait(spans.run_context(state), approval, "expired", now)
                 if pending is not None:
                     self.repo.observe(state, self.unresolved(pending, "approval expired", "approval_expired",
                                                              "approval:expired"))
@@ -175,17 +213,15 @@ class ApprovalDesk:
                 # Four eyes: an admin holds the agent and approver roles, and would otherwise
                 # approve what it proposed itself.
                 raise PermissionDenied(f"{p.subject} proposed this call and cannot decide its approval")
-            self.repo.append(state, EventType.APPROVAL_DECIDED, {
-                "approval_id": approval_id, "approved": bool(approve), "by": p.subject, "reason": reason or "",
-                "remember": bool(remember)})
+            self.repo.append(state, ApprovalDecided(approval_id=approval_id, approved=bool(approve), by=p.subject,
+                                                    reason=reason or "", remember=bool(remember)))
             if approve and remember and pending.kind is ApprovalKind.CALL:
                 # The exact call (tool + canonical arguments) is granted for the rest of the run:
                 # asked again, it is allowed without a second ask (and deduplicated if it mutates).
-                self.repo.append(state, EventType.GRANT_ADDED, {
-                    "tool": pending.tool, "arguments": dict(pending.arguments),
-                    "signature": signature(pending.tool, pending.arguments), "by": p.subject,
-                    "approval_id": approval_id})
-            spans.approval_wait(self._run_context(state), state.approvals[approval_id],
+                self.repo.append(state, GrantAdded(
+                    tool=pending.tool, arguments=dict(pending.arguments),
+                    signature=signature(pending.tool, pending.arguments), by=p.subject, approval_id=approval_id))
+            spans.approval_wait(spans.run_context(state), state.approvals[approval_id],
                                 "approved" if approve else "declined", self._clock())
             if not approve:
                 self.repo.observe(state, self.unresolved(
@@ -206,18 +242,18 @@ class ApprovalDesk:
                 error="the approval no longer matches this call (policy, image or tool changed)",
                 error_class="approval_mismatch", verdict_path=path + ("approval:mismatch",),
                 approval_id=approval.approval_id))
-        stop = self._deadline_passed(state)
+        stop = self._execution.deadline_passed(state)
         if stop is not None:
             self.repo.finish(state, *stop)
             return state.trajectory[pending.call_id]
         if approval.status is ApprovalStatus.APPROVED:
-            self.repo.append(state, EventType.APPROVAL_USED, {"approval_id": approval.approval_id})
+            self.repo.append(state, ApprovalUsed(approval_id=approval.approval_id))
         item = Admitted(pending.call_id, manifest, dict(pending.arguments), path + ("approval:approved", "admitted"),
                         approval_id=approval.approval_id, client_key=pending.client_key,
                         recorded_key=pending.idempotency_key)
         # After the approval_wait span (same parent, later in time): admission, wait, execution.
-        with _tracer.start_as_current_span("batch", context=self._run_context(state),
+        with _tracer.start_as_current_span("batch", context=spans.run_context(state),
                                            attributes={"ringfence.run_id": state.run_id, "ringfence.resumed": True,
                                                        "ringfence.approval_id": approval.approval_id}):
             ctx = otel_context.get_current()
-            return self._execute(state, [item], ctx)[pending.call_id]
+            return self._execution.execute(state, [item], ctx)[pending.call_id]

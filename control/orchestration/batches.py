@@ -11,9 +11,12 @@ batch again and get the recorded observations instead of a refusal) or one of ou
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Container, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Protocol
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -21,15 +24,16 @@ from opentelemetry import trace
 from control import guardrails
 from control.config import Limits
 from control.errors import FieldViolation, InvalidArgument, ResourceExhausted
-from control.model import Observation, ObservationStatus, ProposedCall, RunOutcome
-from control.orchestration.admission import AdmissionContext, AdmissionVerdict, admit_batch
-from control.orchestration.approvals import ApprovalDesk
+from control.events import BatchCall, BatchStarted, CallDecided
+from control.model import Observation, ObservationStatus, PlanStep, ProposedCall, RunOutcome
+from control.orchestration import spans
+from control.orchestration.admission import AdmissionRules, AdmissionVerdict, Decision, admit_batch
 from control.orchestration.crashpoints import crash_point
-from control.orchestration.dispatch import Admitted, Dispatcher
+from control.orchestration.dispatch import Admitted
+from control.orchestration.execution import Execution
 from control.orchestration.runs import RUN_ID, RunRepository
-from control.orchestration.stops import RunStops
-from control.state import EventType, RunState
-from control.validation import sha256_hex
+from control.state import RunState
+from control.validation import sha256_hex, validate_arguments
 from control.values import plain
 
 _tracer = trace.get_tracer("ringfence.control")
@@ -45,18 +49,64 @@ def batch_fingerprint(calls: Sequence[ProposedCall]) -> str:
         sort_keys=True, separators=(",", ":"), ensure_ascii=False))
 
 
+def _id_problem(value: str, seen: set[str], label: str, used: Container[str] = frozenset()) -> str | None:
+    """Why a batch's call id or a plan's step key is refused, or None: not 1-100 characters of
+    [A-Za-z0-9_.:-], the same as an earlier one (`seen`, which this adds it to), or in `used`."""
+    problem = None
+    if not isinstance(value, str) or not RUN_ID.fullmatch(value):
+        problem = "1-100 characters of [A-Za-z0-9_.:-]"
+    elif value in seen:
+        problem = f"duplicate {label} {value!r}"
+    elif value in used:
+        problem = f"{label} {value!r} was already used in this run"
+    seen.add(value)
+    return problem
+
+
+class TenantBatchSlots:
+    """At most `per_tenant` batches of one tenant at a time, on this server: past it a batch is
+    refused (ResourceExhausted), never queued, so one tenant cannot hold every worker."""
+
+    def __init__(self, per_tenant: int) -> None:
+        self.per_tenant = per_tenant
+        self._lock = threading.Lock()
+        self._slots: dict[str, threading.BoundedSemaphore] = {}
+
+    @contextmanager
+    def hold(self, tenant: str) -> Iterator[None]:
+        """One of the tenant's slots for the length of the block."""
+        with self._lock:
+            sem = self._slots.setdefault(tenant, threading.BoundedSemaphore(self.per_tenant))
+        if not sem.acquire(blocking=False):
+            raise ResourceExhausted(f"tenant {tenant} already has {self.per_tenant} batches running")
+        try:
+            yield
+        finally:
+            sem.release()
+
+
+class ApprovalRequests(Protocol):
+    """What a batch needs of the approval desk (control.orchestration.approvals.ApprovalDesk)."""
+
+    def sweep_expired(self, state: RunState) -> None:
+        """Expire the run's approvals whose time is up, before the batch is judged."""
+        ...
+
+    def request(self, state: RunState, d: Decision, proposed_by: str) -> Observation:
+        """A durable approval request for an ASK verdict; the call's pending observation."""
+        ...
+
+
 class BatchRunner:
-    def __init__(self, *, repo: RunRepository, desk: ApprovalDesk, dispatcher: Dispatcher, limits: Limits,
-                 admission: Callable[[RunState], AdmissionContext], clock: Callable[[], float],
-                 run_context: Callable[[RunState], otel_context.Context], stops: RunStops) -> None:
+    """One turn's batch, from its shape check to the observations of all its calls."""
+
+    def __init__(self, *, repo: RunRepository, desk: ApprovalRequests, execution: Execution, limits: Limits,
+                 admission: AdmissionRules) -> None:
         self.repo = repo
         self.desk = desk
-        self.dispatcher = dispatcher
+        self.execution = execution
         self.limits = limits
         self._admission = admission
-        self._clock = clock
-        self._run_context = run_context
-        self.stops = stops
 
     # -- checks ------------------------------------------------------------------------
 
@@ -68,18 +118,45 @@ class BatchRunner:
             raise ResourceExhausted(f"{len(calls)} calls is over the {self.limits.max_batch_calls}-call batch cap")
         seen: set[str] = set()
         for i, call in enumerate(calls):
-            if not isinstance(call.call_id, str) or not RUN_ID.fullmatch(call.call_id):
-                violations.append(FieldViolation(f"calls[{i}].call_id", "1-100 characters of [A-Za-z0-9_.:-]"))
-            elif call.call_id in seen:
-                violations.append(FieldViolation(f"calls[{i}].call_id", f"duplicate call id {call.call_id!r}"))
-            elif call.call_id in state.call_ids:
-                violations.append(FieldViolation(f"calls[{i}].call_id",
-                                                 f"call id {call.call_id!r} was already used in this run"))
-            seen.add(call.call_id)
+            problem = _id_problem(call.call_id, seen, "call id", used=state.call_ids)
+            if problem:
+                violations.append(FieldViolation(f"calls[{i}].call_id", problem))
             if not isinstance(call.tool, str) or not call.tool:
                 violations.append(FieldViolation(f"calls[{i}].tool", "must be a non-empty string"))
         if violations:
             raise InvalidArgument("the batch is malformed", violations)
+
+    def check_plan(self, steps: Sequence[PlanStep], max_steps: int | None) -> None:
+        """Raise InvalidArgument listing every problem of a plan (ExecutePlan, ValidatePlan), or
+        return: its step count within max_steps (the server's default when None or 0, never past
+        the hard cap), unique keys, known tools, valid arguments."""
+        violations: list[FieldViolation] = []
+        cap = self.limits.max_plan_steps
+        limit = self.limits.max_steps if max_steps in (None, 0) else max_steps
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            violations.append(FieldViolation("max_steps", "must be a positive integer"))
+            limit = self.limits.max_steps
+        elif limit > cap:
+            violations.append(FieldViolation("max_steps", f"{limit} is over the hard cap of {cap}"))
+            limit = cap
+        if not steps:
+            violations.append(FieldViolation("steps", "a plan needs at least one step"))
+        if len(steps) > limit:
+            violations.append(FieldViolation("steps", f"{len(steps)} steps is over max_steps {limit}"))
+        seen: set[str] = set()
+        for i, step in enumerate(steps):
+            problem = _id_problem(step.key, seen, "key")
+            if problem:
+                violations.append(FieldViolation(f"steps[{i}].key", problem))
+            manifest = self._admission.registry.get(step.tool)
+            if manifest is None:
+                violations.append(FieldViolation(f"steps[{i}].tool", f"unknown tool {step.tool!r}"))
+                continue
+            _, errs = validate_arguments(manifest, step.arguments, max_bytes=self.limits.max_argument_bytes,
+                                         field_prefix=f"steps[{i}].arguments")
+            violations.extend(errs)
+        if violations:
+            raise InvalidArgument(f"the plan has {len(violations)} problem(s)", violations)
 
     @staticmethod
     def check_batch_id(batch_id: str) -> None:
@@ -99,18 +176,13 @@ class BatchRunner:
 
     def ceilings(self, state: RunState) -> tuple[RunOutcome, str] | None:
         """Run ceilings, checked at batch boundaries."""
-        stop = self.deadline_passed(state)
+        stop = self.execution.deadline_passed(state)
         if stop is not None:
             return stop
         if state.turns + 1 > self.limits.max_turns:
             return RunOutcome.BUDGET_EXHAUSTED, f"turn ceiling reached ({self.limits.max_turns})"
         if state.cost >= self.limits.max_cost:
             return RunOutcome.BUDGET_EXHAUSTED, f"cost ceiling reached ({state.cost:g} >= {self.limits.max_cost:g})"
-        return None
-
-    def deadline_passed(self, state: RunState) -> tuple[RunOutcome, str] | None:
-        if state.deadline_at is not None and self._clock() >= state.deadline_at:
-            return RunOutcome.DEADLINE_EXCEEDED, f"the run deadline passed ({self.limits.run_deadline_s:g}s)"
         return None
 
     # -- running -----------------------------------------------------------------------
@@ -135,28 +207,27 @@ class BatchRunner:
             return self.halt_all(state, calls, *stop)
         batch_id = batch_id or "b-" + uuid.uuid4().hex[:12]
         with _tracer.start_as_current_span(
-                "batch", context=self._run_context(state),
+                "batch", context=spans.run_context(state),
                 attributes={"ringfence.run_id": state.run_id, "ringfence.batch_id": batch_id,
                             "ringfence.calls": len(calls)}):
             batch_ctx = otel_context.get_current()
             with _tracer.start_as_current_span("admission", context=batch_ctx,
                                                attributes={"ringfence.calls": len(calls)}) as admission:
                 # Steps 1-6 for EVERY call before any runs (a pure function of the run's state).
-                decisions = admit_batch(calls, self._admission(state))
+                decisions = admit_batch(calls, self._admission.context_for(state))
                 # The log never keeps a secret the scanner found: arguments are recorded redacted
                 # (a no-op for clean ones; only clean calls go further than the log).
-                self.repo.append(state, EventType.BATCH_STARTED, {
-                    "batch_id": batch_id, "turn": state.turns + 1, "fingerprint": batch_fingerprint(calls),
-                    "calls": [{"call_id": c.call_id, "tool": c.tool,
-                               "arguments": guardrails.redact(plain(c.arguments))} for c in calls]})
+                self.repo.append(state, BatchStarted(
+                    batch_id=batch_id, turn=state.turns + 1, fingerprint=batch_fingerprint(calls),
+                    calls=tuple(BatchCall(call_id=c.call_id, tool=c.tool,
+                                          arguments=guardrails.redact(plain(c.arguments))) for c in calls)))
                 for d in decisions:
-                    self.repo.append(state, EventType.CALL_DECIDED, {
-                        "call_id": d.call.call_id, "tool": d.call.tool,
-                        "arguments": guardrails.redact(plain(d.arguments if d.arguments is not None
-                                                             else d.call.arguments)),
-                        "signature": d.signature, "verdict": d.verdict.value, "verdict_path": list(d.path),
-                        "reason": d.reason, "proposed_by": proposed_by,
-                        "client_key": d.call.idempotency_key})
+                    self.repo.append(state, CallDecided(
+                        call_id=d.call.call_id, tool=d.call.tool,
+                        arguments=guardrails.redact(plain(d.arguments if d.arguments is not None
+                                                          else d.call.arguments)),
+                        signature=d.signature, verdict=d.verdict, verdict_path=d.path,
+                        reason=d.reason, proposed_by=proposed_by, client_key=d.call.idempotency_key))
                 verdicts = Counter(d.verdict.value for d in decisions)
                 for verdict, n in sorted(verdicts.items()):
                     admission.set_attribute(f"ringfence.verdicts.{verdict}", n)
@@ -182,37 +253,5 @@ class BatchRunner:
                                              client_key=d.call.idempotency_key if d.manifest.mutates else None))
             # Step 7: total admission is done; the admitted subset runs.
             if admitted:
-                results.update(self.execute(state, admitted, batch_ctx))
+                results.update(self.execution.execute(state, admitted, batch_ctx))
             return [results.get(c.call_id) or state.trajectory[c.call_id] for c in calls]
-
-    def execute(self, state: RunState, admitted: list[Admitted], ctx: otel_context.Context) -> dict[str, Observation]:
-        try:
-            results = self.dispatcher.execute(state, admitted, ctx)
-        except Exception as e:  # noqa: BLE001 - an unexpected failure ends the run as `error`
-            return self.dispatch_failed(state, admitted, e)
-        self.finish_if_stopped(state)
-        return results
-
-    def finish_if_stopped(self, state: RunState) -> None:
-        """The deadline watchdog stopped the run while it dispatched: it ends here, with why.
-        (A cancel ends the run itself, once it holds the run's lock.)"""
-        stop = self.stops.get(state)
-        if stop is not None and stop.outcome is RunOutcome.DEADLINE_EXCEEDED and not state.finished:
-            self.repo.finish(state, stop.outcome, stop.reason)
-
-    def dispatch_failed(self, state: RunState, admitted: list[Admitted], error: Exception) -> dict[str, Observation]:
-        """An unexpected failure in dispatch: every call of it not yet observed is halted (it
-        says whether it had started), and the run ends `error`."""
-        reason = f"unexpected {type(error).__name__} in dispatch: {error}"[:1000]
-        results: dict[str, Observation] = {}
-        for a in admitted:
-            if a.call_id not in state.trajectory or (
-                    state.trajectory[a.call_id].status is ObservationStatus.PENDING_APPROVAL):
-                results[a.call_id] = self.repo.observe(state, Observation(
-                    a.call_id, a.manifest.name, ObservationStatus.HALTED, a.call_id in state.inflight,
-                    error=reason, error_class="error", verdict_path=a.path + ("run:error",),
-                    approval_id=a.approval_id))
-            else:
-                results[a.call_id] = state.trajectory[a.call_id]
-        self.repo.finish(state, RunOutcome.ERROR, reason)
-        return results

@@ -13,7 +13,7 @@ for `read`), in a container of its own (never a warm one: a warm container's mou
 A call whose every attempt failed before a container existed (control.retry.never_started)
 never ran: its completion says `executed` false, its observation is DENIED, not executed
 (`sandbox:not_started`, the failure's class), and its client key is released. The runner's
-result line is strict JSON (sandbox.result.parse_runner_line): NaN or Infinity fails the call
+result line is strict JSON (sandbox.runner_protocol): NaN or Infinity fails the call
 `fatal`, as any result that is not JSON does.
 """
 
@@ -35,6 +35,15 @@ from opentelemetry import trace
 from control import guardrails
 from control.config import Config
 from control.errors import ControlError, Internal
+from control.events import (
+    ArtifactCollected,
+    AttemptFinished,
+    CallCompleted,
+    DispatchStarted,
+    EgressDecided,
+    ResultGuard,
+    payload_of,
+)
 from control.files import FileDesk
 from control.idempotency import client_idempotency_key, idempotency_key
 from control.model import Event, Observation, ObservationStatus
@@ -46,13 +55,13 @@ from control.orchestration.stops import RunStops
 from control.registry import ToolManifest
 from control.resource_policy import call_allowlist
 from control.retry import Attempt, CircuitBreaker, FailureClass, RetryPolicy, classify, never_started, retry_call
-from control.state import EventType, RunState, sandbox_run_id
+from control.state import RunState, sandbox_run_id
 from control.store.base import KeyTaken, StoreError
 from control.validation import signature
 from sandbox.backend import SandboxBackend, SandboxRequest
 from sandbox.errors import EngineError, ImageError, SandboxError
 from sandbox.profile import InputMount, SandboxProfile, WorkspaceMount
-from sandbox.result import parse_runner_line
+from sandbox.runner_protocol import read_success
 
 _tracer = trace.get_tracer("ringfence.control")
 log = logging.getLogger(__name__)
@@ -195,10 +204,10 @@ class Dispatcher:
                                error_class=FailureClass.CIRCUIT_OPEN.value,
                                verdict_path=a.path + ("breaker:open",), approval_id=a.approval_id)
         try:
-            self.repo.append(state, EventType.DISPATCH_STARTED, {
-                "call_id": a.call_id, "tool": manifest.name, "mutates": manifest.mutates, "idempotency_key": key,
-                "arguments": dict(a.arguments), "signature": signature(manifest.name, a.arguments),
-                "client_key": a.client_key, "verdict_path": list(a.path), "approval_id": a.approval_id},
+            self.repo.append(state, DispatchStarted(
+                call_id=a.call_id, tool=manifest.name, mutates=manifest.mutates, idempotency_key=key,
+                arguments=dict(a.arguments), signature=signature(manifest.name, a.arguments),
+                client_key=a.client_key, verdict_path=a.path, approval_id=a.approval_id),
                 keys=claim)
             crash_point("after_dispatch_started", manifest.name)
         except KeyTaken:
@@ -242,12 +251,11 @@ class Dispatcher:
                     breaker.record(result.failure)
                 tried.append(result)
                 spans.attempt_span(tool_ctx, started_ns, time.time_ns(), result)
-                self.repo.append(state, EventType.ATTEMPT, {
-                    "call_id": a.call_id, "attempt": n,
-                    "failure_class": result.failure.value if result.failure else None,
-                    "outcome": result.outcome, "message": guardrails.redact(result.message[:1000]),
-                    "retry_after_s": result.retry_after_s, "duration_ms": result.duration_ms,
-                    "setup_ms": result.setup_ms, "image_id": result.image_id, "runtime": result.runtime})
+                self.repo.append(state, AttemptFinished(
+                    call_id=a.call_id, attempt=n, failure_class=result.failure.value if result.failure else None,
+                    outcome=result.outcome, message=guardrails.redact(result.message[:1000]),
+                    retry_after_s=result.retry_after_s, duration_ms=result.duration_ms,
+                    setup_ms=result.setup_ms, image_id=result.image_id, runtime=result.runtime))
                 return result
 
             final = retry_call(attempt, self._retry, sleep=self._sleep, rng=self._rng)
@@ -268,19 +276,19 @@ class Dispatcher:
         # 10 completion, after the tool returned. The result guardrail's verdict is computed first
         # so that the durable record (and any deduplicated replay of it) never holds the secret.
         guard = guardrails.check_result(final.content) if final.ok else None
-        completion = {"call_id": a.call_id, "tool": manifest.name, "mutates": manifest.mutates,
-                      "idempotency_key": key, "ok": final.ok, "content": guard.content if guard else None,
-                      "guard": ({"action": guard.action.value, "redacted": list(guard.redacted), "reason": guard.reason}
-                                if guard else None),
-                      "error": None if final.ok else guardrails.redact((final.message or str(final.failure))[:2000]),
-                      "error_class": final.failure.value if final.failure else None,
-                      "attempts": attempts, "cost": manifest.cost * attempts, "executed": executed}
-        self.repo.append(state, EventType.CALL_COMPLETED, completion)
+        completion = CallCompleted(
+            call_id=a.call_id, tool=manifest.name, mutates=manifest.mutates, idempotency_key=key, ok=final.ok,
+            content=guard.content if guard else None,
+            guard=ResultGuard(guard.action.value, tuple(guard.redacted), guard.reason) if guard else None,
+            error=None if final.ok else guardrails.redact((final.message or str(final.failure))[:2000]),
+            error_class=final.failure.value if final.failure else None,
+            attempts=attempts, cost=manifest.cost * attempts, executed=executed)
+        self.repo.append(state, completion)
         crash_point("after_completion", manifest.name)
         if final.ok and manifest.outputs:
             self._collect_outputs(state, a.call_id, manifest)
         # 11 result guardrail, then the observation
-        return completion_observation(a.call_id, manifest.name, completion, a.path, a.approval_id)
+        return completion_observation(completion, a.path, a.approval_id)
 
     def _collect_outputs(self, state: RunState, call_id: str, manifest: ToolManifest) -> None:
         """The tool's declared outputs into the run's artifacts (an `artifact_collected` event).
@@ -294,15 +302,16 @@ class Dispatcher:
             raise
         except (ControlError, SandboxError) as e:
             log.warning("run %s call %s: outputs of %s not collected: %s", state.run_id, call_id, manifest.name, e)
-            self.repo.append(state, EventType.ARTIFACT_COLLECTED, {
-                "call_id": call_id, "files": [], "missing": sorted(set(manifest.outputs))})
+            self.repo.append(state, ArtifactCollected(call_id=call_id, files=(),
+                                                      missing=tuple(sorted(set(manifest.outputs)))))
 
     def _holds_client_key(self, state: RunState, call_id: str, key: str) -> bool:
         """This very call claimed the key before (recovery runs it again after a restart)."""
         _name, holder, events = self.key_claim(key)
         if holder is None or holder[0] != state.key:
             return False
-        return bool(events) and events[0].seq == holder[1] and events[0].data.get("call_id") == call_id
+        started = _claiming_dispatch(events, holder[1])
+        return started is not None and started.call_id == call_id
 
     def key_claim(self, key: str) -> tuple[str, tuple[str, int] | None, list[Event]]:
         """The claim that speaks for a client key now: (its store key name, the (run, seq) of
@@ -349,19 +358,16 @@ class Dispatcher:
         """client_key_holder's answer from the claim key_claim found."""
         if holder is None:
             return None
-        seq = holder[1]
-        started = events[0].data if events and events[0].seq == seq else {}
-        tool = started.get("tool", "?")
-        if started.get("signature") != call_signature:
+        started = _claiming_dispatch(events, holder[1])
+        tool = started.tool if started is not None else "?"
+        if started is None or started.signature != call_signature:
             return Observation("", tool, ObservationStatus.DENIED, False,
                                error="this idempotency key was already used for a call with other arguments; "
                                      "nothing was run", error_class="idempotency_key_reused",
                                verdict_path=("idempotency:conflict",))
-        for event in events:
-            if event.type == EventType.CALL_COMPLETED and event.data.get("call_id") == started.get("call_id"):
-                if event.data.get("ok"):
-                    return event.data.get("content")
-                break
+        completed = _completion_of(events, started.call_id)
+        if completed is not None and completed.ok:
+            return completed.content
         return _in_doubt(tool)
 
     def profile(self, manifest: ToolManifest, state: RunState | None = None) -> SandboxProfile:
@@ -416,25 +422,22 @@ class Dispatcher:
             return Attempt(n, FailureClass.FATAL, message=f"sandbox: {e}", outcome="start_failed")
         if result.egress_events:
             # Every decision of the egress proxy becomes an event of the call.
-            self.repo.append(state, EventType.EGRESS, {"call_id": a.call_id, "attempt": n,
-                                                       "decisions": [dict(e) for e in result.egress_events]})
+            self.repo.append(state, EgressDecided(call_id=a.call_id, attempt=n,
+                                                  decisions=tuple(dict(e) for e in result.egress_events)))
         failure = classify(result)
         if failure is FailureClass.UNCERTAIN and not a.manifest.mutates:
             # A read that may or may not have run had no effect either way: try it again.
             failure = FailureClass.TRANSIENT
         if failure is None:
             try:
-                line = result.stdout.decode("utf-8").strip().splitlines()[-1]
                 # Strict JSON: NaN and Infinity fail the call here, as the tool's fault; the
                 # store would refuse them later, and the run would end `error` instead.
-                doc = parse_runner_line(line)
-                if not isinstance(doc, dict) or doc.get("ok") is not True or "content" not in doc:
-                    raise ValueError("not a runner success document")
+                content = read_success(result.stdout)
             except (ValueError, IndexError, UnicodeDecodeError) as e:
                 return Attempt(n, FailureClass.FATAL, message=f"tool output is not the runner protocol: {e}",
                                duration_ms=result.duration_ms, outcome=result.outcome.value,
                                setup_ms=result.setup_ms, image_id=result.image_id, runtime=result.runtime)
-            return Attempt(n, None, content=doc["content"], duration_ms=result.duration_ms,
+            return Attempt(n, None, content=content, duration_ms=result.duration_ms,
                            outcome=result.outcome.value, setup_ms=result.setup_ms, image_id=result.image_id,
                            runtime=result.runtime)
         message = result.message or f"{result.outcome.value}"
@@ -443,38 +446,36 @@ class Dispatcher:
                        image_id=result.image_id, runtime=result.runtime)
 
 
-def completion_observation(call_id: str, tool: str, completion: Mapping[str, Any],
-                           path: tuple[str, ...], approval_id: str | None) -> Observation:
+def completion_observation(completion: CallCompleted, path: tuple[str, ...], approval_id: str | None) -> Observation:
     """The observation of a recorded completion (also what recovery writes for a completion
     whose observation was lost in a crash)."""
-    attempts = int(completion.get("attempts") or 0)
-    if not completion.get("ok") and completion.get("executed") is False:
+    call_id, tool, attempts = completion.call_id, completion.tool, completion.attempts
+    if not completion.ok and not completion.executed:
         # No attempt reached a container (a completion written before `executed` existed
         # counts as executed): the call never ran, and may be sent again, with its key.
-        return Observation(call_id, tool, ObservationStatus.DENIED, False, error=completion.get("error"),
-                           error_class=completion.get("error_class"), verdict_path=path + ("sandbox:not_started",),
+        return Observation(call_id, tool, ObservationStatus.DENIED, False, error=completion.error,
+                           error_class=completion.error_class, verdict_path=path + ("sandbox:not_started",),
                            approval_id=approval_id, attempts=attempts)
-    if not completion.get("ok"):
-        return Observation(call_id, tool, ObservationStatus.EXECUTED, True, error=completion.get("error"),
-                           error_class=completion.get("error_class"), verdict_path=path + ("executed:failed",),
+    if not completion.ok:
+        return Observation(call_id, tool, ObservationStatus.EXECUTED, True, error=completion.error,
+                           error_class=completion.error_class, verdict_path=path + ("executed:failed",),
                            approval_id=approval_id, attempts=attempts)
     # 11 the result guardrail's verdict (recorded with the completion; computed here for a
     # completion written without one)
-    guard = completion.get("guard")
+    guard = completion.guard
+    content = completion.content
     if guard is None:
-        checked = guardrails.check_result(completion.get("content"))
-        guard = {"action": checked.action.value, "redacted": list(checked.redacted), "reason": checked.reason}
+        checked = guardrails.check_result(completion.content)
+        guard = ResultGuard(checked.action.value, tuple(checked.redacted), checked.reason)
         content = checked.content
-    else:
-        content = completion.get("content")
-    if guard["action"] == guardrails.Action.BLOCK.value:
+    if guard.action == guardrails.Action.BLOCK.value:
         # The tool ran (its effect, if any, happened): the result is withheld, not the call blocked.
-        return Observation(call_id, tool, ObservationStatus.WITHHELD, True, error=guard["reason"],
+        return Observation(call_id, tool, ObservationStatus.WITHHELD, True, error=guard.reason,
                            error_class="secret_in_result", verdict_path=path + ("result:blocked",),
                            approval_id=approval_id, attempts=attempts)
-    suffix = ("result:redacted",) if guard["redacted"] else ("result:ok",)
+    suffix = ("result:redacted",) if guard.redacted else ("result:ok",)
     return Observation(call_id, tool, ObservationStatus.EXECUTED, True, content=content,
-                       error=guard["reason"] or None, verdict_path=path + suffix, approval_id=approval_id,
+                       error=guard.reason or None, verdict_path=path + suffix, approval_id=approval_id,
                        attempts=attempts)
 
 
@@ -489,10 +490,24 @@ def _in_doubt(tool: str) -> Observation:
 def _released(events: list[Event], seq: int) -> bool:
     """Whether the claim at `seq` (its `dispatch_started`, first of `events`) was released:
     its call completed without any attempt reaching a container."""
+    started = _claiming_dispatch(events, seq)
+    completed = _completion_of(events, started.call_id) if started is not None else None
+    return completed is not None and not completed.executed and not completed.ok
+
+
+def _claiming_dispatch(events: list[Event], seq: int) -> DispatchStarted | None:
+    """The `dispatch_started` at `seq` that claimed a client key, first of `events` (a run's
+    events from the claim on); None when the store holds no such event there."""
     if not events or events[0].seq != seq:
-        return False
-    call_id = events[0].data.get("call_id")
+        return None
+    first = payload_of(events[0])
+    return first if isinstance(first, DispatchStarted) else None
+
+
+def _completion_of(events: list[Event], call_id: str) -> CallCompleted | None:
+    """The first `call_completed` of `call_id` among `events`."""
     for event in events:
-        if event.type == EventType.CALL_COMPLETED and event.data.get("call_id") == call_id:
-            return event.data.get("executed") is False and not event.data.get("ok")
-    return False
+        match payload_of(event):
+            case CallCompleted() as completed if completed.call_id == call_id:
+                return completed
+    return None

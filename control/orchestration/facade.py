@@ -1,14 +1,24 @@
 """The orchestrator: the public API the servicer calls, over the orchestration modules.
 
     admission.py   steps 1-6, a pure function from a batch to typed verdicts
-    batches.py     one turn: admit all, log all, then dispatch the admitted subset
+    batches.py     one turn: admit all, log all, then dispatch the admitted subset; a
+                   tenant's concurrent batches; a plan's checks
+    execution.py   the admitted calls handed to dispatch, the run ended when that fails
     approvals.py   the approval lifecycle (request, decide, expire, resume)
-    dispatch.py    steps 8-11, the only code that touches the sandbox
+    dispatch.py    steps 8-11: runs each admitted call in its sandbox
+    stops.py       cancel and the run deadline: kills a run's running sandboxes
     streams.py     live event and approval streams
     recovery.py    a restart's consistent point
     runs.py        the run repository: the one writer of run logs
     workspaces.py  a run's workspace: made at its start, removed at its end, reaped when orphaned
+    spans.py       the run's trace: its root span, and each piece's spans under it
     live_output.py a call's output as events while it runs
+
+This module is wiring: it builds those pieces (each given exactly the collaborators it names)
+and routes each public method to them. What it does itself: what every method shares (check the
+caller's role, find the run in the caller's tenant, hold the run for writing, which first
+recovers a run a crash interrupted), the checks of an RPC's own arguments, and the two events
+only the API writes (run_started, grant_added).
 
 Methods are synchronous; the gRPC edge calls them from worker threads. Every method takes the
 caller's Principal and scopes everything to its tenant: another tenant's run or approval is
@@ -24,11 +34,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
-
-from opentelemetry import context as otel_context
-from opentelemetry import trace
 
 from control.config import Config
 from control.errors import (
@@ -37,8 +43,8 @@ from control.errors import (
     InvalidArgument,
     NotFound,
     PermissionDenied,
-    ResourceExhausted,
 )
+from control.events import GrantAdded, RunStarted
 from control.files import DownloadedFile, FileDesk, FileInfo
 from control.model import (
     Approval,
@@ -53,11 +59,12 @@ from control.model import (
     ToolView,
     WorkspaceRequest,
 )
-from control.orchestration import streams
-from control.orchestration.admission import AdmissionContext
-from control.orchestration.approvals import ApprovalDesk
-from control.orchestration.batches import BatchRunner
+from control.orchestration import spans, streams
+from control.orchestration.admission import AdmissionRules
+from control.orchestration.approvals import ApprovalDesk, locked_image_ids
+from control.orchestration.batches import BatchRunner, TenantBatchSlots
 from control.orchestration.dispatch import Dispatcher
+from control.orchestration.execution import Execution
 from control.orchestration.recovery import needs_recovery, recover_run
 from control.orchestration.runs import RUN_ID, BusyElsewhere, RunRepository
 from control.orchestration.stops import RunStops
@@ -66,38 +73,20 @@ from control.plans.service import PlanVerification
 from control.policy import PolicyEngine
 from control.registry import Registry
 from control.routing.service import TicketRouter
-from control.state import EventType, RunState
+from control.state import RunState
 from control.store.base import EventStore
+from control.toolpkg.packages import registry_from_config
 from control.validation import signature, validate_arguments
 from sandbox.backend import SandboxBackend
 from sandbox.errors import EngineError
 from sandbox.workspace import WorkspaceStore
 
-_tracer = trace.get_tracer("ringfence.control")
 log = logging.getLogger(__name__)
 
 _READ_ROLES = (Role.AGENT, Role.APPROVER, Role.VERIFIER, Role.ADMIN)
 _CANCEL_ROLES = (Role.AGENT, Role.APPROVER, Role.ADMIN)  # a verifier judges; it never acts on a run
 _AGENT_ROLES = (Role.AGENT, Role.ADMIN)
 _APPROVER_ROLES = (Role.APPROVER, Role.ADMIN)
-
-
-def _default_image_digest(images_dir: Path | None = None) -> Callable[[str], str]:
-    """An image name's pinned ID, as dispatch will resolve it (the config's images dir over the
-    built-in images)."""
-    cache: dict[str, str] = {}
-
-    def digest(name: str) -> str:
-        if name not in cache:
-            try:
-                from sandbox.images.lock import lock_for
-
-                cache[name] = lock_for(images_dir).image_id(name)
-            except Exception:  # noqa: BLE001 - no lock: the digest says so, dispatch will refuse
-                cache[name] = f"unpinned:{name}"
-        return cache[name]
-
-    return digest
 
 
 class Orchestrator:
@@ -122,9 +111,8 @@ class Orchestrator:
         self.store = store
         self.policy = PolicyEngine(config.policy)
         self._clock = clock
-        self._lock = threading.Lock()
-        self._tenant_slots: dict[str, threading.BoundedSemaphore] = {}
-        self._closed = False
+        self._tenant_slots = TenantBatchSlots(self.limits.max_concurrent_batches)
+        # Set by close(): the adopter stops, and the live streams end.
         self._stopping = threading.Event()
         self.runs = RunRepository(store, lease_ttl_s=self.limits.lease_ttl_s)
         # Runs' workspaces (None: this server keeps none, and refuses a StartRun that asks for
@@ -138,16 +126,16 @@ class Orchestrator:
         self.stops = RunStops(backend, clock)
         self.dispatcher = Dispatcher(repo=self.runs, backend=backend, config=config, sleep=sleep,
                                      rng=rng or random.Random(), clock=clock, stops=self.stops, files=self.files)
-        self.batches: BatchRunner
+        # Built on dispatch, shared by a new batch, an approved call and recovery: the desk and
+        # the batch runner both stand on it, and neither on the other.
+        self.execution = Execution(repo=self.runs, dispatcher=self.dispatcher, stops=self.stops, limits=self.limits,
+                                   clock=clock)
         self.desk = ApprovalDesk(repo=self.runs, dispatcher=self.dispatcher, registry=registry, policy=self.policy,
                                  limits=self.limits, clock=clock,
-                                 image_digest=image_digest or _default_image_digest(config.images_dir),
-                                 run_context=self._run_context,
-                                 deadline_passed=lambda s: self.batches.deadline_passed(s),
-                                 execute=lambda s, items, ctx: self.batches.execute(s, items, ctx))
-        self.batches = BatchRunner(repo=self.runs, desk=self.desk, dispatcher=self.dispatcher, limits=self.limits,
-                                   admission=self._admission_context, clock=clock, run_context=self._run_context,
-                                   stops=self.stops)
+                                 image_digest=image_digest or locked_image_ids(config.images_dir),
+                                 execution=self.execution)
+        self.batches = BatchRunner(repo=self.runs, desk=self.desk, execution=self.execution, limits=self.limits,
+                                   admission=AdmissionRules(registry=registry, config=config, policy=self.policy))
         # Two features over runs and the store, with boundaries of their own (control.plans,
         # control.routing); the edge calls them as `core.plans` and `core.routing`.
         self.plans = PlanVerification(self, store, clock)
@@ -163,13 +151,16 @@ class Orchestrator:
 
     @classmethod
     def from_config(cls, config: Config, backend: SandboxBackend, store: EventStore,
-                    clock: Callable[[], float] = time.time, **kwargs: Any) -> Orchestrator:
-        # Default: the built-in tools and the config's tool packages (`[tools] packages`), each
-        # within the config's caps; a name defined twice is a ConfigError naming both.
-        from control.toolpkg.packages import registry_from_config
-
-        registry = kwargs.pop("registry", None) or registry_from_config(config)
-        return cls(config=config, registry=registry, backend=backend, store=store, clock=clock, **kwargs)
+                    clock: Callable[[], float] = time.time, *, registry: Registry | None = None,
+                    sleep: Callable[[float], None] = time.sleep, rng: random.Random | None = None,
+                    image_digest: Callable[[str], str] | None = None, recover: bool = True,
+                    workspaces: WorkspaceStore | None = None) -> Orchestrator:
+        """The orchestrator for a config. `registry` None: the built-in tools and the config's tool
+        packages (`[tools] packages`), each within the config's caps; a name defined twice is a
+        ConfigError naming both. The other arguments are the constructor's."""
+        return cls(config=config, registry=registry or registry_from_config(config), backend=backend, store=store,
+                   clock=clock, sleep=sleep, rng=rng, image_digest=image_digest, recover=recover,
+                   workspaces=workspaces)
 
     @property
     def on_event(self) -> Callable[[RunState, Event], None] | None:
@@ -181,37 +172,10 @@ class Orchestrator:
 
     # ------------------------------------------------------------------ plumbing
 
-    def _admission_context(self, state: RunState) -> AdmissionContext:
-        return AdmissionContext(registry=self.registry, config=self.config, policy=self.policy,
-                                grants=frozenset(state.grants), seen_signatures=dict(state.signatures),
-                                workspace=state.live_volume is not None)
-
-    def _run_context(self, state: RunState) -> otel_context.Context:
-        """The run's root span as a parent: one trace per run, across batches and restarts."""
-        t = state.trace
-        if not t.get("trace_id"):
-            return otel_context.Context()
-        parent = trace.SpanContext(trace_id=int(t["trace_id"], 16), span_id=int(t["span_id"], 16),
-                                   is_remote=False, trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED))
-        return trace.set_span_in_context(trace.NonRecordingSpan(parent))
-
     @staticmethod
     def _require(p: Principal, roles: Sequence[Role]) -> None:
         if p.role not in roles:
             raise PermissionDenied(f"role {p.role} may not do this")
-
-    @contextmanager
-    def _tenant_slot(self, tenant: str) -> Iterator[None]:
-        with self._lock:
-            sem = self._tenant_slots.setdefault(
-                tenant, threading.BoundedSemaphore(self.limits.max_concurrent_batches))
-        if not sem.acquire(blocking=False):
-            raise ResourceExhausted(
-                f"tenant {tenant} already has {self.limits.max_concurrent_batches} batches running")
-        try:
-            yield
-        finally:
-            sem.release()
 
     # ------------------------------------------------------------------ runs
 
@@ -248,25 +212,15 @@ class Orchestrator:
         else:
             return self._existing_run(existing)
         now = self._clock()
-        # The run is a trace of its own (it outlives the RPC that started it, and its later
-        # batches come from other RPCs), linked to the caller's span when there is one.
-        caller = trace.get_current_span().get_span_context()
-        with _tracer.start_as_current_span("invoke_agent", context=otel_context.Context(),
-                                           links=[trace.Link(caller)] if caller.is_valid else [],
-                                           attributes={"gen_ai.operation.name": "invoke_agent",
-                                                       "ringfence.run_id": run_id,
-                                                       "ringfence.tenant": p.tenant}) as span:
-            ctx = span.get_span_context()
-            trace_ids = ({"trace_id": f"{ctx.trace_id:032x}", "span_id": f"{ctx.span_id:016x}"}
-                         if ctx.is_valid else {})
+        trace_ids = spans.start_run_trace(run_id, p.tenant)
         # The ask is recorded first: a StartRun sent again finds it and makes a workspace
         # the engine (or a crash) did not. The workspace itself is made after run_started,
         # so a reaper never finds it without its run.
-        state = self.runs.start(p.tenant, run_id, {
-            "run_id": run_id, "tenant": p.tenant, "goal": goal, "created_at": now,
-            "deadline_at": now + self.limits.run_deadline_s, "policy_version": self.policy.version,
-            "trace": trace_ids, "by": p.subject,
-            "workspace": None if spec is None else {"bytes": spec.bytes, "inodes": spec.inodes}})
+        state = self.runs.start(p.tenant, run_id, RunStarted(
+            run_id=run_id, tenant=p.tenant, goal=goal, created_at=now,
+            deadline_at=now + self.limits.run_deadline_s, policy_version=self.policy.version,
+            trace=trace_ids, by=p.subject,
+            workspace=None if spec is None else {"bytes": spec.bytes, "inodes": spec.inodes}))
         if state is None:
             # This tenant started the same run a moment ago (another thread or instance):
             # that run, with its goal, is the answer.
@@ -280,9 +234,7 @@ class Orchestrator:
         workspace it asked for at its start made now if it never was (and this server can)."""
         if self.workspace_store is not None and self.run_workspaces.missing(state) is not None:
             with self._write(state):
-                spec = self.run_workspaces.missing(state)
-                if spec is not None:
-                    self.run_workspaces.create(state, spec)
+                self.run_workspaces.make_missing(state)
         return self.runs.view(state)
 
     def get_run(self, p: Principal, run_id: str) -> RunView:
@@ -326,7 +278,7 @@ class Orchestrator:
         self._require(p, _AGENT_ROLES)
         state = self.runs.get(p.tenant, run_id)
         with self._write(state):
-            self._require_workspace(state)
+            self.run_workspaces.require_live(state)
             return self.files.upload(state, dest, tar_bytes, p.subject)
 
     def download_files(self, p: Principal, run_id: str, paths: Sequence[str],
@@ -339,15 +291,8 @@ class Orchestrator:
         with self._write(state):
             if artifacts:
                 return self.files.download_artifacts(state, list(paths), p.subject)
-            self._require_workspace(state)
+            self.run_workspaces.require_live(state)
             return self.files.download(state, list(paths), p.subject)
-
-    @staticmethod
-    def _require_workspace(state: RunState) -> None:
-        if state.workspace is None:
-            raise FailedPrecondition(f"run {state.run_id} has no workspace")
-        if state.live_volume is None:
-            raise FailedPrecondition(f"the workspace of run {state.run_id} is gone (the run ended)")
 
     # ------------------------------------------------------------------ batches and plans
 
@@ -358,7 +303,7 @@ class Orchestrator:
         calls = list(calls)
         if batch_id:
             self.batches.check_batch_id(batch_id)
-        with self._tenant_slot(p.tenant), self._write(state):
+        with self._tenant_slots.hold(p.tenant), self._write(state):
             if batch_id:
                 # Under the run's lease and after recovery: a first send that a crash interrupted
                 # is finished (or reported) before its observations are returned.
@@ -372,35 +317,7 @@ class Orchestrator:
 
     def validate_plan(self, p: Principal, steps: Sequence[PlanStep], max_steps: int | None) -> None:
         self._require(p, _AGENT_ROLES)
-        violations: list[FieldViolation] = []
-        cap = self.limits.max_plan_steps
-        limit = self.limits.max_steps if max_steps in (None, 0) else max_steps
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            violations.append(FieldViolation("max_steps", "must be a positive integer"))
-            limit = self.limits.max_steps
-        elif limit > cap:
-            violations.append(FieldViolation("max_steps", f"{limit} is over the hard cap of {cap}"))
-            limit = cap
-        if not steps:
-            violations.append(FieldViolation("steps", "a plan needs at least one step"))
-        if len(steps) > limit:
-            violations.append(FieldViolation("steps", f"{len(steps)} steps is over max_steps {limit}"))
-        seen: set[str] = set()
-        for i, step in enumerate(steps):
-            if not isinstance(step.key, str) or not RUN_ID.fullmatch(step.key):
-                violations.append(FieldViolation(f"steps[{i}].key", "1-100 characters of [A-Za-z0-9_.:-]"))
-            elif step.key in seen:
-                violations.append(FieldViolation(f"steps[{i}].key", f"duplicate key {step.key!r}"))
-            seen.add(step.key)
-            manifest = self.registry.get(step.tool)
-            if manifest is None:
-                violations.append(FieldViolation(f"steps[{i}].tool", f"unknown tool {step.tool!r}"))
-                continue
-            _, errs = validate_arguments(manifest, step.arguments, max_bytes=self.limits.max_argument_bytes,
-                                         field_prefix=f"steps[{i}].arguments")
-            violations.extend(errs)
-        if violations:
-            raise InvalidArgument(f"the plan has {len(violations)} problem(s)", violations)
+        self.batches.check_plan(steps, max_steps)
 
     def execute_plan(self, p: Principal, run_id: str, steps: Sequence[PlanStep],
                      max_steps: int | None) -> Iterator[Event]:
@@ -413,34 +330,14 @@ class Orchestrator:
             raise FailedPrecondition(f"run {run_id} is finished ({state.outcome})")
         calls = [ProposedCall(s.key, s.tool, s.arguments) for s in steps]
         self.batches.check_shape(state, calls)
-        return self._stream_batch(p, state, calls)
-
-    def _stream_batch(self, p: Principal, state: RunState, calls: list[ProposedCall]) -> Iterator[Event]:
-        from_seq = state.last_seq + 1
-        done = threading.Event()
-        failure: list[BaseException] = []
-
-        def work() -> None:
-            try:
-                self.submit_batch(p, state.run_id, calls)
-            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-                failure.append(e)
-            finally:
-                done.set()
-
-        worker = threading.Thread(target=work, name=f"rf-plan-{state.run_id}", daemon=True)
-        worker.start()
-        yield from streams.follow_batch(self.runs, state, from_seq, done)
-        worker.join()
-        if failure:
-            raise failure[0]
+        return streams.stream_batch(self.runs, state, lambda: self.submit_batch(p, state.run_id, calls))
 
     def watch_run(self, p: Principal, run_id: str, from_seq: int, stop: threading.Event) -> Iterator[Event]:
         self._require(p, _READ_ROLES)
         state = self.runs.get(p.tenant, run_id)
         # Clamp: SQLite integers are 64-bit signed, and no run has 2**62 events.
         return streams.watch_run(self.runs, state, min(max(int(from_seq or 0), 1), 2**62), stop,
-                                 lambda: self._closed)
+                                 self._stopping.is_set)
 
     # ------------------------------------------------------------------ approvals
 
@@ -456,7 +353,7 @@ class Orchestrator:
     def watch_approvals(self, p: Principal, stop: threading.Event) -> Iterator[Approval]:
         self._require(p, _APPROVER_ROLES)
         return streams.watch_approvals(lambda: self.list_approvals(p), self.store.version, self.store.wait,
-                                       stop, lambda: self._closed)
+                                       stop, self._stopping.is_set)
 
     def add_grant(self, p: Principal, run_id: str, tool: str, arguments: Mapping[str, Any]) -> None:
         """An exact-call session grant for this run (approver/admin). Policy DENY still wins."""
@@ -469,8 +366,8 @@ class Orchestrator:
         if canon is None:
             raise InvalidArgument("invalid arguments", errs)
         with self._write(state):
-            self.runs.append(state, EventType.GRANT_ADDED, {"tool": tool, "arguments": canon,
-                                                            "signature": signature(tool, canon), "by": p.subject})
+            self.runs.append(state, GrantAdded(tool=tool, arguments=canon, signature=signature(tool, canon),
+                                               by=p.subject))
 
     def decide_approval(self, p: Principal, approval_id: str, approve: bool, reason: str,
                         remember: bool = False, digest: str | None = None) -> Approval:
@@ -541,16 +438,17 @@ class Orchestrator:
         another instance that died holding it), recovery runs before anything else."""
         with self.runs.writing(state, wait=wait) as current:
             if self.runs.outermost(current) and not current.finished and needs_recovery(current):
-                recover_run(current, repo=self.runs, desk=self.desk, batches=self.batches,
-                            registry=self.registry, run_context=self._run_context)
+                recover_run(current, repo=self.runs, desk=self.desk, execution=self.execution,
+                            registry=self.registry)
             yield current
 
     def health_checks(self) -> list[tuple[str, Callable[[], None]]]:
         """What must answer for this server to take work (control.api.health)."""
+        # Looked up at each probe, not bound now: a backend or store whose ping is replaced
+        # while serving (tests break the store this way) is the one probed.
         return [("sandbox engine", lambda: self.backend.ping()), ("event store", lambda: self.store.ping())]
 
     def close(self) -> None:
-        self._closed = True
         self._stopping.set()
         self.runs.close()
         self.dispatcher.close()

@@ -30,15 +30,16 @@ after the backend returned, before the attempt's `attempt` event.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from control import guardrails
+from control.events import OUTPUT_STREAMS, CallOutput
 from control.orchestration.runs import RunRepository
-from control.state import OUTPUT_STREAMS, EventType, RunState
+from control.state import RunState
+from sandbox.runner_protocol import is_result_line
 
 log = logging.getLogger(__name__)
 
@@ -118,15 +119,6 @@ def _last_line_start(pending: bytearray) -> int:
     return pending.rfind(b"\n", 0, max(len(pending) - 1, 0)) + 1
 
 
-def is_runner_result(line: bytes) -> bool:
-    """Whether `line` is the runner protocol's result document ({"ok": true|false, ...})."""
-    try:
-        doc = json.loads(line)
-    except ValueError:  # also UnicodeDecodeError
-        return False
-    return isinstance(doc, dict) and isinstance(doc.get("ok"), bool)
-
-
 class LiveOutput:
     """The `on_output` listener of one call attempt (see the module docstring)."""
 
@@ -183,7 +175,7 @@ class LiveOutput:
         if self._protocol_stdout and stream == "stdout":
             start = _last_line_start(s.pending)
             if final:
-                if is_runner_result(bytes(s.pending[start:])):
+                if is_result_line(bytes(s.pending[start:])):
                     del s.pending[start:]  # the result: recorded with call_completed, not output
             else:
                 held = bytes(s.pending[start:])  # may be the result: wait for the end
@@ -211,7 +203,6 @@ class LiveOutput:
                 self._withheld = True  # the key's remaining lines may follow in later chunks
             else:
                 text = verdict.content
-        self._repo.append(self._state, EventType.CALL_OUTPUT, {
-            "call_id": self._call_id, "attempt": self._attempt, "stream": stream, "seq": seq,
-            "text": text, "bytes": len(chunk), "redacted": text != raw})
+        self._repo.append(self._state, CallOutput(call_id=self._call_id, attempt=self._attempt, stream=stream,
+                                                  seq=seq, text=text, bytes=len(chunk), redacted=text != raw))
         self.chunks += 1

@@ -18,19 +18,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
-
-from opentelemetry import context as otel_context
-
+from control.events import CallCompleted, DispatchStarted
 from control.model import ApprovalStatus, Observation, ObservationStatus, ProposedCall
+from control.orchestration import spans
 from control.orchestration.admission import AdmissionVerdict, Decision
 from control.orchestration.approvals import ApprovalDesk
-from control.orchestration.batches import BatchRunner
 from control.orchestration.dispatch import Admitted, completion_observation
+from control.orchestration.execution import Execution
 from control.orchestration.runs import RunRepository
 from control.registry import Registry
-from control.state import EventType, RunState
+from control.state import RunState
 
 
 def needs_recovery(state: RunState) -> bool:
@@ -41,91 +38,88 @@ def needs_recovery(state: RunState) -> bool:
     return bool(state.unobserved or state.inflight or state.admitted or state.asked or approved)
 
 
-def recover_run(state: RunState, *, repo: RunRepository, desk: ApprovalDesk, batches: BatchRunner,
-                registry: Registry, run_context: Callable[[RunState], otel_context.Context]) -> None:
-    for call_id, data in list(state.unobserved.items()):
-        repo.observe(state, completion_observation(call_id, data["tool"], data, (), None))
-    for call_id, data in list(state.inflight.items()):
-        if data.get("mutates"):
-            reconcile(state, call_id, data, repo=repo, desk=desk, batches=batches, registry=registry,
-                      run_context=run_context)
+def recover_run(state: RunState, *, repo: RunRepository, desk: ApprovalDesk, execution: Execution,
+                registry: Registry) -> None:
+    """Finish or report, in the order of the module's list, what the run's log shows interrupted."""
+    for completion in list(state.unobserved.values()):
+        repo.observe(state, completion_observation(completion, (), None))
+    for call_id, started in list(state.inflight.items()):
+        if started.mutates:
+            reconcile(state, started, repo=repo, desk=desk, execution=execution, registry=registry)
         else:
             repo.observe(state, Observation(
-                call_id, data["tool"], ObservationStatus.EXECUTED, True,
+                call_id, started.tool, ObservationStatus.EXECUTED, True,
                 error="interrupted by a control-plane restart", error_class="interrupted",
                 attempts=state.attempts.get(call_id, 0)))
         if state.finished:
             return
     desk.sweep_expired(state)
     if state.admitted:
-        stop = batches.deadline_passed(state)
+        stop = execution.deadline_passed(state)
         if stop is not None:
             repo.finish(state, *stop)
             return
         never_started = []
-        for call_id, data in list(state.admitted.items()):
-            manifest = registry.get(data["tool"])
+        for call_id, admitted in list(state.admitted.items()):
+            manifest = registry.get(admitted.tool)
             if manifest is None:
                 repo.observe(state, Observation(
-                    call_id, data["tool"], ObservationStatus.HALTED, False,
+                    call_id, admitted.tool, ObservationStatus.HALTED, False,
                     error="the tool is no longer registered; the call was admitted before a restart and never ran",
-                    error_class="unknown_tool",
-                    verdict_path=tuple(data.get("verdict_path") or ()) + ("recovery:unknown",)))
+                    error_class="unknown_tool", verdict_path=admitted.verdict_path + ("recovery:unknown",)))
                 continue
-            never_started.append(Admitted(call_id, manifest, dict(data["arguments"]),
-                                          tuple(data.get("verdict_path") or ()) + ("recovery:resumed",)))
+            never_started.append(Admitted(call_id, manifest, dict(admitted.arguments),
+                                          admitted.verdict_path + ("recovery:resumed",)))
         if never_started:
-            batches.execute(state, never_started, run_context(state))
+            execution.execute(state, never_started, spans.run_context(state))
     if state.finished:
         return
-    for call_id, data in list(state.asked.items()):
+    for call_id, asked in list(state.asked.items()):
         # Policy said ASK before the crash, and the request was never written: write it now.
-        manifest = registry.get(data["tool"])
-        call = ProposedCall(call_id, data["tool"], data.get("arguments") or {}, idempotency_key=data.get("client_key"))
+        manifest = registry.get(asked.tool)
+        call = ProposedCall(call_id, asked.tool, asked.arguments, idempotency_key=asked.client_key)
         if manifest is None:
-            repo.observe(state, Observation(call_id, data["tool"], ObservationStatus.HALTED, False,
+            repo.observe(state, Observation(call_id, asked.tool, ObservationStatus.HALTED, False,
                                             error="the tool is no longer registered", error_class="unknown_tool",
-                                            verdict_path=tuple(data.get("verdict_path") or ()) + ("recovery:unknown",)))
+                                            verdict_path=asked.verdict_path + ("recovery:unknown",)))
             continue
-        desk.request(state, Decision(call, AdmissionVerdict.ASK, tuple(data.get("verdict_path") or ()),
-                                     reason=data.get("reason", ""), manifest=manifest,
-                                     arguments=dict(data.get("arguments") or {})),
-                     data.get("proposed_by") or "")
+        desk.request(state, Decision(call, AdmissionVerdict.ASK, asked.verdict_path, reason=asked.reason,
+                                     manifest=manifest, arguments=dict(asked.arguments)),
+                     asked.proposed_by or "")
     for pending in list(state.pending.values()):
         approval = state.approvals.get(pending.approval_id)
         if approval is not None and approval.status in (ApprovalStatus.APPROVED, ApprovalStatus.USED):
             desk.resume(state, pending)
 
 
-def reconcile(state: RunState, call_id: str, data: Mapping[str, Any], *, repo: RunRepository, desk: ApprovalDesk,
-              batches: BatchRunner, registry: Registry,
-              run_context: Callable[[RunState], otel_context.Context]) -> None:
-    """A mutating call interrupted between its dispatch and its completion (see the module)."""
-    manifest = registry.get(data["tool"])
-    arguments = data.get("arguments")
-    path = tuple(data.get("verdict_path") or ())
-    key = data.get("idempotency_key")
-    if manifest is None or arguments is None or manifest.reconcile is None or not key:
-        desk.request_reconciliation(state, call_id, data, "its tool declares no look-up by idempotency key")
+def reconcile(state: RunState, started: DispatchStarted, *, repo: RunRepository, desk: ApprovalDesk,
+              execution: Execution, registry: Registry) -> None:
+    """A mutating call (`started`: its dispatch) interrupted between its dispatch and its
+    completion (see the module)."""
+    call_id = started.call_id
+    manifest = registry.get(started.tool)
+    path = started.verdict_path
+    key = started.idempotency_key
+    if manifest is None or manifest.reconcile is None or not key:
+        desk.request_reconciliation(state, started, "its tool declares no look-up by idempotency key")
         return
     lookup = registry.get(manifest.reconcile.tool)
-    found = batches.dispatcher.lookup(state, call_id, lookup, {manifest.reconcile.key_argument: key}) \
+    found = execution.dispatcher.lookup(state, call_id, lookup, {manifest.reconcile.key_argument: key}) \
         if lookup is not None else None
     answer = found.content if found is not None and found.ok and isinstance(found.content, dict) else None
     if answer is not None and answer.get("found") is True:
-        completion = {"call_id": call_id, "tool": manifest.name, "mutates": True, "idempotency_key": key,
-                      "ok": True, "content": {"reconciled": True, **answer}, "guard": None, "error": None,
-                      "error_class": None, "attempts": state.attempts.get(call_id, 0),
-                      "cost": manifest.cost * max(state.attempts.get(call_id, 0), 1)}
-        repo.append(state, EventType.CALL_COMPLETED, completion)
-        repo.observe(state, completion_observation(call_id, manifest.name, completion,
-                                                   path + ("recovery:reconciled:found",), data.get("approval_id")))
+        completion = CallCompleted(call_id=call_id, tool=manifest.name, mutates=True, idempotency_key=key, ok=True,
+                                   content={"reconciled": True, **answer}, attempts=state.attempts.get(call_id, 0),
+                                   cost=manifest.cost * max(state.attempts.get(call_id, 0), 1))
+        repo.append(state, completion)
+        repo.observe(state, completion_observation(completion, path + ("recovery:reconciled:found",),
+                                                   started.approval_id))
     elif answer is not None and answer.get("found") is False:
         # The receiver never saw it: safe to run once, with the same key.
-        batches.execute(state, [Admitted(call_id, manifest, dict(arguments), path + ("recovery:reconciled:absent",),
-                                         approval_id=data.get("approval_id"), client_key=data.get("client_key"),
-                                         recorded_key=key)],
-                        run_context(state))
+        execution.execute(state, [Admitted(call_id, manifest, dict(started.arguments),
+                                           path + ("recovery:reconciled:absent",), approval_id=started.approval_id,
+                                           client_key=started.client_key, recorded_key=key)],
+                        spans.run_context(state))
     else:
         why = found.message if found is not None and not found.ok else "the look-up gave no answer"
-        desk.request_reconciliation(state, call_id, data, f"the look-up failed: {why}"[:500])
+        desk.request_reconciliation(state, started, f"the look-up failed: {why}"[:500])

@@ -27,11 +27,21 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
 
 from control.errors import FailedPrecondition, NotFound, Unavailable
+from control.events import (
+    ApprovalDecided,
+    ApprovalRequested,
+    CallObserved,
+    EventPayload,
+    EventType,
+    RunFinished,
+    RunStarted,
+    check_event,
+    event_data,
+)
 from control.model import (
     Approval,
     ApprovalKind,
@@ -43,7 +53,7 @@ from control.model import (
     RunView,
 )
 from control.orchestration.crashpoints import crash_point
-from control.state import EventType, RunState, apply, check_event, fold, observation_data
+from control.state import RunState, apply, fold
 from control.store.base import EventStore, Lease, RunExists
 from sandbox.labels import instance_id
 
@@ -280,8 +290,8 @@ class RunRepository:
 
     # -- writing -----------------------------------------------------------------------
 
-    def start(self, tenant: str, run_id: str, data: Mapping[str, Any]) -> RunState | None:
-        """Create a tenant's run: append its `run_started` (`data`) as the first event of a store
+    def start(self, tenant: str, run_id: str, started: RunStarted) -> RunState | None:
+        """Create a tenant's run: append its `run_started` (`started`) as the first event of a store
         key. Returns the new run, or None when this tenant's run with that id exists already
         (another thread or instance started it a moment before: the caller answers with it).
 
@@ -299,7 +309,7 @@ class RunRepository:
         for key in (run_id, f"{tenant}/{run_id}"):
             state = RunState(run_id=run_id, tenant=tenant, key=key)
             try:
-                self.append(state, EventType.RUN_STARTED, data)
+                self.append(state, started)
             except RunExists as e:
                 if e.tenant == tenant:
                     return None
@@ -309,24 +319,29 @@ class RunRepository:
         # Only this tenant ever creates `tenant/run_id`; reaching here is a bug, not a race.
         raise RuntimeError(f"run key {tenant}/{run_id} is held by another tenant")
 
-    def append(self, state: RunState, type_: EventType, data: Mapping[str, Any], keys: Sequence[str] = ()) -> Event:
+    def append(self, state: RunState, payload: EventPayload, keys: Sequence[str] = ()) -> Event:
         """Durably append one event and apply it. An event the fold would reject is refused
-        before it reaches the store: nothing durable can make a run unreadable."""
-        check_event(type_, data)
+        (ValueError) before it reaches the store: nothing durable can make a run unreadable.
+        The JSON the store will keep is parsed back first, so a value the type admits but the
+        fold does not (an empty volume name, a stream that is not one) is caught too."""
+        data = event_data(payload)
+        check_event(payload.TYPE, data)
         with self._append_lock(state.key):
-            event = self.store.append(state.key, type_.value, data, expected_seq=state.last_seq + 1,
+            event = self.store.append(state.key, payload.TYPE.value, data,
+                                      expected_seq=state.last_seq + 1,
                                       tenant=state.tenant, keys=keys, lease=self._leases.get(state.key))
             with self._state_lock(state.key):
                 if event.seq > state.last_seq:  # else a reader's catch_up applied it already
                     apply(state, event)
-            if type_ is EventType.APPROVAL_REQUESTED:
-                with self._lock:
-                    self._approval_runs[data["approval_id"]] = (state.tenant, state.run_id)
-            if type_ is EventType.RUN_FINISHED:
-                self._forget(state)
-                crash_point("during_run_finished")
-            elif type_ is EventType.RUN_STARTED:
-                crash_point("after_run_started")
+            match payload:
+                case ApprovalRequested(approval_id=approval_id):
+                    with self._lock:
+                        self._approval_runs[approval_id] = (state.tenant, state.run_id)
+                case RunFinished():
+                    self._forget(state)
+                    crash_point("during_run_finished")
+                case RunStarted():
+                    crash_point("after_run_started")
             if self.on_event is not None:
                 self.on_event(state, event)
         return event
@@ -340,7 +355,7 @@ class RunRepository:
                 del self._live[(state.tenant, state.run_id)]
 
     def observe(self, state: RunState, obs: Observation) -> Observation:
-        self.append(state, EventType.OBSERVATION, observation_data(obs))
+        self.append(state, CallObserved.of(obs))
         return state.trajectory[obs.call_id]
 
     def finish(self, state: RunState, outcome: RunOutcome, reason: str) -> None:
@@ -350,9 +365,8 @@ class RunRepository:
         for call_id, pending in list(state.pending.items()):
             approval = state.approvals.get(pending.approval_id)
             if approval is not None and approval.status is ApprovalStatus.PENDING:
-                self.append(state, EventType.APPROVAL_DECIDED, {
-                    "approval_id": pending.approval_id, "approved": False, "by": "system",
-                    "reason": f"run ended: {outcome}"})
+                self.append(state, ApprovalDecided(approval_id=pending.approval_id, approved=False, by="system",
+                                                   reason=f"run ended: {outcome}"))
             if pending.kind is ApprovalKind.RECONCILE:
                 # It may have run (it was interrupted mid-effect): never "declined, never ran".
                 self.observe(state, Observation(call_id, pending.tool, ObservationStatus.EXECUTED, True,
@@ -372,7 +386,7 @@ class RunRepository:
             reason = f"{reason}; whether these took effect is unknown: {', '.join(unsure)}"
         if self.before_finish is not None:
             self.before_finish(state, outcome)
-        self.append(state, EventType.RUN_FINISHED, {"outcome": outcome.value, "reason": reason})
+        self.append(state, RunFinished(outcome=outcome, reason=reason))
 
     @staticmethod
     def public(state: RunState, event: Event) -> Event:

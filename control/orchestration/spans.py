@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
+from control.state import RunState
+
 if TYPE_CHECKING:
     from control.model import Approval
     from control.registry import ToolManifest
@@ -35,6 +37,30 @@ if TYPE_CHECKING:
     from sandbox.profile import SandboxProfile
 
 tracer = trace.get_tracer("ringfence.control")
+
+
+def start_run_trace(run_id: str, tenant: str) -> dict[str, str]:
+    """The run's root span (`invoke_agent`), begun and ended at StartRun; its ids, for the log
+    (empty when tracing is off). The run is a trace of its own (it outlives the RPC that started
+    it, and its later batches come from other RPCs), linked to the caller's span when there is one."""
+    caller = trace.get_current_span().get_span_context()
+    with tracer.start_as_current_span("invoke_agent", context=otel_context.Context(),
+                                      links=[trace.Link(caller)] if caller.is_valid else [],
+                                      attributes={"gen_ai.operation.name": "invoke_agent",
+                                                  "ringfence.run_id": run_id,
+                                                  "ringfence.tenant": tenant}) as span:
+        ctx = span.get_span_context()
+        return {"trace_id": f"{ctx.trace_id:032x}", "span_id": f"{ctx.span_id:016x}"} if ctx.is_valid else {}
+
+
+def run_context(state: RunState) -> otel_context.Context:
+    """The run's root span as a parent: one trace per run, across batches and restarts."""
+    t = state.trace
+    if not t.get("trace_id"):
+        return otel_context.Context()
+    parent = trace.SpanContext(trace_id=int(t["trace_id"], 16), span_id=int(t["span_id"], 16),
+                               is_remote=False, trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED))
+    return trace.set_span_in_context(trace.NonRecordingSpan(parent))
 
 
 def _ns(seconds: float) -> int:

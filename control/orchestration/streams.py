@@ -31,6 +31,30 @@ def watch_run(repo: RunRepository, state: RunState, from_seq: int, stop: threadi
         store.wait_for(state.key, from_seq - 1, 0.5)
 
 
+def stream_batch(repo: RunRepository, state: RunState, submit: Callable[[], object]) -> Iterator[Event]:
+    """Run `submit` (one batch of the run) on a thread of its own and yield each event the run
+    gets while it runs, as it is appended; once it is done, its exception (if any) is raised
+    here, in the consumer's thread."""
+    from_seq = state.last_seq + 1
+    done = threading.Event()
+    failure: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            submit()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            failure.append(e)
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=work, name=f"rf-plan-{state.run_id}", daemon=True)
+    worker.start()
+    yield from follow_batch(repo, state, from_seq, done)
+    worker.join()
+    if failure:
+        raise failure[0]
+
+
 def follow_batch(repo: RunRepository, state: RunState, from_seq: int, done: threading.Event) -> Iterator[Event]:
     """The run's events from `from_seq` on while a batch runs in another thread, then the rest."""
     store = repo.store

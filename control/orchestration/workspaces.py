@@ -28,9 +28,10 @@ from typing import Any
 
 from control.config import WorkspaceConfig
 from control.errors import FailedPrecondition, FieldViolation, InvalidArgument, Unavailable
+from control.events import WorkspaceCreated, WorkspaceRemoved
 from control.model import RunOutcome, WorkspaceRequest
 from control.orchestration.runs import RunRepository
-from control.state import EventType, RunState
+from control.state import RunState
 from sandbox.errors import EngineError, ProfileError
 from sandbox.workspace import MIN_BYTES, MIN_INODES, WorkspaceInfo, WorkspaceSpec, WorkspaceStore
 
@@ -79,6 +80,22 @@ class RunWorkspaces:
         return self.store
 
     @staticmethod
+    def require_live(state: RunState) -> None:
+        """FailedPrecondition unless the run has a workspace that is still there (not removed at
+        its end): what uploads and workspace downloads need."""
+        if state.workspace is None:
+            raise FailedPrecondition(f"run {state.run_id} has no workspace")
+        if state.live_volume is None:
+            raise FailedPrecondition(f"the workspace of run {state.run_id} is gone (the run ended)")
+
+    def make_missing(self, state: RunState) -> None:
+        """Make the workspace the run asked for at its start if it has none yet (the caller
+        holds the run for writing, so it is made once)."""
+        spec = self.missing(state)
+        if spec is not None:
+            self.create(state, spec)
+
+    @staticmethod
     def asked(run_started: Mapping[str, Any]) -> WorkspaceSpec | None:
         """The workspace a run_started event recorded as asked for (None: none)."""
         ask = run_started.get("workspace")
@@ -100,8 +117,7 @@ class RunWorkspaces:
             # The engine holds a volume or keeper of that name that is not this run's (labels
             # of another run or tenant): never adopted, never removed from here.
             raise FailedPrecondition(f"the workspace of run {state.run_id} could not be made: {e}") from e
-        self.repo.append(state, EventType.WORKSPACE_CREATED, {"volume": volume, "bytes": spec.bytes,
-                                                              "inodes": spec.inodes})
+        self.repo.append(state, WorkspaceCreated(volume=volume, bytes=spec.bytes, inodes=spec.inodes))
 
     def missing(self, state: RunState) -> WorkspaceSpec | None:
         """The workspace an unfinished run asked for at its start and does not have yet."""
@@ -128,7 +144,7 @@ class RunWorkspaces:
         except EngineError as e:
             log.warning("run %s: could not remove workspace %s (%s); the reaper will", state.run_id, volume, e)
             return
-        self.repo.append(state, EventType.WORKSPACE_REMOVED, {"volume": volume, "reason": outcome.value})
+        self.repo.append(state, WorkspaceRemoved(volume=volume, reason=outcome.value))
 
     # -- reaping -----------------------------------------------------------------------
 

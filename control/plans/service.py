@@ -26,10 +26,10 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from control.errors import AlreadyExists, FieldViolation, InvalidArgument, NotFound, PermissionDenied
-from control.model import Observation, ObservationStatus, Principal, ProposedCall, Role
+from control.model import Observation, ObservationStatus, Principal, ProposedCall, Role, RunView
 from control.plans.evidence import EXECUTOR, VERIFIER, EvidenceReading, EvidenceStores, check_ref
 from control.plans.values import REMEDIATION, Claim, Mismatch, PlanView, Report, Step, Verdict
 from control.store.base import EventStore, Record, RevisionConflict
@@ -46,10 +46,29 @@ CLAIMS = (DEGRADED, UNKNOWN)
 _ID = re.compile(r"[A-Za-z0-9_.:-]{1,80}")
 
 
+class PlanRuns(Protocol):
+    """What plan verification needs of the orchestrator (control.orchestration.Orchestrator):
+    the executor's and the verifier's runs, each started, given one batch, and finished."""
+
+    def start_run(self, p: Principal, goal: str, run_id: str | None = None) -> RunView:
+        """Start the run (or find it: a resend starts nothing new)."""
+        ...
+
+    def submit_batch(self, p: Principal, run_id: str, calls: Sequence[ProposedCall],
+                     batch_id: str | None = None) -> list[Observation]:
+        """One batch through admission and the sandbox; a batch id sent again returns the
+        observations recorded for it."""
+        ...
+
+    def finish_run(self, p: Principal, run_id: str) -> RunView:
+        """End the run as completed (a finished run stays as it ended)."""
+        ...
+
+
 class PlanVerification:
     """The two sides of a plan over an Orchestrator (runs and sandboxed calls) and its store."""
 
-    def __init__(self, orchestrator: Any, store: EventStore, clock: Callable[[], float]) -> None:
+    def __init__(self, orchestrator: PlanRuns, store: EventStore, clock: Callable[[], float]) -> None:
         self._core = orchestrator
         self._store = store
         self._clock = clock
@@ -58,7 +77,7 @@ class PlanVerification:
     # ------------------------------------------------------------------ validation
 
     @staticmethod
-    def validate(max_steps: Any, steps: Sequence[object], plan_id: str = "") -> None:
+    def validate(max_steps: int, steps: Sequence[object], plan_id: str = "") -> None:
         """Raise InvalidArgument listing every violation of the plan, or return."""
         v: list[FieldViolation] = []
         if plan_id and not _ID.fullmatch(plan_id):

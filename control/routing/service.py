@@ -27,11 +27,11 @@ import json
 import re
 import threading
 import uuid
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
 
 from control.errors import AlreadyExists, FieldViolation, InvalidArgument, PermissionDenied, ResourceExhausted
-from control.model import Observation, ObservationStatus, Principal, ProposedCall, Role
+from control.model import Observation, ObservationStatus, Principal, ProposedCall, Role, RunView
 from control.routing.config import RoutingConfig, SpecialistConfig
 from control.routing.values import Decision, Ticket
 from control.store.base import EventStore, Record, RevisionConflict
@@ -43,9 +43,35 @@ EVIDENCE = re.compile(r"fixture:[A-Za-z0-9_.-]{1,100}")
 _ID = re.compile(r"[A-Za-z0-9_.:-]{1,80}")
 MAX_TEXT_CHARS = 4000
 
+_Outcome = dict[str, str | bool]
+"""A decision's fields as the steps find them (status, reason, route, evidence, run_id, ...)."""
+
+
+class RoutingRuns(Protocol):
+    """What the router needs of the orchestrator (control.orchestration.Orchestrator): one run per
+    decision, its router and specialist calls as batches, and its kill switch."""
+
+    def start_run(self, p: Principal, goal: str, run_id: str | None = None) -> RunView:
+        """Start the run (or find it: a resend starts nothing new)."""
+        ...
+
+    def submit_batch(self, p: Principal, run_id: str, calls: Sequence[ProposedCall],
+                     batch_id: str | None = None) -> list[Observation]:
+        """One batch through admission and the sandbox; a batch id sent again returns the
+        observations recorded for it."""
+        ...
+
+    def finish_run(self, p: Principal, run_id: str) -> RunView:
+        """End the run as completed (a finished run stays as it ended)."""
+        ...
+
+    def cancel_run(self, p: Principal, run_id: str) -> RunView:
+        """The kill switch: a specialist past its deadline is stopped at once."""
+        ...
+
 
 class TicketRouter:
-    def __init__(self, orchestrator: Any, store: EventStore, config: RoutingConfig) -> None:
+    def __init__(self, orchestrator: RoutingRuns, store: EventStore, config: RoutingConfig) -> None:
         self._core = orchestrator
         self._store = store
         self.config = config
@@ -112,8 +138,8 @@ class TicketRouter:
         if v:
             raise InvalidArgument("the ticket is invalid; nothing was routed", v)
 
-    def _decide(self, p: Principal, ticket: Ticket, allowed: tuple[str, ...]) -> dict[str, Any]:
-        out: dict[str, Any] = {"route": "", "evidence": "", "run_id": "", "specialist_version": "",
+    def _decide(self, p: Principal, ticket: Ticket, allowed: tuple[str, ...]) -> _Outcome:
+        out: _Outcome = {"route": "", "evidence": "", "run_id": "", "specialist_version": "",
                                "router_ran": False}
         if ticket.service not in allowed:
             return {**out, "status": "denied",
@@ -129,7 +155,7 @@ class TicketRouter:
         finally:
             self._core.finish_run(p, run_id)
 
-    def _route_and_dispatch(self, p: Principal, ticket: Ticket, run_id: str) -> dict[str, Any]:
+    def _route_and_dispatch(self, p: Principal, ticket: Ticket, run_id: str) -> _Outcome:
         # The router sees the symptom and nothing else.
         (routed,) = self._core.submit_batch(
             p, run_id, [ProposedCall("router", self.config.router.tool, {"symptom": ticket.symptom})], "router")

@@ -40,6 +40,30 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from control import guardrails
+from control.events import (
+    ApprovalDecided,
+    ApprovalExpired,
+    ApprovalRequested,
+    ApprovalUsed,
+    ArtifactCollected,
+    AttemptFinished,
+    BatchStarted,
+    CallCompleted,
+    CallDecided,
+    CallObserved,
+    CallOutput,
+    DispatchStarted,
+    EgressDecided,
+    EventPayload,
+    FilesDownloaded,
+    FilesUploaded,
+    GrantAdded,
+    RunFinished,
+    RunStarted,
+    WorkspaceCreated,
+    WorkspaceRemoved,
+    parse_event,
+)
 from control.tracing.tree import TraceNode
 from control.values import plain
 
@@ -61,12 +85,12 @@ class LogEvent(Protocol):
     @property
     def type(self) -> str: ...
     @property
-    def data(self) -> Mapping[str, Any]: ...
+    def data(self) -> Mapping[str, object]: ...
     @property
     def at(self) -> float: ...
 
 
-def short(text: Any, limit: int = REASON_CHARS) -> str:
+def short(text: object, limit: int = REASON_CHARS) -> str:
     """One line, at most `limit` characters, secrets redacted (again: the server did it first)."""
     s = " ".join(guardrails.redact(str(text)).split())
     return s if len(s) <= limit else s[: limit - 1] + "…"
@@ -76,7 +100,7 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
-def _size_and_digest(value: Any) -> tuple[int, str]:
+def _size_and_digest(value: object) -> tuple[int, str]:
     data = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
     return len(data), hashlib.sha256(data).hexdigest()
 
@@ -89,7 +113,12 @@ def _bytes(n: int) -> str:
     return f"{n / 1_000_000:.1f} MB"
 
 
-def _step(verdict_path: Iterable[Any] | None) -> str:
+def _count(value: object) -> int:
+    """A byte count the egress proxy recorded (0 when it recorded none)."""
+    return int(value) if isinstance(value, int | float | str) and value else 0
+
+
+def _step(verdict_path: Iterable[object] | None) -> str:
     """The step that decided: the last one before `admitted` (or the last one)."""
     steps = [str(s) for s in (verdict_path or ()) if str(s) != "admitted"]
     return steps[-1] if steps else ""
@@ -140,20 +169,20 @@ class _Call:
     tool: str
     batch: _Batch
     signature: str | None = None  # matched, never printed (it holds the arguments)
-    observation: Mapping[str, Any] | None = None
+    observation: CallObserved | None = None
     observed_at: float = 0.0
     execs: list[_Node] = field(default_factory=list)
     approved: set[str] = field(default_factory=set)  # approval ids decided `approved`
 
 
 class _Builder:
-    def __init__(self, events: list[LogEvent]) -> None:
+    def __init__(self, events: list[tuple[LogEvent, EventPayload]]) -> None:
         self.events = events
-        first = events[0]
+        first, started = events[0]
         self.root = _Node("invoke_agent", first.at)
-        self.run_id = str(first.data.get("run_id") or first.run_id) if first.type == "run_started" else first.run_id
+        self.run_id = (started.run_id or first.run_id) if isinstance(started, RunStarted) else first.run_id
         self.root.title = [f"run {self.run_id}"]
-        self.finished: Mapping[str, Any] | None = None
+        self.finished: RunFinished | None = None
         self.current: _Batch | None = None
         self.batches: list[_Batch] = []
         self.calls: dict[str, _Call] = {}
@@ -170,28 +199,58 @@ class _Builder:
     # -- the walk --------------------------------------------------------------------------
 
     def build(self) -> TraceNode:
-        for e in self.events:
-            handler = getattr(self, "on_" + str(e.type), None)
-            if handler is not None:
-                handler(e, e.data, float(e.at))
+        for e, payload in self.events:
+            at = float(e.at)
+            match payload:
+                case RunStarted():
+                    self.on_run_started(payload, at)
+                case BatchStarted():
+                    self.on_batch_started(e, payload, at)
+                case CallDecided():
+                    self.on_call_decided(payload, at)
+                case ApprovalRequested():
+                    self.on_approval_requested(payload, at)
+                case ApprovalDecided():
+                    self.on_approval_decided(payload, at)
+                case ApprovalExpired(approval_id=approval_id):
+                    self.on_approval_expired(approval_id, at)
+                case ApprovalUsed(approval_id=approval_id):
+                    self.on_approval_used(approval_id, at)
+                case GrantAdded():
+                    self.on_grant_added(payload, at)
+                case DispatchStarted():
+                    self.on_dispatch_started(payload, at)
+                case EgressDecided():
+                    self.on_egress(payload, at)
+                case AttemptFinished():
+                    self.on_attempt(payload, at)
+                case CallCompleted():
+                    self.on_call_completed(payload, at)
+                case CallObserved():
+                    self.on_observation(payload, at)
+                case RunFinished():
+                    self.finished = payload
+                    self.root.end = at
+                case WorkspaceCreated() | WorkspaceRemoved() | CallOutput() | FilesUploaded() | FilesDownloaded() \
+                        | ArtifactCollected():
+                    pass  # not drawn
         self.finish()
         return self.root.freeze()
 
-    def on_run_started(self, e: LogEvent, d: Mapping[str, Any], at: float) -> None:
+    def on_run_started(self, started: RunStarted, at: float) -> None:
         self.root.start = at
-        self.root.attributes.update({"run_id": self.run_id, "tenant": d.get("tenant"),
-                                     "policy_version": d.get("policy_version")})
-        trace = d.get("trace") or {}
-        if trace.get("trace_id"):
-            self.root.attributes["trace_id"] = trace.get("trace_id")
-            self.root.attributes["span_id"] = trace.get("span_id")
+        self.root.attributes.update({"run_id": self.run_id, "tenant": started.tenant,
+                                     "policy_version": started.policy_version})
+        if started.trace.get("trace_id"):
+            self.root.attributes["trace_id"] = started.trace.get("trace_id")
+            self.root.attributes["span_id"] = started.trace.get("span_id")
 
-    def on_batch_started(self, e: LogEvent, d: Mapping[str, Any], at: float) -> None:
-        batch_id = str(d.get("batch_id") or f"seq {e.seq}")
-        turn = d.get("turn")
+    def on_batch_started(self, e: LogEvent, started: BatchStarted, at: float) -> None:
+        batch_id = started.batch_id or f"seq {e.seq}"
+        turn = started.turn
         node = _Node("batch", at, at, title=[batch_id] + ([f"(turn {turn})"] if turn is not None else []),
                      attributes={"batch_id": batch_id, "turn": turn})
-        calls = {str(c.get("call_id")): str(c.get("tool")) for c in (d.get("calls") or ()) if isinstance(c, Mapping)}
+        calls = {c.call_id: c.tool for c in started.calls}
         node.labels.append(_plural(len(calls), "call"))
         node.attributes["calls"] = [{"call_id": c, "tool": t} for c, t in calls.items()]
         admission = _Node("admission", at, at)
@@ -204,16 +263,15 @@ class _Builder:
         for call_id, tool in calls.items():
             self.calls[call_id] = _Call(call_id, tool, batch)
 
-    def _call(self, call_id: Any, tool: Any = None) -> _Call:
+    def _call(self, call_id: str, tool: str | None = None) -> _Call:
         """The call (one no batch listed goes to a catch-all group: a log this view does not know)."""
-        call_id = str(call_id)
         call = self.calls.get(call_id)
         if call is None:
             if self.orphans is None:
                 node = _Node("batch", float("inf"), title=["(calls outside any batch)"])
                 self.orphans = _Batch(node, batch_id="")
                 self.root.children.append(node)
-            call = self.calls[call_id] = _Call(call_id, str(tool or "?"), self.orphans)
+            call = self.calls[call_id] = _Call(call_id, tool or "?", self.orphans)
             self.orphans.calls[call_id] = call.tool
         return call
 
@@ -224,16 +282,15 @@ class _Builder:
         node.start = min(node.start, at)
         node.extend(at)
 
-    def on_call_decided(self, e: LogEvent, d: Mapping[str, Any], at: float) -> None:
-        call = self._call(d.get("call_id"), d.get("tool"))
-        call.signature = d.get("signature")
+    def on_call_decided(self, decided: CallDecided, at: float) -> None:
+        call = self._call(decided.call_id, decided.tool)
+        call.signature = decided.signature
         self._touch(call, at)
-        verdict = str(d.get("verdict") or "?")
-        step = _step(d.get("verdict_path"))
+        verdict = decided.verdict.value
+        step = _step(decided.verdict_path)
         leaf = _Node(call.tool, at, title=[call.call_id], labels=[verdict] + ([f"({step})"] if step else []),
                      attributes={"call_id": call.call_id, "tool": call.tool, "verdict": verdict,
-                                 "verdict_path": list(d.get("verdict_path") or ()),
-                                 "reason": short(d.get("reason") or "", 200)})
+                                 "verdict_path": list(decided.verdict_path), "reason": short(decided.reason, 200)})
         admission = call.batch.admission
         if admission is None:  # an orphan call: no batch, no admission node
             call.batch.node.children.append(leaf)
@@ -241,75 +298,72 @@ class _Builder:
         admission.children.append(leaf)
         admission.extend(at)
 
-    def on_approval_requested(self, e: LogEvent, d: Mapping[str, Any], at: float) -> None:
-        call = self._call(d.get("call_id"), d.get("tool"))
+    def on_approval_requested(self, requested: ApprovalRequested, at: float) -> None:
+        call = self._call(requested.call_id, requested.tool)
         self._touch(call, at)
-        approval_id = str(d.get("approval_id"))
-        kind = str(d.get("kind") or "call")
+        approval_id = requested.approval_id
+        kind = requested.approval_kind.value
         node = _Node("approval wait", at, title=[approval_id],
                      labels=[f"{call.tool} {call.call_id}"] + ([f"kind {kind}"] if kind != "call" else []),
                      attributes={"approval_id": approval_id, "call_id": call.call_id, "tool": call.tool,
-                                 "kind": kind, "digest": d.get("digest"), "expires_at": d.get("expires_at"),
+                                 "kind": kind, "digest": requested.digest, "expires_at": requested.expires_at,
                                  "decision": "pending"})
         self.approvals[approval_id] = node
         self.approval_call[approval_id] = call.call_id
         call.batch.node.children.append(node)
 
-    def _approval(self, d: Mapping[str, Any], at: float) -> tuple[_Node | None, _Call | None]:
-        approval_id = str(d.get("approval_id"))
+    def _approval(self, approval_id: str, at: float) -> tuple[_Node | None, _Call | None]:
         node = self.approvals.get(approval_id)
         call = self.calls.get(self.approval_call.get(approval_id, ""))
         if call is not None:
             self._touch(call, at)
         return node, call
 
-    def on_approval_decided(self, e: LogEvent, d: Mapping[str, Any], at: float) -> None:
-        node, call = self._approval(d, at)
-        approved = bool(d.get("approved"))
-        if call is not None and approved:
-            call.approved.add(str(d.get("approval_id")))
+    def on_approval_decided(self, decided: ApprovalDecided, at: float) -> None:
+        node, call = self._approval(decided.approval_id, at)
+        if call is not None and decided.approved:
+            call.approved.add(decided.approval_id)
         if node is None:
             return
         node.end = at
-        by = str(d.get("by") or "?")
-        decision = "approved" if approved else "declined"
+        by = decided.by or "?"
+        decision = "approved" if decided.approved else "declined"
         text = f"{decision} by {by}"
-        if d.get("reason"):
-            text += f": {short(d.get('reason'), 60)}"
+        if decided.reason:
+            text += f": {short(decided.reason, 60)}"
         node.labels.append(text)
-        if d.get("remember"):
+        if decided.remember:
             node.labels.append("remembered for the run")
-        node.attributes.update({"decision": decision, "by": by, "remember": bool(d.get("remember"))})
+        node.attributes.update({"decision": decision, "by": by, "remember": bool(decided.remember)})
 
-    def on_approval_expired(self, e: LogEvent, d: Mapping[str, Any], at: float) -> None:
-        node, _call = self._approval(d, at)
+    def on_approval_expired(self, approval_id: str, at: float) -> None:
+        node, _call = self._approval(approval_id, at)
         if node is not None:
             node.end = at
             node.labels.append("expired")
             node.attributes["decision"] = "expired"
 
-    def on_approval_used(self, e: LogEvent, d: Mapping[str, Any], at: float) -> None:
-        node, _call = self._approval(d, at)
+    def on_approval_used(self, approval_id: str, at: float) -> None:
+        node, _call = self._approval(approval_id, at)
         if node is not None:
             node.attributes["used"] = True
 
-    def on_grant_added(self, e: LogEvent, d: Mapping[str, Any], at: float) -> None:
-        node, _call = self._approval(d, at)
+    def on_grant_added(self, grant: GrantAdded, at: float) -> None:
+        node, _call = self._approval(grant.approval_id or "", at)
         if node is not None:
             node.attributes["grant"] = True
             return
         # A grant an admin added by hand: an instant under the run.
-        self.root.children.append(_Node("grant", at, title=[str(d.get("tool") or "?")],
-                                        labels=[f"added by {d.get('by') or '?'}"],
-                                        attributes={"tool": d.get("tool"), "by": d.get("by")}))
+        self.root.children.append(_Node("grant", at, title=[grant.tool or "?"],
+                                        labels=[f"added by {grant.by or '?'}"],
+                                        attributes={"tool": grant.tool, "by": grant.by}))
 
-    def _group_for(self, call: _Call, d: Mapping[str, Any]) -> tuple[_Group, str]:
+    def _group_for(self, call: _Call, started: DispatchStarted) -> tuple[_Group, str]:
         batch = call.batch
-        approval_id = d.get("approval_id")
-        path = [str(s) for s in (d.get("verdict_path") or ())]
-        if approval_id and str(approval_id) in call.approved:
-            key = ("resumed after approval", str(approval_id))
-        elif any(s.startswith("recovery:") for s in path):
+        approval_id = started.approval_id
+        if approval_id and approval_id in call.approved:
+            key = ("resumed after approval", approval_id)
+        elif any(s.startswith("recovery:") for s in started.verdict_path):
             key = ("resumed after restart", "")
         elif batch is not self.current and batch is not self.orphans:
             key = ("resumed", "")
@@ -323,38 +377,37 @@ class _Builder:
             batch.node.children.append(node)
         return group, key[0]
 
-    def on_dispatch_started(self, e: LogEvent, d: Mapping[str, Any], at: float) -> None:
-        call = self._call(d.get("call_id"), d.get("tool"))
+    def on_dispatch_started(self, started: DispatchStarted, at: float) -> None:
+        call = self._call(started.call_id, started.tool)
         self._touch(call, at)
-        group, where = self._group_for(call, d)
+        group, where = self._group_for(call, started)
         if group is not call.batch:
             group.node.start = min(group.node.start, at)
             group.node.extend(at)
-        mutates = bool(d.get("mutates"))
-        key = d.get("idempotency_key")
-        node = _Node("execute_tool", at, title=[str(d.get("tool") or call.tool), call.call_id],
-                     attributes={"call_id": call.call_id, "tool": str(d.get("tool") or call.tool),
-                                 "mutates": mutates, "idempotency_key": key, "approval_id": d.get("approval_id"),
+        tool = started.tool or call.tool
+        node = _Node("execute_tool", at, title=[tool, call.call_id],
+                     attributes={"call_id": call.call_id, "tool": tool, "mutates": started.mutates,
+                                 "idempotency_key": started.idempotency_key, "approval_id": started.approval_id,
                                  "dispatched": where})
         call.execs.append(node)
         superseded = self.open_exec.get(call.call_id)
         if superseded is not None:  # dispatched again (after a restart) before any completion
             superseded.labels.append("no completion in the log")
         self.open_exec[call.call_id] = node
-        if d.get("signature"):
-            self.dispatched.setdefault(str(d.get("signature")), []).append(call.call_id)
-        if mutates:
+        if started.signature:
+            self.dispatched.setdefault(started.signature, []).append(call.call_id)
+        if started.mutates:
             group.node.children.append(node)
         else:
             group.reads.append(node)
 
-    def on_egress(self, e: LogEvent, d: Mapping[str, Any], at: float) -> None:
-        call = self._call(d.get("call_id"))
+    def on_egress(self, egress: EgressDecided, at: float) -> None:
+        call = self._call(egress.call_id)
         self._touch(call, at)
-        decisions = [x for x in (d.get("decisions") or ()) if isinstance(x, Mapping)]
+        decisions = egress.decisions
         kinds = Counter(str(x.get("decision") or "?") for x in decisions)
-        up = sum(int(x.get("bytes_up") or 0) for x in decisions)
-        down = sum(int(x.get("bytes_down") or 0) for x in decisions)
+        up = sum(_count(x.get("bytes_up")) for x in decisions)
+        down = sum(_count(x.get("bytes_down")) for x in decisions)
         cut = sum(1 for x in decisions if x.get("cut"))
         labels = [_plural(len(decisions), "request")] + [f"{n} {k}" for k, n in sorted(kinds.items())]
         if cut:
@@ -363,96 +416,90 @@ class _Builder:
         node = _Node("egress", at, labels=labels,
                      attributes={"requests": len(decisions), "decisions": dict(kinds), "bytes_up": up,
                                  "bytes_down": down, "cut": cut})
-        self.pending_egress.setdefault((call.call_id, int(d.get("attempt") or 0)), []).append(node)
+        self.pending_egress.setdefault((call.call_id, egress.attempt), []).append(node)
 
-    def on_attempt(self, e: LogEvent, d: Mapping[str, Any], at: float) -> None:
-        call = self._call(d.get("call_id"))
+    def on_attempt(self, attempt: AttemptFinished, at: float) -> None:
+        call = self._call(attempt.call_id)
         self._touch(call, at)
-        n = int(d.get("attempt") or 0)
-        setup = int(d.get("setup_ms") or 0)
-        duration = int(d.get("duration_ms") or 0)
+        n = attempt.attempt
+        setup = int(attempt.setup_ms or 0)
+        duration = int(attempt.duration_ms or 0)
         exec_node = self.open_exec.get(call.call_id)
         start = at - (setup + duration) / 1000.0
         if exec_node is not None:
             start = max(start, exec_node.start)
-        outcome = str(d.get("outcome") or "")
-        failure = d.get("failure_class")
+        outcome = attempt.outcome or ""
+        failure = attempt.failure_class
         labels = [outcome or str(failure or "?")]
         if failure and outcome:
-            labels.append(str(failure))
+            labels.append(failure)
         if setup:
             labels.append(f"start {setup} ms · tool {duration} ms")
-        retry_after = d.get("retry_after_s")
-        if retry_after is not None:
-            labels.append(f"retry after {float(retry_after):g} s")
-        if d.get("runtime"):
-            labels.append(f"runtime {short(d.get('runtime'), 20)}")
-        if d.get("image_id"):
-            image = str(d.get("image_id"))
+        if attempt.retry_after_s is not None:
+            labels.append(f"retry after {attempt.retry_after_s:g} s")
+        if attempt.runtime:
+            labels.append(f"runtime {short(attempt.runtime, 20)}")
+        if attempt.image_id:
+            image = attempt.image_id
             labels.append("image " + (image[:19] if image.startswith("sha256:") else short(image, 19)))
         node = _Node("attempt", start, at, title=[str(n)], labels=labels,
                      attributes={"attempt": n, "outcome": outcome, "failure_class": failure,
-                                 "duration_ms": duration, "setup_ms": setup if "setup_ms" in d else None,
-                                 "retry_after_s": d.get("retry_after_s"), "image_id": d.get("image_id"),
-                                 "runtime": d.get("runtime")})
+                                 "duration_ms": duration, "setup_ms": setup if attempt.setup_ms is not None else None,
+                                 "retry_after_s": attempt.retry_after_s, "image_id": attempt.image_id,
+                                 "runtime": attempt.runtime})
         node.children.extend(self.pending_egress.pop((call.call_id, n), []))
         (exec_node.children if exec_node is not None else call.batch.node.children).append(node)
 
-    def on_call_completed(self, e: LogEvent, d: Mapping[str, Any], at: float) -> None:
-        call = self._call(d.get("call_id"), d.get("tool"))
+    def on_call_completed(self, completed: CallCompleted, at: float) -> None:
+        call = self._call(completed.call_id, completed.tool)
         self._touch(call, at)
         node = self.open_exec.pop(call.call_id, None)
         if node is None:  # a completion whose dispatch is not in the log: shown where it happened
-            node = _Node("execute_tool", at, title=[str(d.get("tool") or call.tool), call.call_id],
+            node = _Node("execute_tool", at, title=[completed.tool or call.tool, call.call_id],
                          labels=["no dispatch_started in the log"],
                          attributes={"call_id": call.call_id, "tool": call.tool})
             call.execs.append(node)
             call.batch.node.children.append(node)
         node.end = at
-        ok = bool(d.get("ok"))
-        attempts = int(d.get("attempts") or 0)
-        node.labels.append("ok" if ok else str(d.get("error_class") or "failed"))
+        ok = completed.ok
+        attempts = completed.attempts
+        node.labels.append("ok" if ok else completed.error_class or "failed")
         node.labels.append(_plural(attempts, "attempt"))
-        content = d.get("content")
+        content = completed.content
         if isinstance(content, Mapping) and content.get("reconciled") is True:
             node.labels.append("reconciled: the receiver had it")
-        guard_value = d.get("guard")
-        guard: Mapping[str, Any] = guard_value if isinstance(guard_value, Mapping) else {}
-        if guard.get("action") == "block":
+        guard = completed.guard
+        if guard is not None and guard.action == "block":
             node.labels.append("result withheld (secret)")
-        elif guard.get("redacted"):
-            node.labels.append("result redacted: " + ", ".join(short(k, 30) for k in guard["redacted"]))
-        attrs: dict[str, Any] = {"ok": ok, "error_class": d.get("error_class"), "attempts": attempts,
-                                 "cost": d.get("cost"), "guard": guard.get("action")}
+        elif guard is not None and guard.redacted:
+            node.labels.append("result redacted: " + ", ".join(short(k, 30) for k in guard.redacted))
+        attrs: dict[str, Any] = {"ok": ok, "error_class": completed.error_class, "attempts": attempts,
+                                 "cost": completed.cost, "guard": guard.action if guard is not None else None}
         if ok and content is not None:
             size, digest = _size_and_digest(content)
             node.labels.append(f"result {_bytes(size)}")
             attrs.update({"result_bytes": size, "result_sha256": digest})
         node.attributes.update(attrs)
-        self.cost += float(d.get("cost") or 0)
+        self.cost += completed.cost
         if ok:
             self.completed_ok.add(call.call_id)
 
-    def on_observation(self, e: LogEvent, d: Mapping[str, Any], at: float) -> None:
-        call = self._call(d.get("call_id"), d.get("tool"))
+    def on_observation(self, observed: CallObserved, at: float) -> None:
+        call = self._call(observed.call_id, observed.tool)
         self._touch(call, at)
-        call.observation = d
+        call.observation = observed
         call.observed_at = at
         for group in call.batch.resumed.values():
             if any(n is e for n in group.node.children + group.reads for e in call.execs):
                 group.node.extend(at)
 
-    def on_run_finished(self, e: LogEvent, d: Mapping[str, Any], at: float) -> None:
-        self.finished = d
-        self.root.end = at
-
     # -- the end ---------------------------------------------------------------------------
 
     def finish(self) -> None:
-        last = self.events[-1]
+        last, _payload = self.events[-1]
         if self.finished is not None:
-            outcome = str(self.finished.get("outcome") or "?")
-            reason = self.finished.get("reason")
+            outcome = self.finished.outcome.value
+            reason = self.finished.reason
             self.root.labels.append(outcome + (f": {short(reason)}" if reason else ""))
             self.root.attributes.update({"outcome": outcome, "reason": short(reason or "", 200)})
         else:
@@ -511,9 +558,9 @@ class _Builder:
                                                       attributes={"call_id": call.call_id, "tool": call.tool,
                                                                   "status": None}))
             return
-        status = str(obs.get("status") or "?")
-        error = obs.get("error")
-        error_class = obs.get("error_class")
+        status = obs.status.value
+        error = obs.error
+        error_class = obs.error_class
         if call.execs:
             node = call.execs[-1]
             node.attributes["status"] = status
@@ -522,7 +569,7 @@ class _Builder:
             if node.end is None and error_class:  # how the log ended it (interrupted, uncertain)
                 node.labels.append(str(error_class))
             return
-        if status == "pending_approval" or (status not in _NOT_RUN and obs.get("executed")):
+        if status == "pending_approval" or (status not in _NOT_RUN and obs.executed):
             return  # the approval wait says it; or it ran and the log shows no dispatch (reconciled)
         text = status
         if error_class and error_class != status:
@@ -531,7 +578,7 @@ class _Builder:
         if status == "deduplicated":
             same_as = self._same_call(call)
             text += f": {same_as}'s recorded result, nothing ran" if same_as else ": a recorded result, nothing ran"
-        elif error and str(error).startswith(status):  # "declined by boss: ..." says it already
+        elif error and error.startswith(status):  # "declined by boss: ..." says it already
             text = short(error)
         elif error:
             text += f": {short(error)}"
@@ -555,4 +602,4 @@ def trace_from_events(events: Iterable[LogEvent]) -> TraceNode:
     ordered = sorted(events, key=lambda e: e.seq)
     if not ordered:
         raise ValueError("no events: nothing to draw")
-    return _Builder(ordered).build()
+    return _Builder([(e, parse_event(e.type, e.data)) for e in ordered]).build()

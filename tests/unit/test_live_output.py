@@ -16,6 +16,7 @@ import pytest
 from control_support import AGENT, FakeClock, Harness
 
 from control import guardrails
+from control.events import CallOutput, EventPayload, event_data
 from control.model import ObservationStatus as S
 from control.orchestration import live_output
 from control.orchestration.live_output import (
@@ -27,8 +28,9 @@ from control.orchestration.live_output import (
     LiveOutput,
     take_chunks,
 )
-from control.state import EventType, RunState
+from control.state import RunState
 from sandbox.result import Outcome, SandboxResult, ToolErrorClass
+from sandbox.runner_protocol import is_result_line
 
 SECRET = "AKIAIOSFODNN7EXAMPLE"  # an AWS access key id, as the scanner knows them
 
@@ -40,11 +42,11 @@ class Recorder:
         self.events: list[dict[str, Any]] = []
         self.fail = fail
 
-    def append(self, state: RunState, type_: EventType, data: dict[str, Any]) -> None:
-        assert type_ is EventType.CALL_OUTPUT
+    def append(self, state: RunState, payload: EventPayload) -> None:
+        assert isinstance(payload, CallOutput)
         if self.fail is not None:
             raise self.fail
-        self.events.append(dict(data))
+        self.events.append(event_data(payload))
 
     def texts(self, stream: str = "stdout") -> list[str]:
         return [e["text"] for e in self.events if e["stream"] == stream]
@@ -207,9 +209,10 @@ def test_the_scanner_sees_every_chunk_before_it_is_appended(monkeypatch):
     monkeypatch.setattr(guardrails, "check_result", scanner)
     out, repo, _ = live()
 
-    def append(state: RunState, type_: EventType, data: dict[str, Any]) -> None:
-        assert seen and seen[-1].startswith(data["text"][:3])  # scanned first
-        repo.events.append(dict(data))
+    def append(state: RunState, payload: EventPayload) -> None:
+        assert isinstance(payload, CallOutput)
+        assert seen and seen[-1].startswith(payload.text[:3])  # scanned first
+        repo.events.append(event_data(payload))
 
     repo.append = append  # type: ignore[method-assign]
     out("stdout", b"one\n")
@@ -346,6 +349,6 @@ def test_a_last_line_that_is_not_the_runners_result_is_output_at_the_end():
     assert repo.texts("stderr") == ["progress\n"]  # stderr is never held back
     out.close()
     assert repo.texts() == ["only a print\n"]
-    assert not live_output.is_runner_result(b"only a print\n")
-    assert live_output.is_runner_result(b'{"ok": false, "error": {"class": "fatal"}}\n')
-    assert not live_output.is_runner_result(b'{"content": 1}')
+    assert not is_result_line(b"only a print\n")
+    assert is_result_line(b'{"ok": false, "error": {"class": "fatal"}}\n')
+    assert not is_result_line(b'{"content": 1}')

@@ -16,11 +16,10 @@ from control.model import ObservationStatus as S
 from control.model import ProposedCall, RunOutcome
 from control.orchestration.dispatch import client_key_name
 from control.retry import Attempt, FailureClass, never_started
-from sandbox.backend import SandboxRequest
-from sandbox.docker_backend import RUNNER_TOOL_ERROR_EXIT, _tool_error
 from sandbox.errors import EngineError
 from sandbox.fake import ok_result
-from sandbox.result import Outcome, ToolErrorClass, parse_runner_line
+from sandbox.result import Outcome, ToolErrorClass
+from sandbox.runner_protocol import EXIT_TOOL_ERROR, ToolFailure, parse_runner_line, read_failure
 
 # -- finding 5: the runner's line is strict JSON --------------------------------------------
 
@@ -38,9 +37,8 @@ def test_the_runner_line_takes_every_json_number():
 @pytest.mark.parametrize("hint", ["NaN", '"nan"', "Infinity", '"inf"'])
 def test_a_tool_error_with_a_retry_hint_that_is_not_a_number_is_fatal(hint):
     stdout = ('{"ok": false, "error": {"class": "rate_limited", "message": "m", "retry_after_s": ' + hint + "}}\n")
-    cls, message, retry_after = _tool_error(SandboxRequest(), RUNNER_TOOL_ERROR_EXIT, stdout.encode())
-    assert (cls, message, retry_after) == (ToolErrorClass.FATAL, "runner reported an error it could not describe",
-                                           None)
+    assert read_failure(stdout.encode(), EXIT_TOOL_ERROR, runner=True) == ToolFailure(
+        ToolErrorClass.FATAL, "runner reported an error it could not describe", None)
 
 
 def test_a_nan_result_fails_the_call_fatal_and_the_run_goes_on(tmp_path):

@@ -12,8 +12,9 @@ import threading
 import grpc
 
 from control.api.status import code_for
+from control.events import BatchCall, BatchStarted, RunStarted
 from control.orchestration.runs import RunRepository
-from control.state import EventType, RunState
+from control.state import RunState
 from control.store.base import StoreError, StoreFull, StoreUnavailable, WriteOutage
 from control.store.sqlite import SqliteEventStore
 
@@ -63,8 +64,8 @@ def test_an_event_a_reader_applied_before_its_appender_is_applied_once(tmp_path)
     state = RunState(run_id="r", tenant="t", key="r")
     box[:] = [repo, state]
     try:
-        repo.append(state, EventType.RUN_STARTED, {"run_id": "r", "tenant": "t", "created_at": 1.0})
-        repo.append(state, EventType.BATCH_STARTED, {"batch_id": "b", "calls": [{"call_id": "c1"}]})
+        repo.append(state, RunStarted(run_id="r", tenant="t", created_at=1.0))
+        repo.append(state, BatchStarted(batch_id="b", calls=(BatchCall("c1"),)))
         assert between.reader_done == [True]  # the reader did not wait for the appender
         assert (state.last_seq, state.turns) == (2, 1)  # batch_started applied once, not twice
         assert [e.seq for e in store.read("r")] == [1, 2]

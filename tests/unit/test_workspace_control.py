@@ -11,17 +11,28 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from control_support import AGENT, STRANGER, Harness, content_result, error_result
+from control_support import AGENT, STRANGER, Call, Harness, content_result, error_result
 
 from control.config import FilesConfig, WorkspaceConfig, load_config
 from control.errors import ConfigError, FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from control.events import (
+    ArtifactCollected,
+    ArtifactFile,
+    CallOutput,
+    FileEntry,
+    FilesDownloaded,
+    FilesUploaded,
+    WorkspaceCreated,
+    check_event,
+)
 from control.model import ObservationStatus as S
 from control.model import RunOutcome, WorkspaceRequest, WorkspaceView
 from control.registry import Registry, load_manifest_file, parse_manifest
-from control.state import EventType, RunState, fold
+from control.state import RunState, fold
 from control.store.base import StoreUnavailable
 from control.tools import BUILTIN_DIR, manifest_files
 from sandbox.profile import MiB, WorkspaceMount
@@ -63,32 +74,37 @@ class RecordingDesk:
         self.collected.append((call_id, manifest.name, state.live_volume))
         if self.fail is not None:
             raise self.fail
-        self.repo.append(state, EventType.ARTIFACT_COLLECTED, {
-            "call_id": call_id, "missing": [],
-            "files": [{"path": p, "size": 3, "sha256": "ab" * 32, "revision": len(self.collected)}
-                      for p in manifest.outputs]})
+        self.repo.append(state, ArtifactCollected(
+            call_id=call_id, missing=(),
+            files=tuple(ArtifactFile(path=p, size=3, sha256="ab" * 32, revision=len(self.collected))
+                        for p in manifest.outputs)))
 
     def upload(self, state: RunState, dest: str, tar_bytes: bytes, by: str) -> tuple[list[Any], int]:
         self.uploads.append((state.run_id, dest))
-        event = self.repo.append(state, EventType.FILES_UPLOADED, {
-            "dest": dest, "by": by, "files": [{"path": f"{dest}/a.py", "size": 1, "sha256": "cd" * 32}]})
+        event = self.repo.append(state, FilesUploaded(
+            dest=dest, by=by, files=(FileEntry(path=f"{dest}/a.py", size=1, sha256="cd" * 32),)))
         return [], event.seq
 
     def download(self, state: RunState, paths: list[str], by: str) -> list[Any]:
-        self.repo.append(state, EventType.FILES_DOWNLOADED, {
-            "files": [{"path": p, "size": 1, "sha256": "ef" * 32} for p in paths], "artifacts": False, "by": by})
+        self.repo.append(state, FilesDownloaded(
+            files=tuple(FileEntry(path=p, size=1, sha256="ef" * 32) for p in paths), artifacts=False, by=by))
         return []
 
     def download_artifacts(self, state: RunState, paths: list[str], by: str) -> list[Any]:
-        self.repo.append(state, EventType.FILES_DOWNLOADED, {
-            "files": [{"path": p, "size": 3, "sha256": "ab" * 32} for p in paths], "artifacts": True, "by": by})
+        self.repo.append(state, FilesDownloaded(
+            files=tuple(FileEntry(path=p, size=3, sha256="ab" * 32) for p in paths), artifacts=True, by=by))
         return []
+
+
+def answering_as(tool: str) -> Callable[[Call], dict[str, object]]:
+    """An emulated tool that answers with its name and the arguments it was called with."""
+    return lambda call: {"tool": tool, **call.arguments}
 
 
 def harness(tmp_path, **kwargs: Any) -> Harness:
     h = Harness(tmp_path, rules=RULES, registry=registry(), **kwargs)
     for name in ("ws_read", "ws_write", "ws_note"):
-        h.emulator.overrides[name] = lambda call, name=name: {"tool": name, **call.arguments}
+        h.emulator.overrides[name] = answering_as(name)
     return h
 
 
@@ -456,18 +472,21 @@ def test_the_fold_refuses_malformed_workspace_events_before_they_are_written(tmp
     h = harness(tmp_path)
     run = ws_run(h)
     state = h.orch.runs.get("acme", run)
+    # Values the types admit and the fold does not: refused by the append, never written.
     bad = [
-        (EventType.WORKSPACE_CREATED, {"volume": "", "bytes": 1, "inodes": 1}),
-        (EventType.WORKSPACE_CREATED, {"volume": "v", "bytes": True, "inodes": 1}),
-        (EventType.CALL_OUTPUT, {"call_id": "c", "attempt": 1, "stream": "stdin", "seq": 1, "text": "",
-                                 "bytes": 0, "redacted": False}),
-        (EventType.ARTIFACT_COLLECTED, {"call_id": "c", "files": [{"path": "x"}], "missing": []}),
-        (EventType.WORKSPACE_REMOVED, {"volume": "v"}),
+        WorkspaceCreated(volume="", bytes=1, inodes=1),
+        WorkspaceCreated(volume="v", bytes=True, inodes=1),
+        CallOutput(call_id="c", attempt=1, stream="stdin", seq=1, text="", bytes=0, redacted=False),
     ]
-    for type_, data in bad:
+    for payload in bad:
         with pytest.raises(ValueError):
-            h.orch.runs.append(state, type_, data)
+            h.orch.runs.append(state, payload)
     assert h.event_types(run) == ["run_started", "workspace_created"]
+    # Shapes the types cannot even hold: refused when read (a log from elsewhere).
+    for type_, data in [("artifact_collected", {"call_id": "c", "files": [{"path": "x"}], "missing": []}),
+                        ("workspace_removed", {"volume": "v"})]:
+        with pytest.raises(ValueError):
+            check_event(type_, data)
 
 
 def test_a_run_keeps_its_workspace_across_a_restart(tmp_path):
