@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
+from typing import NoReturn
 
 import docker.errors
 import pytest
@@ -23,7 +24,7 @@ SESSION = os.environ.setdefault(L.TEST_SESSION_ENV, uuid.uuid4().hex[:12])
 REQUIRE_DOCKER = os.environ.get("RINGFENCE_REQUIRE_DOCKER") == "1"
 
 
-def _unavailable(reason: str):
+def _unavailable(reason: str) -> NoReturn:
     # In CI a missing engine is a failure, never a silent skip.
     if REQUIRE_DOCKER:
         pytest.fail(reason, pytrace=False)

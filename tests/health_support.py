@@ -19,7 +19,6 @@ def status_of(address: str, service: str = "") -> int:
 
 def wait_for(address: str, wanted: int, service: str = "") -> int:
     """The status once it is `wanted`, or the last one seen (bounded: no timing assertion)."""
-    seen = None
     for _ in range(400):
         seen = status_of(address, service)
         if seen == wanted:

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -29,7 +30,7 @@ REQUIRE = os.environ.get("RINGFENCE_REQUIRE_DOCKER") == "1"
 START_TIMEOUT_S = 60
 
 
-def _unavailable(reason: str):
+def _unavailable(reason: str) -> NoReturn:
     # As tests/conftest.py: in CI a missing part is a failure, never a silent skip.
     if REQUIRE:
         pytest.fail(reason, pytrace=False)

@@ -28,11 +28,14 @@ class Served:
             cwd=cwd if cwd is not None else ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env={**(os.environ if base_env is None else base_env), "PYTHONUNBUFFERED": "1", **(env or {})},
         )
+        # Both are pipes (PIPE above), never None; narrowed once for the reader and the error.
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        stdout, stderr = self.proc.stdout, self.proc.stderr
         self.lines: list[str] = []
         first = threading.Event()
 
         def read() -> None:
-            for line in self.proc.stdout:
+            for line in stdout:
                 self.lines.append(line.rstrip("\n"))
                 if line.startswith("ringfence: serving"):
                     first.set()
@@ -43,7 +46,7 @@ class Served:
         serving = [line for line in self.lines if line.startswith("ringfence: serving")] if first.wait(60) else []
         if not serving:
             self.stop()
-            raise AssertionError(f"no address printed; stderr: {self.proc.stderr.read()[-2000:]}")
+            raise AssertionError(f"no address printed; stderr: {stderr.read()[-2000:]}")
         self.address = serving[0].split(" on ", 1)[1].split()[0]
 
     def stop(self) -> int:

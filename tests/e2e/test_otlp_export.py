@@ -18,6 +18,7 @@ from concurrent import futures
 import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 from opentelemetry.sdk.trace import TracerProvider
 from serve_support import Served
@@ -50,7 +51,7 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
 
     def spans(self) -> list[tuple[dict, trace_pb2.Span]]:
         """(resource attributes, span) for every span received."""
-        out = []
+        out: list[tuple[dict, trace_pb2.Span]] = []
         for request in self.requests:
             for rs in request.resource_spans:
                 resource = {a.key: a.value.string_value for a in rs.resource.attributes}
@@ -59,8 +60,13 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
 
 
 def attrs(span: trace_pb2.Span) -> dict:
-    return {a.key: getattr(a.value, a.value.WhichOneof("value")) if a.value.WhichOneof("value") else None
-            for a in span.attributes}
+    return {a.key: _value(a.value) for a in span.attributes}
+
+
+def _value(value: common_pb2.AnyValue) -> object:
+    """What an attribute's value holds (whichever field of its oneof is set), or None."""
+    which = value.WhichOneof("value")
+    return getattr(value, which) if which else None
 
 
 def test_a_runs_spans_reach_a_real_collector_with_the_right_parents(pinned_images, tmp_path):

@@ -59,10 +59,17 @@ class Stack:
         return self.store.read_records(TENANT, "routing", ticket_id)
 
     def unexpected_errors(self) -> int:
-        return self.server.server.edge.unexpected_errors
+        api = self.server.server
+        assert api is not None, "the server is not running"
+        return api.edge.unexpected_errors
 
     def events(self, run_id: str) -> list:
         return list(self.agent.watch_run(run_id, 0, timeout=30))
+
+
+def close_all(clients: list[Client]) -> None:
+    for c in clients:
+        c.close()
 
 
 @pytest.fixture
@@ -85,7 +92,7 @@ def make_stack(tmp_path, backend):
             agent = Client(server.address, TOKEN, timeout=60)
             cleanup.callback(agent.close)
             stack = Stack(server, recording, store, agent)
-            cleanup.callback(lambda: [c.close() for c in stack.clients])
+            cleanup.callback(close_all, stack.clients)
             made.append(stack)
             return stack
 

@@ -75,7 +75,8 @@ class Installed:
     def bin(self) -> Path:
         return self.venv / "bin"
 
-    def run(self, *argv: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    def run(self, *argv: str | Path, env: dict[str, str] | None = None,
+            timeout: float = 120) -> subprocess.CompletedProcess:
         return subprocess.run([str(a) for a in argv], cwd=self.work, env={**self.env, **(env or {})},
                               capture_output=True, text=True, timeout=timeout)
 
@@ -279,6 +280,7 @@ def _serve(installed: Installed, state: Path, env: dict[str, str] | None = None)
 
 def _stopped(served: Served) -> None:
     code = served.stop()
+    assert served.proc.stderr is not None, "Served pipes stderr"
     assert code == 0, "\n".join(served.lines) + served.proc.stderr.read()[-2000:]
     assert served.lines[-1] == "ringfence: stopped"
 

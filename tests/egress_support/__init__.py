@@ -30,6 +30,9 @@ import uuid as _uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from docker.models.containers import Container
+from docker.models.networks import Network
+
 from sandbox import labels as L
 from sandbox.egress.channel import ControlChannel
 from sandbox.egress.config import ProxyConfig
@@ -77,6 +80,7 @@ class ProxyHarness:
         self.thread.start()
         self.server = EgressProxyServer(config, connector=self.connector, log=self.log)
         self.run(self.server.start())
+        assert config.control_socket is not None, "the harness talks to the proxy's control socket"
         self.channel = ControlChannel(config.control_socket)
         self._n = 0
 
@@ -250,7 +254,7 @@ INHIBIT = {"com.docker.network.bridge.inhibit_ipv4": "true"}
 @dataclass
 class DecoyContainer:
     name: str
-    container: object
+    container: Container
     ip: str
     network: str
 
@@ -289,7 +293,7 @@ class EgressTestbed:
         self.client, self.lock = client, lock
         self.tag = _uuid.uuid4().hex[:6]
         self.base_image = resolve_pinned(client, "base", lock)
-        self.networks: dict[str, object] = {}
+        self.networks: dict[str, Network] = {}
         self.subnets: dict[str, str] = {}
         self.decoys: dict[str, DecoyContainer] = {}
         self.proxies: list = []
@@ -332,6 +336,7 @@ class EgressTestbed:
         from docker.types import Mount
 
         net = self.networks[network]
+        assert net.name is not None, "a network created by name has one"
         c = self.client.containers.run(
             self.base_image, ["python3", "-I", "-S", "-B", "-c", DECOY_SOURCE, "--name", name, "--port", "80", *args],
             name=f"rf-test-decoy-{name}-{self.tag}", detach=True, labels=L.base_labels("test"),

@@ -41,6 +41,7 @@ class Decoy:
         self.port = self._listen_tcp(port, None)
         self.tls_port = None
         if tls_port is not None:
+            assert cert is not None, "a TLS listener needs a certificate"
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             ctx.load_cert_chain(cert, key)
             ctx.sni_callback = lambda _sock, sni, _ctx: self.record(event="tls", sni=sni)

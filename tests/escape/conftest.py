@@ -117,7 +117,9 @@ def readable_tini(docker_client, pinned_images, tmp_path_factory) -> str:
     finally:
         container.remove(force=True)
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        body = tar.extractfile(tar.getmember("tini")).read()
+        member = tar.extractfile(tar.getmember("tini"))
+        assert member is not None, "tini in the image is not a regular file"
+        body = member.read()
     path = tmp_path_factory.mktemp("tini") / "tini"
     path.write_bytes(body)
     os.chmod(path, 0o755)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import pytest
 from egress_support import INHIBIT
 
+from control.registry import ToolManifest
 from control.resource_policy import call_allowlist
 from control.tools import load_builtin
 from sandbox import labels as L
@@ -40,10 +41,19 @@ from sandbox.runbooks import RUNBOOKS_HOST, Runbooks, RunbooksError, RunbooksSet
 pytestmark = pytest.mark.docker
 
 TOOLS = load_builtin()
+
+
+def builtin(name: str) -> ToolManifest:
+    """The built-in tool `name`'s manifest."""
+    manifest = TOOLS.get(name)
+    assert manifest is not None, f"no built-in tool {name!r}"
+    return manifest
+
+
 # Each call's allowlist as dispatch computes it: the tool's declared hosts AND what policy grants
 # (here policy grants exactly what the demo configures).
-FETCH_GRANT = EgressGrant(allow=call_allowlist(TOOLS.get("fetch_url"), (RUNBOOKS_HOST,)))
-CREDIT_GRANT = EgressGrant(allow=call_allowlist(TOOLS.get("issue_credit"), (LEDGER_HOST,)))
+FETCH_GRANT = EgressGrant(allow=call_allowlist(builtin("fetch_url"), (RUNBOOKS_HOST,)))
+CREDIT_GRANT = EgressGrant(allow=call_allowlist(builtin("issue_credit"), (LEDGER_HOST,)))
 # A name the proxy's test resolver maps to the runbooks service's own address.
 OTHER = "other.test"
 NOTHING = {"connections": 0, "requests": 0}

@@ -88,7 +88,7 @@ def make_stack(docker_client, pinned_images, outside):
                 outside_networks=(outside,), service_networks=(ledger.network,), services=ledger.services(),
                 # The ledger's whole network is a *test* network here, where private addresses are
                 # otherwise allowed: the service's address must still be refused under other names.
-                resolver="test", test_hosts={OTHER: [ledger.address]}, test_networks=(subnet,))
+                resolver="test", test_hosts={OTHER: (ledger.address,)}, test_networks=(subnet,))
             proxy = stack.enter_context(EgressProxy(docker_client, lock=pinned_images, settings=settings))
             return Stack(docker_client, pinned_images, ledger, proxy)
 

@@ -67,7 +67,7 @@ class Deployment:
         assert volume is not None
         return volume
 
-    def events(self, run_id: str) -> list[tuple[EventType, dict]]:
+    def events(self, run_id: str) -> list[tuple[str, dict]]:
         return [(e.type, dict(e.data)) for e in self.store.read(self.key(run_id))]
 
 
@@ -107,7 +107,9 @@ def deployments(tmp_path, backend, pinned_images) -> Iterator[Deployments]:
             made.all.append(Deployment(config.db_path, store, orchestrator, workspaces, server))
         yield made
         for d in made.all:
-            assert d.server.server.edge.unexpected_errors == 0, "the edge answered INTERNAL to something"
+            api = d.server.server
+            assert api is not None, "the server is not running"
+            assert api.edge.unexpected_errors == 0, "the edge answered INTERNAL to something"
 
 
 def test_a_second_deployment_neither_sees_nor_removes_nor_reaps_the_first_ones_workspace(

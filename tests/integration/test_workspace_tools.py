@@ -93,6 +93,7 @@ class Workspace:
         """Run `tool` as the control plane would: its manifest's limits, the workspace mounted as
         the manifest says (or not at all). Returns the result and the runner's JSON document."""
         manifest = self.registry.get(tool)
+        assert manifest is not None, f"no tool {tool!r}"
         limits = manifest.limits
         workspace = WorkspaceMount(self.volume, read_only=manifest.workspace == "read") if mount else None
         profile = SandboxProfile(memory_bytes=limits.memory_bytes, cpus=limits.cpus, pids=limits.pids,

@@ -29,6 +29,7 @@ PROXY_VARIABLES = ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy")
 def load_runner(module_name: str) -> Iterator[Any]:
     """The image's runner.py as a module (a fixture body: `yield from load_runner(...)`)."""
     spec = importlib.util.spec_from_file_location(module_name, RUNNER)
+    assert spec is not None and spec.loader is not None, f"no module loader for {RUNNER}"
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     yield module

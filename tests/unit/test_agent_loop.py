@@ -55,6 +55,7 @@ class Stack:
         self.config = make_config(tmp_path / "state", limits)
         self.backend = backend or fake_backend()
         self.clock = clock
+        self.core: RealCore | None = None
         self.start()
 
     def start(self) -> None:
@@ -80,11 +81,11 @@ class Stack:
         self.stop()
         self.start()
 
-    def loop(self, model, **kwargs) -> AgentLoop:
-        options = dict(max_turns=10, max_cost=1e9, cost_per_input_token=1e-6, cost_per_output_token=4e-6,
-                       goal="say hello, then stop")
-        options.update(kwargs)
-        return AgentLoop(self.agent, model, **options)
+    def loop(self, model, *, max_turns: int = 10, max_cost: float = 1e9, cost_per_input_token: float = 1e-6,
+             cost_per_output_token: float = 4e-6, goal: str = "say hello, then stop", **kwargs) -> AgentLoop:
+        return AgentLoop(self.agent, model, max_turns=max_turns, max_cost=max_cost,
+                         cost_per_input_token=cost_per_input_token, cost_per_output_token=cost_per_output_token,
+                         goal=goal, **kwargs)
 
     def batch_ids(self, run_id: str) -> list[str]:
         return [e.data["batch_id"] for e in self.store.read(run_id) if e.type == "batch_started"]

@@ -47,6 +47,7 @@ def wait_until(predicate, what: str, attempts: int = 400) -> None:
 
 def field_violations(error: grpc.RpcError):
     """The google.rpc.BadRequest field violations a client finds in a failed call."""
+    assert isinstance(error, grpc.Call), error  # a failed call raises the call itself: its trailers
     status = rpc_status.from_call(error)
     assert status is not None, "no google.rpc.Status in the trailers"
     found = []

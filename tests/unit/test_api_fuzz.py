@@ -59,12 +59,12 @@ def env(tmp_path_factory):
 # --- strategies -------------------------------------------------------------------------------
 
 # Protobuf strings are UTF-8: lone surrogates cannot even be put into a message.
-text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
+text = st.text(st.characters(blacklist_categories=["Cs"]), max_size=40)
 ids = st.one_of(
     st.just(""),
     st.just(LIVE_RUN),
     st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,20}", fullmatch=True),
-    st.text(st.characters(blacklist_categories=("Cs",)), min_size=95, max_size=130),
+    st.text(st.characters(blacklist_categories=["Cs"]), min_size=95, max_size=130),
     text,
 )
 # JSON text may escape lone surrogates ("\ud800"); json.dumps writes them that way.
@@ -109,7 +109,7 @@ UNARY = {
             approvals_pb2.DecideApprovalRequest,
             approval_id=ids,
             decision=st.integers(-(2**31), 2**31 - 1),
-            reason=st.text(st.characters(blacklist_categories=("Cs",)), max_size=1100),
+            reason=st.text(st.characters(blacklist_categories=["Cs"]), max_size=1100),
         ),
         types_pb2.Approval,
     ),

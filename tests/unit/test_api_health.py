@@ -60,6 +60,9 @@ def test_the_monitor_stops_even_when_its_cancellation_is_swallowed():
             except asyncio.CancelledError:
                 pass  # what wait_for does in that race: the task goes on
 
+        async def enter_graceful_shutdown(self) -> None:
+            pass
+
     async def scenario() -> int:
         servicer = Swallowing()
         flip = iter(range(10**6))

@@ -36,9 +36,6 @@ class Stack:
             "state_dir": str(tmp_path), "tenants": tenants_table(), "limits": limits or {},
             "policy": {"autonomy": "autonomous"},
         })
-        self.store = None
-        self.server = None
-        self.orchestrator = None
         self.start()
 
     def start(self) -> None:
@@ -74,6 +71,7 @@ def echo(call_id: str, text: str = "hi") -> dict:
 
 def outcome_seen(client: RingfenceClient, run_id: str) -> RunOutcome:
     view = client.get_run(run_id)
+    assert view.outcome is not None, f"{run_id} has not finished"
     events = list(client.watch_run(run_id, 0))
     assert events[-1].type == "run_finished"
     assert events[-1].data["outcome"] == view.outcome.value

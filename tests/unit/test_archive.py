@@ -439,7 +439,7 @@ def test_extract_output_refuses(area: Area, members, offender: str) -> None:
 def _swap_during_read(monkeypatch, action) -> None:
     """Run `action` at the moment a member's data is read, i.e. between planning and writing."""
     real = tarfile.TarFile.extractfile
-    done = []
+    done: list[str] = []
 
     def extractfile(self, member):
         if not done:

@@ -41,10 +41,10 @@ def long_script(turns: int) -> list:
     return [step] * (turns - 1) + [lambda ctx: ModelTurn.answer(f"done; goal was {len(ctx.goal)} chars")]
 
 
-def loop(client, model, **kwargs) -> AgentLoop:
-    options = dict(max_turns=40, max_cost=1e9, cost_per_input_token=1e-6, cost_per_output_token=4e-6, goal=GOAL)
-    options.update(kwargs)
-    return AgentLoop(client, model, **options)
+def loop(client, model, *, max_turns: int = 40, max_cost: float = 1e9, cost_per_input_token: float = 1e-6,
+         cost_per_output_token: float = 4e-6, goal: str = GOAL, **kwargs) -> AgentLoop:
+    return AgentLoop(client, model, max_turns=max_turns, max_cost=max_cost, cost_per_input_token=cost_per_input_token,
+                     cost_per_output_token=cost_per_output_token, goal=goal, **kwargs)
 
 
 def test_a_thirty_turn_run_compacts_completes_and_keeps_the_goal_byte_for_byte(client, caplog):

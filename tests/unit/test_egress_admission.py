@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import base64
 import inspect
+import ipaddress
 import subprocess
 import sys
 from collections.abc import Callable
@@ -39,10 +40,10 @@ from sandbox.egress.http1 import Request, parse_head
 from sandbox.egress.tlspeek import ClientHello
 
 CONFIG = ProxyConfig(control_socket=None, resolver="test",
-                     test_hosts={"allowed.test": ["93.184.216.34"], "inside.test": ["10.1.2.3"],
-                                 "meta.test": ["169.254.169.254"], "decoy.test": ["172.30.0.5"]},
-                     test_networks=["172.30.0.0/24"],
-                     services={"ledger.ringfence.internal": ["10.9.0.2"]})
+                     test_hosts={"allowed.test": ("93.184.216.34",), "inside.test": ("10.1.2.3",),
+                                 "meta.test": ("169.254.169.254",), "decoy.test": ("172.30.0.5",)},
+                     test_networks=(ipaddress.ip_network("172.30.0.0/24"),),
+                     services={"ledger.ringfence.internal": ("10.9.0.2",)})
 
 
 @dataclass

@@ -11,6 +11,7 @@ import re
 import pytest
 
 from control.client.agent import AgentResult
+from control.client.turns import ScriptedModel
 from control.evals import cli as eval_cli
 from control.evals.compare import (
     BaselineError,
@@ -45,7 +46,8 @@ def result(*trajectory: Observation, outcome=RunOutcome.COMPLETED, ended_by="age
 
 
 def case(**expect) -> Case:
-    return Case("c", "goal", lambda env: None, expect=Expect(**expect))
+    # Scoring reads only what the case expects: its model is never asked for a turn.
+    return Case("c", "goal", lambda env: ScriptedModel([]), expect=Expect(**expect))
 
 
 def failed_names(s) -> list[str]:

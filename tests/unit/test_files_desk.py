@@ -18,6 +18,7 @@ import os
 import posixpath
 import tarfile
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -150,7 +151,9 @@ class Desk:
         self.h.backend = FakeBackend(lambda r: self.ws(r) if r.argv else self.h.emulator(r))
         self.workspaces = FakeWorkspaces()
         builtin = Registry.from_dir(BUILTIN_DIR)
-        registry = Registry([*(builtin.get(n) for n in builtin.names), parse_manifest(WRITER)])
+        # Every name is the registry's own, so every get finds its manifest.
+        manifests = [m for n in builtin.names if (m := builtin.get(n)) is not None]
+        registry = Registry([*manifests, parse_manifest(WRITER)])
         self.h.registry = registry
         self.h.orch = self.h.new_orchestrator(workspaces=self.workspaces)
         self.orch = self.h.orch
@@ -188,7 +191,7 @@ def sha(data: bytes) -> str:
 
 
 @pytest.fixture
-def desk(tmp_path, monkeypatch) -> Desk:
+def desk(tmp_path, monkeypatch) -> Iterator[Desk]:
     # Every staged tree goes under a directory of the test's own, checked empty afterwards.
     scratch = tmp_path / "scratch"
     scratch.mkdir()

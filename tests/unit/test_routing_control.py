@@ -3,6 +3,8 @@ containers are in tests/e2e/test_routing.py)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from control_support import AGENT, Harness, error_result
 
@@ -17,10 +19,12 @@ R = {"taxonomy": ["latency"], "router": {"tool": "route_symptom"}}
 TICKET = Ticket("T1", "INC-1", "checkout", "checkout is slow")
 
 
-def config(**specialist: object) -> RoutingConfig:
+LATENCY = SpecialistConfig("latency_specialist", "5")
+
+
+def config(specialist: SpecialistConfig = LATENCY) -> RoutingConfig:
     return RoutingConfig(("latency", "errors", "capacity"), "7", RouterConfig("route_symptom", "3"),
-                         {"latency": SpecialistConfig(**{"tool": "latency_specialist", "version": "5", **specialist})},
-                         {"acme": ("checkout",)})
+                         {"latency": specialist}, {"acme": ("checkout",)})
 
 
 @pytest.fixture
@@ -32,8 +36,8 @@ def h(tmp_path):
     h.orch.close()
 
 
-def router(h, **specialist) -> TicketRouter:
-    return TicketRouter(h.orch, h.store, config(**specialist))
+def router(h, specialist: SpecialistConfig = LATENCY) -> TicketRouter:
+    return TicketRouter(h.orch, h.store, config(specialist))
 
 
 def test_the_embedded_routing_table():
@@ -128,7 +132,7 @@ def test_a_retry_keeps_its_decision_and_reclassify_makes_a_new_version(h):
 
 def test_an_envelope_over_the_payload_cap_is_refused(h):
     with pytest.raises(InvalidArgument) as e:
-        router(h, max_payload_bytes=64).route(AGENT, Ticket("T3", "x" * 100, "checkout", "slow"))
+        router(h, replace(LATENCY, max_payload_bytes=64)).route(AGENT, Ticket("T3", "x" * 100, "checkout", "slow"))
     assert [v.field for v in e.value.violations] == ["ticket.incident"]
     assert [c.tool for c in h.emulator.log] == ["route_symptom"]  # the specialist never ran
     assert h.store.read_records("acme", "routing", "T3") == []

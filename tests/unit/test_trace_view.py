@@ -140,6 +140,7 @@ def test_one_root_and_parallel_reads_share_one_parallel_node(incident):
 def render_ms(node: TraceNode) -> str:
     from control.tracing.tree import format_duration
 
+    assert node.duration_ms is not None, f"{node} has no duration"
     return format_duration(node.duration_ms)
 
 
@@ -254,12 +255,12 @@ def _small_log(path: Path) -> str:
         {"call_id": "c2", "tool": "echo", "arguments": {"text": "x"}},
         {"call_id": "c3", "tool": "write_note", "arguments": {"name": "n", "text": "t"}},
         {"call_id": "c4", "tool": "read_file", "arguments": {"path": "/etc/passwd"}}])
-    for call_id, tool, verdict, path, reason in (
+    for call_id, tool, verdict, verdict_path, reason in (
             ("c1", "read_file", "allow", ["registry:ok", "policy:rule[0]:allow", "admitted"], ""),
             ("c2", "echo", "allow", ["registry:ok", "policy:rule[1]:allow", "admitted"], ""),
             ("c3", "write_note", "allow", ["registry:ok", "policy:rule[2]:allow", "admitted"], ""),
             ("c4", "read_file", "deny", ["registry:ok", "resource:deny"], "path: outside /input")):
-        add("call_decided", call_id=call_id, tool=tool, verdict=verdict, verdict_path=path, reason=reason,
+        add("call_decided", call_id=call_id, tool=tool, verdict=verdict, verdict_path=verdict_path, reason=reason,
             arguments={}, signature=None)
     add("observation", call_id="c4", tool="read_file", status="denied", executed=False, error="path: outside /input",
         error_class="resource", verdict_path=[])

@@ -22,7 +22,7 @@ SECRET = "AKIAIOSFODNN7EXAMPLE"
 def of_run(exporter: InMemorySpanExporter, run_id: str) -> list:
     """Every span of the run's trace (the trace of its invoke_agent root)."""
     finished = exporter.get_finished_spans()
-    roots = [s for s in finished if s.name == "invoke_agent" and s.attributes.get("ringfence.run_id") == run_id]
+    roots = [s for s in finished if s.name == "invoke_agent" and (s.attributes or {}).get("ringfence.run_id") == run_id]
     traces = {r.context.trace_id for r in roots}
     return [s for s in finished if s.context.trace_id in traces]
 
