@@ -65,8 +65,8 @@ bench: venv images postgres $(BENCH_STAMP) ## run the benchmarks in bench/ (rati
 # mypy runs twice over tests/ (tests/mypy.ini says why): tests/ and tests/escape/ each have a
 # conftest.py, and a single run would see two modules named conftest. The second run, over the
 # escape battery's files, keeps a cache of its own so that neither conftest evicts the other.
-lint: venv ## ruff (lint, import order) on everything, mypy --strict on sandbox/ and control/ and mypy on tests/, the import rules
-	$(VENV)/bin/ruff check control sandbox tests bench
+lint: venv ## ruff (lint, import order) on everything, mypy --strict on the product (control/, sandbox/, imagebuild/, conformance/, demo_services/) and mypy on tests/, the import rules
+	$(VENV)/bin/ruff check control sandbox imagebuild conformance demo_services tests bench
 	$(VENV)/bin/mypy
 	$(VENV)/bin/mypy --config-file tests/mypy.ini
 	$(VENV)/bin/mypy --config-file tests/mypy.ini --cache-dir .mypy_cache/tests-escape tests/escape/*.py

@@ -1,14 +1,15 @@
 """What goes into the wheel (the metadata is in pyproject.toml).
 
-Besides the `control` and `sandbox` packages and their data (the embedded default config, the
-built-in tool manifests), an installed ringfence needs the image specs and lock that live at
-the top of the checkout in `images/` (the Makefile, scripts and tests use them there). They
+Besides the packages (`control`, `sandbox`, `imagebuild`, `conformance`, `demo_services`) and
+their data (the embedded default config, the built-in tool manifests), an installed ringfence
+needs the image specs and lock that live at the top of the checkout in `images/` (the
+Makefile, scripts and tests use them there). They
 ship as `ringfence_images/`, a data-only folder mapped from `images/` and installed next to
 `control/` and `sandbox/` in site-packages. Why top-level and not inside `sandbox/`: a spec's
 `files` name modules by their repository path ("sandbox/egress/server.py") and are resolved
-against the images folder's parent (sandbox.images.spec), which is the checkout in a checkout
+against the images folder's parent (imagebuild.spec), which is the checkout in a checkout
 and site-packages in an install, so the same rule finds the same, installed module with no
-special case. sandbox.images.lock picks the folder at run time ($RINGFENCE_IMAGES_DIR, else
+special case. sandbox.pinned_images picks the folder at run time ($RINGFENCE_IMAGES_DIR, else
 the checkout's images/, else this shipped copy).
 
 This lives in setup.py rather than pyproject.toml because pyproject cannot add a package with
@@ -49,7 +50,9 @@ def image_files() -> list[str]:
 
 
 setup(
-    packages=[*find_packages(where=str(HERE), include=["control", "control.*", "sandbox", "sandbox.*"]), "ringfence_images"],
+    packages=[*find_packages(where=str(HERE), include=[
+        "control", "control.*", "sandbox", "sandbox.*", "imagebuild", "imagebuild.*",
+        "conformance", "conformance.*", "demo_services", "demo_services.*"]), "ringfence_images"],
     package_dir={"ringfence_images": "images"},
     package_data={
         # In every package: the embedded config (control/default_config.toml), the built-in

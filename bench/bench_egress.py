@@ -26,12 +26,12 @@ import docker
 from sandbox.backend import SandboxRequest
 from sandbox.docker_backend import DockerBackend
 from sandbox.egress.grant import EgressGrant, GiB, MiB
-from sandbox.images import load_lock
+from sandbox.pinned_images import load_lock
 from sandbox.profile import SandboxProfile
 
 # The egress testbed (decoys on the bench's own networks) is test harness: it lives in tests/.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from egress_support import EgressTestbed  # noqa: E402 - importable only once tests/ is on the path
+from egress_support import EgressTestbed
 
 CLIENT = r'''
 import base64, json, os, socket, ssl, statistics, sys, time, urllib.parse

@@ -46,8 +46,8 @@ from control.errors import ControlError  # noqa: E402 - importable only after th
 from control.model import ApprovalStatus, ObservationStatus  # noqa: E402 - importable only after the sys.path insert above
 from control.state import fold  # noqa: E402 - importable only after the sys.path insert above
 from control.store import open_store  # noqa: E402 - importable only after the sys.path insert above
-from sandbox.images import load_lock  # noqa: E402 - importable only after the sys.path insert above
-from sandbox.ledger.container import LEDGER_HOST, Ledger  # noqa: E402 - importable only after the sys.path insert above
+from demo_services.ledger.container import LEDGER_HOST, Ledger  # noqa: E402 - importable only after the sys.path insert above
+from sandbox.pinned_images import load_lock  # noqa: E402 - importable only after the sys.path insert above
 
 AGENT, APPROVER = "bench-agent-token", "bench-approver-token"
 

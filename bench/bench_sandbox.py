@@ -16,7 +16,7 @@ import docker
 from sandbox import labels as L
 from sandbox.backend import SandboxRequest
 from sandbox.docker_backend import DockerBackend
-from sandbox.images import load_lock
+from sandbox.pinned_images import load_lock
 from sandbox.profile import SandboxProfile
 
 

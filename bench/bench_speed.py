@@ -61,7 +61,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -448,10 +448,8 @@ class BareRunner:
                         break
                     out += chunk
             finally:
-                try:
+                with suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
                 attach.close()
                 sock.close()
             status = api.wait(container_id, timeout=self.timeout_s + 10)
@@ -513,10 +511,8 @@ def submit_echo(client, run_id: str) -> None:
 
 def _finish(client, run_ids: Sequence[str]) -> None:
     for run_id in run_ids:
-        try:
+        with suppress(Exception):  # bookkeeping after the measurement only
             client.finish_run(run_id)
-        except Exception:  # noqa: BLE001 - bookkeeping after the measurement only
-            pass
 
 
 def timed_sequence(n: int, call: Callable[[int], None], before: Callable[[int], None] | None = None) -> list[float]:
@@ -617,7 +613,7 @@ class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         import docker
 
-        from sandbox.images import load_lock
+        from sandbox.pinned_images import load_lock
 
         self.args = args
         self.client = docker.from_env(timeout=120)
@@ -680,7 +676,7 @@ class Bench:
 
     def throughput_engine(self) -> None:
         n, workers = self.args.throughput_calls, self.args.clients
-        wall, lat = timed_concurrent(n, workers, lambda k: (lambda i: self.bare.run()))
+        wall, _lat = timed_concurrent(n, workers, lambda k: (lambda i: self.bare.run()))
         self.results["throughput_engine_calls_per_s"] = round(n / wall, 3)
         self.results.update({"throughput_clients": workers, "throughput_calls": n})
         self.log(f"engine (bare) throughput: {n} calls, {workers} threads, {wall:.2f}s -> {n / wall:.2f}/s")
@@ -697,7 +693,7 @@ class Bench:
             return lambda i: submit_echo(client, runs[i])
 
         try:
-            wall, lat = timed_concurrent(n, workers, make_worker)
+            wall, _lat = timed_concurrent(n, workers, make_worker)
         finally:
             for client in clients:
                 client.close()
@@ -860,10 +856,8 @@ class Bench:
             f"{L.PRODUCT_LABEL}={L.PRODUCT}", f"{L.INSTANCE_LABEL}={L.instance_id()}"]})
         ours = [c for c in found if c.labels.get(L.PURPOSE_LABEL) in ("bench", "call", "pool")]
         for c in ours:
-            try:
+            with suppress(Exception):  # gone meanwhile
                 c.remove(force=True)
-            except Exception:  # noqa: BLE001 - gone meanwhile
-                pass
         return len(ours)
 
     def machine(self) -> dict:

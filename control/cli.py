@@ -18,10 +18,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # Each area registers its own subcommands; imports stay inside so that `--help` works even
     # before optional parts (e.g. the generated gRPC code) are present.
+    from conformance import cli as conformance_cli
     from control.api.cli import commands as people_commands
+    from imagebuild import cli as images_cli
     from sandbox import cli as sandbox_cli
-    from sandbox.conformance import cli as conformance_cli
-    from sandbox.images import cli as images_cli
 
     sandbox_cli.register(sub)
     images_cli.register(sub)

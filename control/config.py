@@ -383,7 +383,7 @@ class Config:
     images_dir: Path | None = None
     """`[images] dir`: the user's images dir (image specs and their images.lock), relative to
     the config file; dispatch resolves an image name in its lock first, then in the built-in
-    one (sandbox.images.spec). None (the default, `dir = ""`): the built-in images only."""
+    one (imagebuild.spec). None (the default, `dir = ""`): the built-in images only."""
 
     @property
     def db_path(self) -> Path:

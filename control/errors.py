@@ -23,18 +23,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 __all__ = [
-    "FieldViolation",
+    "AlreadyExists",
+    "ConfigError",
     "ControlError",
+    "FailedPrecondition",
+    "FieldViolation",
+    "Internal",
     "InvalidArgument",
     "NotFound",
-    "AlreadyExists",
-    "FailedPrecondition",
-    "Unauthenticated",
     "PermissionDenied",
     "ResourceExhausted",
+    "Unauthenticated",
     "Unavailable",
-    "Internal",
-    "ConfigError",
 ]
 
 

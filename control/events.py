@@ -31,6 +31,7 @@ from typing import ClassVar, TypeAlias
 from control.model import ApprovalKind, Event, Observation, ObservationStatus, RunOutcome
 
 __all__ = [
+    "OUTPUT_STREAMS",
     "AdmissionVerdict",
     "ApprovalDecided",
     "ApprovalExpired",
@@ -54,9 +55,8 @@ __all__ = [
     "FilesUploaded",
     "GrantAdded",
     "JsonObject",
-    "OUTPUT_STREAMS",
-    "RunFinished",
     "ResultGuard",
+    "RunFinished",
     "RunStarted",
     "WorkspaceCreated",
     "WorkspaceRemoved",

@@ -14,23 +14,23 @@ from types import MappingProxyType
 from typing import Any
 
 __all__ = [
-    "Role",
-    "Principal",
-    "ToolView",
-    "ProposedCall",
-    "ObservationStatus",
-    "Observation",
-    "RunStatus",
-    "RunOutcome",
-    "Usage",
-    "ApprovalStatus",
-    "ApprovalKind",
     "Approval",
+    "ApprovalKind",
+    "ApprovalStatus",
+    "Event",
+    "Observation",
+    "ObservationStatus",
+    "PlanStep",
+    "Principal",
+    "ProposedCall",
+    "Role",
+    "RunOutcome",
+    "RunStatus",
     "RunView",
+    "ToolView",
+    "Usage",
     "WorkspaceRequest",
     "WorkspaceView",
-    "Event",
-    "PlanStep",
 ]
 
 

@@ -25,7 +25,7 @@ from control.config import PolicyConfig, RuleConfig, Verdict
 from control.registry import ToolManifest
 from control.validation import canonical_json, sha256_hex, signature
 
-__all__ = ["Verdict", "PolicyDecision", "PolicyEngine", "rule_matches"]
+__all__ = ["PolicyDecision", "PolicyEngine", "Verdict", "rule_matches"]
 
 _RANK = {Verdict.ALLOW: 0, Verdict.ASK: 1, Verdict.DENY: 2}
 
@@ -124,7 +124,7 @@ class PolicyEngine:
         if sig in grants:
             # A person approved exactly this call for this run ("approve and remember"): that is
             # the human in the loop the risk tightening asks for, so it does not ask again.
-            return PolicyDecision(Verdict.ALLOW, tuple(path + ["grant:session"]), "allowed by a session grant")
+            return PolicyDecision(Verdict.ALLOW, tuple([*path, "grant:session"]), "allowed by a session grant")
         if sig in self._config_grants:
             path.append("grant:exact-call")
             verdict = Verdict.ALLOW

@@ -124,94 +124,19 @@ def _err(source: str, key: str, message: str) -> ConfigError:
 
 def parse_manifest(doc: Mapping[str, Any], source: str = "<manifest>") -> ToolManifest:
     """Check one manifest document; raise ConfigError naming the file and key."""
-    if not isinstance(doc, Mapping):
-        raise _err(source, "", "a manifest is an object")
-    for key in doc:
-        if key not in _MANIFEST_KEYS:
-            raise _err(source, key, "unknown key")
-    name = doc.get("name")
-    if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
-        raise _err(source, "name", "must match [a-z][a-z0-9_]{0,63} (the runner's tool names)")
-    description = doc.get("description", "")
-    if not isinstance(description, str) or not description:
-        raise _err(source, "description", "must be a non-empty string")
-    schema = doc.get("schema")
-    if not isinstance(schema, Mapping) or schema.get("type") != "object":
-        raise _err(source, "schema", 'must be a JSON Schema with "type": "object"')
-    try:
-        Draft202012Validator.check_schema(schema)
-    except SchemaError as e:
-        raise _err(source, "schema", f"invalid JSON Schema: {e.message}") from e
-    for flag in ("mutates", "reversible"):
-        if not isinstance(doc.get(flag), bool):
-            # Risk metadata is never defaulted: a manifest that forgets it must not pass as safe.
-            raise _err(source, flag, "is required and must be true or false")
-    cost = doc.get("cost", 0.0)
-    if isinstance(cost, bool) or not isinstance(cost, (int, float)) or cost < 0:
-        raise _err(source, "cost", "must be a non-negative number")
-    paths_raw = doc.get("paths", {})
-    if not isinstance(paths_raw, Mapping):
-        raise _err(source, "paths", "must map argument names to arrays of roots")
-    paths = {}
-    for arg, roots in paths_raw.items():
-        if isinstance(roots, str):
-            roots = [roots]
-        if not isinstance(roots, list) or not roots:
-            raise _err(source, f"paths.{arg}", "must be a non-empty array of absolute roots")
-        norm = []
-        for root in roots:
-            if not isinstance(root, str) or not root.startswith("/") or posixpath.normpath(root) == "/":
-                raise _err(source, f"paths.{arg}", f"{root!r} must be an absolute path other than /")
-            norm.append(posixpath.normpath(root))
-        paths[arg] = tuple(norm)
-    hosts = doc.get("egress_hosts", [])
-    if not isinstance(hosts, list) or not all(isinstance(h, str) and _HOST.fullmatch(h) for h in hosts):
-        raise _err(source, "egress_hosts", "must be an array of lowercase host names (or *.suffix)")
-    try:
-        parse_patterns(hosts)  # the egress proxy's own rules: no IP literals, no `*.com`
-    except PatternError as e:
-        raise _err(source, "egress_hosts", str(e)) from e
-    url_args = doc.get("url_arguments", [])
-    if not isinstance(url_args, list) or not all(isinstance(a, str) for a in url_args):
-        raise _err(source, "url_arguments", "must be an array of argument names")
-    limits_raw = doc.get("limits", {})
-    if not isinstance(limits_raw, Mapping):
-        raise _err(source, "limits", "must be an object")
-    for key, value in limits_raw.items():
-        if key not in _LIMIT_KEYS:
-            raise _err(source, f"limits.{key}", "unknown limit")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise _err(source, f"limits.{key}", "must be a positive number")
-    defaults = ToolLimits()
-    limits = ToolLimits(
-        memory_bytes=int(limits_raw.get("memory_bytes", defaults.memory_bytes)),
-        cpus=float(limits_raw.get("cpus", defaults.cpus)),
-        pids=int(limits_raw.get("pids", defaults.pids)),
-        timeout_s=float(limits_raw.get("timeout_s", defaults.timeout_s)),
-        stdout_limit=int(limits_raw.get("stdout_limit", defaults.stdout_limit)),
-        stderr_limit=int(limits_raw.get("stderr_limit", defaults.stderr_limit)),
-    )
-    runtime = doc.get("runtime", "runc")
-    if runtime not in ("runc", "gvisor"):
-        raise _err(source, "runtime", "must be runc or gvisor")
-    if runtime == "gvisor" and hosts:
-        raise _err(source, "runtime", "gVisor here runs with --network=none: no egress hosts")
-    image = doc.get("image", "tool")
-    if not isinstance(image, str) or not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", image):
-        raise _err(source, "image", "must be an image name from images/images.lock")
+    # The checks run key by key in a fixed order, the first failure raising: a manifest with
+    # several problems is always reported by the same one.
+    _check_manifest_keys(doc, source)
+    name, description, schema = _parse_identity(doc, source)
+    _check_risk_flags(doc, source)
+    cost = _parse_cost(doc, source)
+    paths = _parse_paths(doc, source)
+    hosts, url_args = _parse_egress(doc, source)
+    limits = _parse_limits(doc, source)
+    runtime, image = _parse_runtime_image(doc, source, hosts)
     reconcile = _parse_reconcile(doc.get("reconcile"), source, name, doc["mutates"])
     workspace, outputs = _parse_workspace(doc, source)
-    # The sandbox profile validates the limits for real; build one now so a bad manifest fails
-    # at load time rather than on its first call.
-    from sandbox.errors import ProfileError
-    from sandbox.profile import SandboxProfile
-
-    try:
-        SandboxProfile(image=image, runtime=runtime, memory_bytes=limits.memory_bytes, cpus=limits.cpus,
-                       pids=limits.pids, timeout_s=limits.timeout_s, stdout_limit=limits.stdout_limit,
-                       stderr_limit=limits.stderr_limit)
-    except ProfileError as e:
-        raise _err(source, f"limits.{e.field}", e.message) from e
+    _check_profile(source, image, runtime, limits)
     return ToolManifest(
         name=name,
         description=description,
@@ -229,6 +154,138 @@ def parse_manifest(doc: Mapping[str, Any], source: str = "<manifest>") -> ToolMa
         workspace=workspace,
         outputs=outputs,
     )
+
+
+def _check_manifest_keys(doc: Mapping[str, Any], source: str) -> None:
+    """The manifest is an object and has only the keys this parser knows."""
+    if not isinstance(doc, Mapping):
+        raise _err(source, "", "a manifest is an object")
+    for key in doc:
+        if key not in _MANIFEST_KEYS:
+            raise _err(source, key, "unknown key")
+
+
+def _parse_identity(doc: Mapping[str, Any], source: str) -> tuple[str, str, Mapping[str, Any]]:
+    """`name`, `description` and `schema` (a valid JSON Schema of an object): what callers see."""
+    name = doc.get("name")
+    if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+        raise _err(source, "name", "must match [a-z][a-z0-9_]{0,63} (the runner's tool names)")
+    description = doc.get("description", "")
+    if not isinstance(description, str) or not description:
+        raise _err(source, "description", "must be a non-empty string")
+    schema = doc.get("schema")
+    if not isinstance(schema, Mapping) or schema.get("type") != "object":
+        raise _err(source, "schema", 'must be a JSON Schema with "type": "object"')
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as e:
+        raise _err(source, "schema", f"invalid JSON Schema: {e.message}") from e
+    return name, description, schema
+
+
+def _check_risk_flags(doc: Mapping[str, Any], source: str) -> None:
+    """`mutates` and `reversible` are given, and are booleans."""
+    for flag in ("mutates", "reversible"):
+        if not isinstance(doc.get(flag), bool):
+            # Risk metadata is never defaulted: a manifest that forgets it must not pass as safe.
+            raise _err(source, flag, "is required and must be true or false")
+
+
+def _parse_cost(doc: Mapping[str, Any], source: str) -> int | float:
+    """`cost`: a non-negative number (default 0)."""
+    cost = doc.get("cost", 0.0)
+    if isinstance(cost, bool) or not isinstance(cost, (int, float)) or cost < 0:
+        raise _err(source, "cost", "must be a non-negative number")
+    return cost
+
+
+def _parse_paths(doc: Mapping[str, Any], source: str) -> dict[str, tuple[str, ...]]:
+    """`paths`: argument name -> the absolute roots (normalized; a single string is one root)."""
+    paths_raw = doc.get("paths", {})
+    if not isinstance(paths_raw, Mapping):
+        raise _err(source, "paths", "must map argument names to arrays of roots")
+    paths = {}
+    for arg, roots in paths_raw.items():
+        if isinstance(roots, str):
+            roots = [roots]
+        if not isinstance(roots, list) or not roots:
+            raise _err(source, f"paths.{arg}", "must be a non-empty array of absolute roots")
+        paths[arg] = _normalized_roots(roots, source, arg)
+    return paths
+
+
+def _normalized_roots(roots: list[Any], source: str, arg: str) -> tuple[str, ...]:
+    """The roots of the argument `arg`, normalized; each must be absolute and not / itself."""
+    norm = []
+    for root in roots:
+        if not isinstance(root, str) or not root.startswith("/") or posixpath.normpath(root) == "/":
+            raise _err(source, f"paths.{arg}", f"{root!r} must be an absolute path other than /")
+        norm.append(posixpath.normpath(root))
+    return tuple(norm)
+
+
+def _parse_egress(doc: Mapping[str, Any], source: str) -> tuple[list[str], list[str]]:
+    """`egress_hosts` (by the egress proxy's own rules) and `url_arguments`."""
+    hosts = doc.get("egress_hosts", [])
+    if not isinstance(hosts, list) or not all(isinstance(h, str) and _HOST.fullmatch(h) for h in hosts):
+        raise _err(source, "egress_hosts", "must be an array of lowercase host names (or *.suffix)")
+    try:
+        parse_patterns(hosts)  # the egress proxy's own rules: no IP literals, no `*.com`
+    except PatternError as e:
+        raise _err(source, "egress_hosts", str(e)) from e
+    url_args = doc.get("url_arguments", [])
+    if not isinstance(url_args, list) or not all(isinstance(a, str) for a in url_args):
+        raise _err(source, "url_arguments", "must be an array of argument names")
+    return hosts, url_args
+
+
+def _parse_limits(doc: Mapping[str, Any], source: str) -> ToolLimits:
+    """`limits`: known limits, positive numbers; the others keep ToolLimits' defaults."""
+    limits_raw = doc.get("limits", {})
+    if not isinstance(limits_raw, Mapping):
+        raise _err(source, "limits", "must be an object")
+    for key, value in limits_raw.items():
+        if key not in _LIMIT_KEYS:
+            raise _err(source, f"limits.{key}", "unknown limit")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise _err(source, f"limits.{key}", "must be a positive number")
+    defaults = ToolLimits()
+    return ToolLimits(
+        memory_bytes=int(limits_raw.get("memory_bytes", defaults.memory_bytes)),
+        cpus=float(limits_raw.get("cpus", defaults.cpus)),
+        pids=int(limits_raw.get("pids", defaults.pids)),
+        timeout_s=float(limits_raw.get("timeout_s", defaults.timeout_s)),
+        stdout_limit=int(limits_raw.get("stdout_limit", defaults.stdout_limit)),
+        stderr_limit=int(limits_raw.get("stderr_limit", defaults.stderr_limit)),
+    )
+
+
+def _parse_runtime_image(doc: Mapping[str, Any], source: str, hosts: list[str]) -> tuple[str, str]:
+    """`runtime` (runc, or gvisor for a tool without egress hosts) and `image`."""
+    runtime = doc.get("runtime", "runc")
+    if runtime not in ("runc", "gvisor"):
+        raise _err(source, "runtime", "must be runc or gvisor")
+    if runtime == "gvisor" and hosts:
+        raise _err(source, "runtime", "gVisor here runs with --network=none: no egress hosts")
+    image = doc.get("image", "tool")
+    if not isinstance(image, str) or not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", image):
+        raise _err(source, "image", "must be an image name from images/images.lock")
+    return runtime, image
+
+
+def _check_profile(source: str, image: str, runtime: str, limits: ToolLimits) -> None:
+    """The sandbox profile the tool's calls will run under can be built (its limits within the caps)."""
+    # The sandbox profile validates the limits for real; build one now so a bad manifest fails
+    # at load time rather than on its first call.
+    from sandbox.errors import ProfileError
+    from sandbox.profile import SandboxProfile
+
+    try:
+        SandboxProfile(image=image, runtime=runtime, memory_bytes=limits.memory_bytes, cpus=limits.cpus,
+                       pids=limits.pids, timeout_s=limits.timeout_s, stdout_limit=limits.stdout_limit,
+                       stderr_limit=limits.stderr_limit)
+    except ProfileError as e:
+        raise _err(source, f"limits.{e.field}", e.message) from e
 
 
 def _parse_workspace(doc: Mapping[str, Any], source: str) -> tuple[str | None, tuple[str, ...]]:

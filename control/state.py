@@ -176,7 +176,7 @@ def _set_approval(state: RunState, approval_id: str, **changes: Any) -> None:
         state.approvals[approval_id] = replace(a, **changes)
 
 
-def apply(state: RunState, event: Event) -> RunState:
+def apply(state: RunState, event: Event) -> RunState:  # noqa: C901 - one match arm per event type: the table is the fold
     """Fold one stored event into `state` (in place; returned for chaining). ValueError: an
     event out of sequence, or one the fold cannot take (control.events.parse_event)."""
     payload = payload_of(event)

@@ -135,7 +135,7 @@ def _version() -> str:
 
 def otlp_insecure(endpoint: str) -> bool:
     """Plaintext for http:// and for a loopback HOST:PORT; TLS for https:// and any other host."""
-    scheme, sep, rest = endpoint.partition("://")
+    scheme, sep, _rest = endpoint.partition("://")
     if sep:
         return scheme.lower() == "http"
     return is_loopback_host(endpoint.rpartition(":")[0] if ":" in endpoint else endpoint)

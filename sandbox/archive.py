@@ -400,7 +400,7 @@ def _extract(tar_bytes: bytes, dest: Path | str, limits: ArchiveLimits, *, links
     dest = _check_dest(dest)
     try:
         # "r:" = uncompressed only (see the module docstring).
-        tar = tarfile.open(fileobj=io.BytesIO(bytes(tar_bytes)), mode="r:")
+        tar = tarfile.open(fileobj=io.BytesIO(bytes(tar_bytes)), mode="r:")  # noqa: SIM115 - entered by the `with tar` below, once a TarError here is mapped
     except tarfile.TarError as e:
         raise ArchiveError(f"not an uncompressed tar archive: {e}") from e
     with tar:

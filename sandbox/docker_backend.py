@@ -28,6 +28,7 @@ subclass to remove exactly one protection or to break the engine at one point.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -52,9 +53,8 @@ from sandbox.egress.proxy import CallEgress, EgressProxy, EgressReport, ProxySet
 from sandbox.engine import ENGINE_ERRORS, container_id
 from sandbox.errors import EngineError, ImageError, ProfileError
 from sandbox.host_config import applied_settings, host_config_kwargs, workspace_source
-from sandbox.images import load_lock, resolve_pinned
-from sandbox.images.lock import Lock
 from sandbox.inflight import Inflight, Progress
+from sandbox.pinned_images import Lock, load_lock, resolve_pinned
 from sandbox.pool import (
     LAUNCHER_ARGV,
     POOL_DEADLINE_MARGIN_S,
@@ -160,7 +160,7 @@ class DockerBackend:
         the call's credentials. Tests
         subclass this to remove one protection and show what it stops."""
         settings = dict(settings)
-        settings["mounts"] = list(settings.get("mounts") or []) + [call.mount()]
+        settings["mounts"] = [*list(settings.get("mounts") or []), call.mount()]
         settings["environment"] = {**dict(settings.get("environment") or {}), **dict(call.env)}
         return settings
 
@@ -320,7 +320,7 @@ class DockerBackend:
         reserved = None
         if egress:
             reserved = self._egress().reserve_call_dir()
-            kwargs = {**kwargs, "mounts": list(kwargs.get("mounts") or []) + [egress_mount(reserved[1])]}
+            kwargs = {**kwargs, "mounts": [*list(kwargs.get("mounts") or []), egress_mount(reserved[1])]}
         command = self._default_command(image_id) if mode == "runner" else LAUNCHER_ARGV
         assert self.pool is not None
         labels = L.base_labels("pool", deadline_s=self.pool.settings.idle_s + POOL_DEADLINE_MARGIN_S)
@@ -352,10 +352,8 @@ class DockerBackend:
             self._egress().release_call_dir(reserved[1])
 
     def _rename(self, container: Container, name: str) -> None:
-        try:
+        with contextlib.suppress(*ENGINE_ERRORS):  # it ended already; this instance still kills it by id while it runs
             container.rename(name)
-        except ENGINE_ERRORS:
-            pass  # it ended already; this instance still kills it by id while it runs
 
     @staticmethod
     def _remove(container: Container) -> None:
@@ -564,7 +562,7 @@ class DockerBackend:
         try:
             status = container.wait(timeout=remaining)
             exit_code = status.get("StatusCode")
-        except Exception:  # the engine did not report an exit within the deadline
+        except Exception:  # noqa: BLE001 - the engine did not report an exit within the deadline
             engine.kill(container)
             killed_for = killed_for or Outcome.TIMEOUT
             exit_code = None

@@ -4,6 +4,7 @@ remove)."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import docker
@@ -41,19 +42,15 @@ def create_container(client: docker.DockerClient, image_id: str, **kwargs: Any) 
         return client.containers.get(created["Id"])
     except BaseException:
         # Created but not ours to hold: never left behind because its inspect failed.
-        try:
+        with contextlib.suppress(*ENGINE_ERRORS):  # the reaper removes it by label
             client.api.remove_container(created["Id"], force=True)
-        except ENGINE_ERRORS:
-            pass  # the reaper removes it by label
         raise
 
 
 def kill(container: Container) -> None:
     """SIGKILL through the engine (its whole process tree); nothing when it exited already."""
-    try:
+    with contextlib.suppress(docker.errors.APIError):  # already exited
         container.kill()
-    except docker.errors.APIError:
-        pass  # already exited
 
 
 def remove(container: Container) -> None:

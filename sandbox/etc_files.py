@@ -3,7 +3,7 @@ file that hides a device node gVisor would otherwise expose.
 
 Docker would otherwise bind its own copies from /var/lib/docker/containers/<id>/, which shows
 the engine's data root, the container id and the host's block device in the sandbox's
-mountinfo (ESCAPE-BATTERY case 16), and would copy the host's resolver in when no DNS is set.
+mountinfo (docs/escape-battery.md case 16), and would copy the host's resolver in when no DNS is set.
 Ours are static: localhost only, and a resolver on the sandbox's own loopback where nothing
 listens, so a DNS query has nowhere to go.
 """

@@ -22,6 +22,7 @@ A malformed line, or an argv that cannot be exec'd, is said on stderr and ends i
 a convenience of the pool, not a boundary.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -93,10 +94,8 @@ def main() -> int:
         return EXIT_SETUP
     for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
         # Python ignores SIGPIPE and SIGXFSZ and handles SIGINT; the tool gets the defaults.
-        try:
+        with contextlib.suppress(OSError, ValueError):
             signal.signal(sig, signal.SIG_DFL)
-        except (OSError, ValueError):
-            pass
     try:
         os.execvpe(argv[0], argv, {**original_environment(), **env})
     except OSError as e:

@@ -230,7 +230,7 @@ class WarmPool(Generic[K, S]):
     def _drop(self, w: Warm) -> None:
         try:
             self._discard(w)
-        except Exception:  # noqa: BLE001 - the reaper removes what could not be removed now
+        except Exception:
             log.warning("could not remove a warm container", exc_info=True)
         with self._lock:
             self._counts["discarded"] += 1
@@ -272,7 +272,7 @@ class WarmPool(Generic[K, S]):
             key, spec = job
             try:
                 w = self._make(key, spec)
-            except Exception:  # noqa: BLE001 - logged and counted; the next claim goes cold
+            except Exception:
                 log.warning("could not start a warm container", exc_info=True)
                 with self._lock:
                     self._counts["failures"] += 1

@@ -4,7 +4,7 @@ It is Docker's own default profile (read from the engine's Debian source package
 scripts/ensure-packages.sh) with two tightenings the battery asks for:
 
 - io_uring_setup/enter/register are removed: the 20.10 engine's default still allows them, and
-  io_uring has been a steady source of kernel privilege escalations (ESCAPE-BATTERY case 21);
+  io_uring has been a steady source of kernel privilege escalations (docs/escape-battery.md case 21);
 - socket(AF_VSOCK, ...) is refused: vsock reaches the hypervisor's host side and needs no
   capability (case 22). AF_PACKET and SOCK_RAW already need CAP_NET_RAW, which is dropped;
 - ptrace is removed: Docker allows it on kernels >= 4.8, and without Yama a tool (uid 10001)

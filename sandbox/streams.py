@@ -9,6 +9,7 @@ cap), so the wall time is enforced by the engine's kill, never by killing a clie
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import logging
@@ -82,7 +83,7 @@ class CappedStreams:
             return
         try:
             self.on_output(name, kept)
-        except Exception:  # noqa: BLE001 - any error of the caller's listener; logged once
+        except Exception:
             log.warning("the output listener raised; it gets no more of this call's output", exc_info=True)
             self.on_output = None
 
@@ -127,10 +128,8 @@ def close_attach(attach: AttachStream, sock: socket.socket) -> None:
     # Close before killing: the engine will not finish a kill while its copy of the
     # container's output is blocked on a socket nobody reads any more.
     # shutdown, not only close: the HTTP response object still holds the fd open.
-    try:
+    with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
     try:
         attach.close()
         sock.close()
@@ -163,10 +162,8 @@ def pump(sock: socket.socket, stdin: bytes, streams: CappedStreams, deadline: fl
                     raise
                 pending = memoryview(b"")
             if not pending:
-                try:
+                with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_WR)
-                except OSError:
-                    pass
         if readable:
             try:
                 data = sock.recv(65536)

@@ -23,6 +23,7 @@ in-memory one for control-flow unit tests.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -36,6 +37,8 @@ from sandbox import labels as L
 from sandbox import listing, seccomp
 from sandbox.errors import EngineError, ProfileError
 from sandbox.hardening import INIT
+from sandbox.pinned_images import Lock as ImageLock
+from sandbox.pinned_images import resolve_pinned
 from sandbox.profile import WORKSPACE_PATH, KiB, MiB
 
 if TYPE_CHECKING:
@@ -45,7 +48,6 @@ if TYPE_CHECKING:
     from docker.models.containers import Container
     from docker.models.volumes import Volume
 
-    from sandbox.images.lock import Lock as ImageLock
 
 log = logging.getLogger("ringfence.sandbox.workspace")
 
@@ -390,8 +392,6 @@ class DockerWorkspaces:
         keeper's memory), whose child sleeps forever."""
         from docker.types import DriverConfig, LogConfig, Mount, Ulimit
 
-        from sandbox.images import resolve_pinned  # the lock lives with the builder, which loads docker
-
         # The volume's own options and labels on the mount: were it removed between our look
         # and this create (a racing remove), the engine would make it again from these, capped,
         # never as an uncapped directory on its disk.
@@ -469,7 +469,5 @@ class DockerWorkspaces:
     def _remove_container(container: Container) -> None:
         import docker.errors
 
-        try:
+        with contextlib.suppress(docker.errors.NotFound):
             container.remove(force=True)
-        except docker.errors.NotFound:
-            pass

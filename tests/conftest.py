@@ -85,7 +85,8 @@ def remove_session_objects(client) -> list[str]:
 @pytest.fixture(scope="session")
 def pinned_images(docker_client):
     """The images of images/images.lock, present with their locked IDs (`make images`)."""
-    from sandbox.images import load_lock, verify
+    from imagebuild import verify
+    from sandbox.pinned_images import load_lock
 
     lock = load_lock()
     problems = verify(docker_client, lock)
@@ -137,9 +138,9 @@ def proxy(testbed):
 def ledger_backend(docker_client, pinned_images):
     """(ledger, backend): the ledger service on its own network, and a DockerBackend whose egress
     proxy may reach it as ledger.ringfence.internal (policy must still grant it to the tool)."""
+    from demo_services.ledger.container import Ledger
     from sandbox.docker_backend import DockerBackend
     from sandbox.egress.proxy import EgressProxy, ProxySettings
-    from sandbox.ledger.container import Ledger
 
     with Ledger(docker_client, lock=pinned_images) as ledger:
         settings = ProxySettings(services=ledger.services(), service_networks=(ledger.network,))

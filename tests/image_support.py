@@ -36,10 +36,8 @@ def setuid_shell_tar(path: Path) -> None:
 def remove_image(client, image_id: str) -> None:
     import docker.errors
 
-    try:
+    with contextlib.suppress(docker.errors.ImageNotFound):
         client.images.remove(image_id, force=True)
-    except docker.errors.ImageNotFound:
-        pass
 
 
 @contextlib.contextmanager

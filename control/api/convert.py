@@ -298,7 +298,7 @@ _APPROVAL, _APPROVAL_BACK = _enum_table(types_pb2.ApprovalStatus, "APPROVAL_STAT
 def _ts(seconds: float) -> timestamp_pb2.Timestamp:
     # Split before scaling: seconds * 1e9 loses the fraction's last digits at today's epoch.
     whole = math.floor(seconds)
-    nanos = min(int(round((seconds - whole) * 1e9)), 999_999_999)
+    nanos = min(round((seconds - whole) * 1e9), 999_999_999)
     return timestamp_pb2.Timestamp(seconds=whole, nanos=nanos)
 
 

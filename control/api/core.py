@@ -31,7 +31,7 @@ from control.model import (
 from control.plans.values import Claim, EvidenceRecord, PlanView, Report, Step, Verdict
 from control.routing.values import Decision, Ticket
 
-__all__ = ["Core", "EvidenceService", "PlanService", "RoutingService", "HealthCheck"]
+__all__ = ["Core", "EvidenceService", "HealthCheck", "PlanService", "RoutingService"]
 
 HealthCheck = tuple[str, Callable[[], None]]
 """(what is probed, a check that returns when it answers and raises when it does not)."""

@@ -10,6 +10,7 @@ changes the status only on a transition, logging which dependency failed and why
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -78,10 +79,8 @@ class HealthMonitor:
     async def _loop(self) -> None:
         while not self._stopping.is_set():
             await self.check_once()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), self._interval_s)
-            except TimeoutError:
-                pass
 
     async def start(self) -> None:
         await self.check_once()

@@ -35,10 +35,12 @@ if TYPE_CHECKING:  # the CLI imports this module: the server's dependencies load
     from control.eventlog import EventHook
     from control.metrics import Metrics
     from control.orchestration import Orchestrator
+    from control.registry import Registry
     from control.store.base import EventStore
+    from control.toolpkg.packages import ToolPackage
     from sandbox.docker_backend import DockerBackend
     from sandbox.egress.proxy import ProxySettings
-    from sandbox.images.lock import Lock as ImageLock
+    from sandbox.pinned_images import Lock as ImageLock
     from sandbox.pool import PoolSettings
     from sandbox.workspace import DockerWorkspaces
 
@@ -115,68 +117,156 @@ def _is_loopback(listen: str) -> bool:
     return is_loopback_host(listen.rpartition(":")[0])
 
 
+@dataclasses.dataclass(frozen=True)
+class _Setup:
+    """What `ringfence serve` reads and checks before it touches the engine (a mistake in any of
+    it is a configuration error: exit 2)."""
+
+    config: Config
+    listen: str
+    tools: list[ToolPackage]
+    registry: Registry
+    tls: TlsOptions | None
+    metrics_at: tuple[str, int] | None
+    otlp_endpoint: str | None
+
+
+@dataclasses.dataclass
+class _Running:
+    """What serve_command has started so far; close() stops it all, whatever happened. Each
+    part is recorded as soon as it exists, so that one which fails half-way is still closed."""
+
+    backend: DockerBackend
+    store: EventStore | None = None
+    orchestrator: Orchestrator | None = None
+    metrics: Metrics | None = None
+    tracing: TracerProvider | None = None
+    reaping: Periodic | None = None
+
+    def close(self) -> None:
+        """Stop what was started, users before what they use; tracing last."""
+        if self.reaping is not None:
+            self.reaping.stop()
+        if self.metrics is not None:
+            self.metrics.close()
+        if self.orchestrator is not None:
+            self.orchestrator.close()
+        if self.store is not None:
+            self.store.close()
+        self.backend.close()
+        if self.tracing is not None:
+            from control.telemetry import shutdown_tracing
+
+            shutdown_tracing(self.tracing)  # after everything that may still end a span
+
+
 def serve_command(args: argparse.Namespace) -> int:
-    from control.config import load_config
     from control.errors import ConfigError
     from control.eventlog import configure_logging
 
     configure_logging(getattr(args, "log_format", "text"))
     try:
-        config = load_config(args.config)
-        if args.state_dir is not None:
-            config = dataclasses.replace(config, state_dir=args.state_dir.resolve())
-        if args.database_url is not None:
-            if not args.database_url.startswith(("postgresql://", "postgres://")):
-                raise ValueError("--database-url must be a postgresql:// URL")
-            config = dataclasses.replace(config, database_url=args.database_url)
-        listen = args.listen or config.listen
-        # The built-in tools and the config's tool packages, checked now (a bad manifest, a
-        # limit over the caps or a name defined twice is a configuration error: exit 2).
-        from control.registry import Registry
-        from control.toolpkg.packages import load_all
-
-        tools = load_all(config)
-        registry = Registry(t.manifest for t in tools)
-        tls = _tls(args)
-        metrics_at = _host_port(args.metrics_listen, "--metrics-listen") if args.metrics_listen else None
-        otlp_endpoint = getattr(args, "otlp_endpoint", None)
-        if otlp_endpoint is not None and "://" not in otlp_endpoint:
-            try:
-                _host_port(otlp_endpoint, "--otlp-endpoint")
-            except ValueError:
-                raise ValueError(f"--otlp-endpoint must be HOST:PORT (e.g. 127.0.0.1:4317) or an http(s):// URL, "
-                                 f"not {otlp_endpoint!r}") from None
-        from control.orchestration.crashpoints import configured as crash_point_configured
-
-        if crash_point_configured():
-            print(f"warning: crash point {crash_point_configured()} armed: this process will kill itself there",
-                  file=sys.stderr)
-    except ConfigError as e:
+        setup = _setup(args)
+    except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+    if _refuses_exposure(setup):
         return 2
-    if not _is_loopback(listen):
-        public = [t for t in PUBLIC_DEMO_TOKENS if config.principal_for_token(t) is not None]
-        if public:
-            print(f"error: refusing to serve the public demo tokens ({', '.join(public)}) on {listen}; "
-                  "configure [tenants] in --config, or listen on 127.0.0.1", file=sys.stderr)
-            return 2
-        if tls is None:
-            print(f"warning: bearer tokens travel in clear text on {listen}; use --tls-cert/--tls-key", file=sys.stderr)
+    started = _start_backend(setup.config, args)
+    if started is None:
+        return 1
+    backend, lock = started
+    running = _Running(backend)
+    try:
+        return _run(args, setup, lock, running)
+    except OSError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        running.close()
 
-    from control.orchestration import Orchestrator
-    from control.store import open_store
+
+def _setup(args: argparse.Namespace) -> _Setup:
+    """The config (with the command line's overrides), the tools and the listening options;
+    ConfigError or ValueError for a bad one, before anything starts."""
+    from control.config import load_config
+
+    config = _configured(load_config(args.config), args)
+    listen = args.listen or config.listen
+    # The built-in tools and the config's tool packages, checked now (a bad manifest, a
+    # limit over the caps or a name defined twice is a configuration error: exit 2).
+    from control.registry import Registry
+    from control.toolpkg.packages import load_all
+
+    tools = load_all(config)
+    registry = Registry(t.manifest for t in tools)
+    tls = _tls(args)
+    metrics_at = _host_port(args.metrics_listen, "--metrics-listen") if args.metrics_listen else None
+    otlp_endpoint = getattr(args, "otlp_endpoint", None)
+    _check_otlp_endpoint(otlp_endpoint)
+    _warn_crash_point()
+    return _Setup(config, listen, tools, registry, tls, metrics_at, otlp_endpoint)
+
+
+def _configured(config: Config, args: argparse.Namespace) -> Config:
+    """The config with --state-dir and --database-url applied over it."""
+    if args.state_dir is not None:
+        config = dataclasses.replace(config, state_dir=args.state_dir.resolve())
+    if args.database_url is not None:
+        if not args.database_url.startswith(("postgresql://", "postgres://")):
+            raise ValueError("--database-url must be a postgresql:// URL")
+        config = dataclasses.replace(config, database_url=args.database_url)
+    return config
+
+
+def _check_otlp_endpoint(otlp_endpoint: str | None) -> None:
+    """--otlp-endpoint is HOST:PORT or a URL (ValueError otherwise)."""
+    if otlp_endpoint is not None and "://" not in otlp_endpoint:
+        try:
+            _host_port(otlp_endpoint, "--otlp-endpoint")
+        except ValueError:
+            # The URL form is allowed here, so the message names it (not _host_port's own).
+            raise ValueError(f"--otlp-endpoint must be HOST:PORT (e.g. 127.0.0.1:4317) or an http(s):// URL, "
+                             f"not {otlp_endpoint!r}") from None
+
+
+def _warn_crash_point() -> None:
+    """A warning on stderr when a crash point (a test's fault injection) is armed."""
+    from control.orchestration.crashpoints import configured as crash_point_configured
+
+    if crash_point_configured():
+        print(f"warning: crash point {crash_point_configured()} armed: this process will kill itself there",
+              file=sys.stderr)
+
+
+def _refuses_exposure(setup: _Setup) -> bool:
+    """Past loopback: True (after an error on stderr) when the public demo tokens would be
+    served; a warning when the bearer tokens would travel in clear text."""
+    if _is_loopback(setup.listen):
+        return False
+    listen = setup.listen
+    public = [t for t in PUBLIC_DEMO_TOKENS if setup.config.principal_for_token(t) is not None]
+    if public:
+        print(f"error: refusing to serve the public demo tokens ({', '.join(public)}) on {listen}; "
+              "configure [tenants] in --config, or listen on 127.0.0.1", file=sys.stderr)
+        return True
+    if setup.tls is None:
+        print(f"warning: bearer tokens travel in clear text on {listen}; use --tls-cert/--tls-key", file=sys.stderr)
+    return False
+
+
+def _start_backend(config: Config, args: argparse.Namespace) -> tuple[DockerBackend, ImageLock] | None:
+    """The Docker sandbox backend (reaping orphans every --reap-every seconds) and the image lock
+    it runs; None (after an error on stderr) when the sandbox engine is not usable."""
     from sandbox.docker_backend import DockerBackend
     from sandbox.errors import SandboxError
-    from sandbox.images import load_lock
+    from sandbox.pinned_images import load_lock
 
     try:
         # One image lock for the backend and the workspaces' keepers: both run pinned images.
         # The config's images dir (its own lock over the built-in one), else the built-in lock.
         if config.images_dir is not None:
-            from sandbox.images.lock import lock_for
+            from sandbox.pinned_images import lock_for
 
             lock = lock_for(config.images_dir)
         else:
@@ -186,74 +276,78 @@ def serve_command(args: argparse.Namespace) -> int:
         backend.start_reaper(args.reap_every)
     except SandboxError as e:
         print(f"error: the sandbox engine is not usable: {e}", file=sys.stderr)
+        return None
+    return backend, lock
+
+
+def _run(args: argparse.Namespace, setup: _Setup, lock: ImageLock, running: _Running) -> int:
+    """Tracing, the event store, the Orchestrator on `running.backend`, its event hooks and
+    workspace reaper, then the gRPC server until SIGINT/SIGTERM; the exit code. What it starts
+    is recorded in `running` for the caller to close."""
+    from control.orchestration import Orchestrator
+    from control.telemetry import configure_tracing
+
+    config = setup.config
+    # Always recording, exporting only when asked: a run's trace id is then in its log and
+    # its JSON log lines whether or not a collector is configured.
+    running.tracing = configure_tracing(setup.otlp_endpoint, getattr(args, "trace_console", False), record=True)
+    if setup.otlp_endpoint:
+        print(f"ringfence: exporting traces to {setup.otlp_endpoint} (OTLP/gRPC)", flush=True)
+    where = config.database_url or config.db_path
+    running.store = _open_event_store(config, where)
+    if running.store is None:
         return 1
-    store: EventStore | None = None
-    orchestrator: Orchestrator | None = None
-    metrics: Metrics | None = None
-    tracing: TracerProvider | None = None
-    reaping: Periodic | None = None
+    own = [f"{t.name} ({t.folder})" for t in setup.tools if t.folder is not None]
+    if own:
+        print(f"ringfence: tool packages: {', '.join(own)}", file=sys.stderr, flush=True)
+    orchestrator = running.orchestrator = Orchestrator.from_config(
+        config, running.backend, running.store, registry=setup.registry,
+        workspaces=workspaces(running.backend, lock, str(where)))
+    _attach_event_hooks(args, setup, running, orchestrator)
+    # Runs whose writer (another instance) died mid-way are taken over when its lease expires;
+    # after the hooks, so that what adoption appends is counted and logged too.
+    orchestrator.start_adopting(config.limits.lease_ttl_s)
+    # Workspaces whose run ended (or is unknown: a predecessor's) go now and on a timer.
+    running.reaping = Periodic("rf-ws-reaper", config.workspace.reap_interval_s, orchestrator.reap_workspaces,
+                               "reaping workspaces")
+    running.reaping.start()
+    return asyncio.run(_serve(setup.listen, orchestrator, config, setup.tls))
+
+
+def _open_event_store(config: Config, where: str | Path) -> EventStore | None:
+    """The event log at `where` (the database URL, else the SQLite file); None (after an error on
+    stderr) when it cannot be opened."""
+    from control.store import open_store
+
     try:
-        from control.telemetry import configure_tracing
+        # PostgreSQL: a call waits this long for a connection, then is told UNAVAILABLE.
+        return (open_store(where, timeout_s=config.limits.store_timeout_s) if config.database_url
+                else open_store(where))
+    except Exception as e:  # noqa: BLE001 - sqlite3/psycopg/OSError: report, do not trace back
+        print(f"error: cannot open the event log at {_redact_url(str(where))}: {e}", file=sys.stderr)
+        return None
 
-        # Always recording, exporting only when asked: a run's trace id is then in its log and
-        # its JSON log lines whether or not a collector is configured.
-        tracing = configure_tracing(otlp_endpoint, getattr(args, "trace_console", False), record=True)
-        if otlp_endpoint:
-            print(f"ringfence: exporting traces to {otlp_endpoint} (OTLP/gRPC)", flush=True)
-        where = config.database_url or config.db_path
-        try:
-            # PostgreSQL: a call waits this long for a connection, then is told UNAVAILABLE.
-            store = (open_store(where, timeout_s=config.limits.store_timeout_s) if config.database_url
-                     else open_store(where))
-        except Exception as e:  # noqa: BLE001 - sqlite3/psycopg/OSError: report, do not trace back
-            print(f"error: cannot open the event log at {_redact_url(str(where))}: {e}", file=sys.stderr)
-            return 1
-        own = [f"{t.name} ({t.folder})" for t in tools if t.folder is not None]
-        if own:
-            print(f"ringfence: tool packages: {', '.join(own)}", file=sys.stderr, flush=True)
-        orchestrator = Orchestrator.from_config(config, backend, store, registry=registry,
-                                                workspaces=workspaces(backend, lock, str(where)))
-        hooks: list[EventHook] = []
-        if metrics_at is not None:
-            from control.metrics import Metrics
 
-            metrics = Metrics()
-            hooks.append(metrics.observe)
-            bound = metrics.serve(*metrics_at)
-            print(f"ringfence: metrics on http://{metrics_at[0]}:{bound}/metrics", flush=True)
-        if getattr(args, "log_format", "text") == "json":
-            from control.eventlog import EventLogger
+def _attach_event_hooks(args: argparse.Namespace, setup: _Setup, running: _Running,
+                        orchestrator: Orchestrator) -> None:
+    """The Prometheus metrics (served at --metrics-listen) and the JSON event log lines
+    (--log-format json), as the orchestrator's event hooks."""
+    hooks: list[EventHook] = []
+    if setup.metrics_at is not None:
+        from control.metrics import Metrics
 
-            hooks.append(EventLogger().observe)
-        if hooks:
-            from control.eventlog import fan_out
+        metrics = running.metrics = Metrics()  # recorded before it serves: closed if that fails
+        hooks.append(metrics.observe)
+        bound = metrics.serve(*setup.metrics_at)
+        print(f"ringfence: metrics on http://{setup.metrics_at[0]}:{bound}/metrics", flush=True)
+    if getattr(args, "log_format", "text") == "json":
+        from control.eventlog import EventLogger
 
-            orchestrator.on_event = hooks[0] if len(hooks) == 1 else fan_out(*hooks)
-        # Runs whose writer (another instance) died mid-way are taken over when its lease expires;
-        # after the hooks, so that what adoption appends is counted and logged too.
-        orchestrator.start_adopting(config.limits.lease_ttl_s)
-        # Workspaces whose run ended (or is unknown: a predecessor's) go now and on a timer.
-        reaping = Periodic("rf-ws-reaper", config.workspace.reap_interval_s, orchestrator.reap_workspaces,
-                           "reaping workspaces")
-        reaping.start()
-        return asyncio.run(_serve(listen, orchestrator, config, tls))
-    except OSError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    finally:
-        if reaping is not None:
-            reaping.stop()
-        if metrics is not None:
-            metrics.close()
-        if orchestrator is not None:
-            orchestrator.close()
-        if store is not None:
-            store.close()
-        backend.close()
-        if tracing is not None:
-            from control.telemetry import shutdown_tracing
+        hooks.append(EventLogger().observe)
+    if hooks:
+        from control.eventlog import fan_out
 
-            shutdown_tracing(tracing)  # after everything that may still end a span
+        orchestrator.on_event = hooks[0] if len(hooks) == 1 else fan_out(*hooks)
 
 
 async def _serve(listen: str, orchestrator: Orchestrator, config: Config, tls: TlsOptions | None) -> int:

@@ -25,7 +25,7 @@ from control.api.health import HealthMonitor, HealthReporter, Probe
 from control.api.servicer import SERVICE_NAMES, Edge, EdgeOptions
 from control.config import Config
 
-__all__ = ["TlsOptions", "ApiServer", "create_server"]
+__all__ = ["ApiServer", "TlsOptions", "create_server"]
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ gives backpressure when the client reads slowly.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import logging
@@ -218,10 +219,8 @@ class TenantShares:
         loop = asyncio.get_running_loop()
 
         def release() -> None:
-            try:
+            with contextlib.suppress(RuntimeError):  # the loop is closed (the server stopped): nobody waits any more
                 loop.call_soon_threadsafe(semaphore.release)
-            except RuntimeError:  # the loop is closed (the server stopped): nobody waits any more
-                pass
 
         return release
 
@@ -298,10 +297,8 @@ class Call:
         abandoned = threading.Event()
 
         def put(kind: str, item: Any) -> None:
-            try:
+            with contextlib.suppress(RuntimeError):  # the loop is gone (server shut down): nobody to tell
                 loop.call_soon_threadsafe(queue.put_nowait, (kind, item))
-            except RuntimeError:  # the loop is gone (server shut down): nobody to tell
-                pass
 
         def pump() -> None:
             try:

@@ -28,7 +28,7 @@ from sandbox import errors as sandbox_errors
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CODES", "UNEXPECTED_CODE", "code_for", "to_grpc_status", "from_rpc_error", "bad_request"]
+__all__ = ["CODES", "UNEXPECTED_CODE", "bad_request", "code_for", "from_rpc_error", "to_grpc_status"]
 
 # Most specific first is not needed: the lookup walks the exception's MRO.
 CODES: Mapping[type[BaseException], grpc.StatusCode] = {

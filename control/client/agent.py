@@ -72,18 +72,18 @@ from control.model import (
 )
 
 __all__ = [
+    "AgentContext",
     "AgentLoop",
     "AgentResult",
-    "AgentContext",
     "ModelClient",
     "ModelTurn",
-    "ScriptedModel",
     "ScriptExhausted",
+    "ScriptedModel",
     "TokenUsage",
     "ToolCall",
     "TurnRecord",
-    "estimate_tokens",
     "batch_id_for",
+    "estimate_tokens",
 ]
 
 log = logging.getLogger("control.client.agent")

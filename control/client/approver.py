@@ -14,7 +14,7 @@ import grpc
 from control.errors import ControlError, FailedPrecondition, NotFound
 from control.model import Approval, ApprovalStatus
 
-__all__ = ["Approver", "ApprovalDecision", "Decide"]
+__all__ = ["ApprovalDecision", "Approver", "Decide"]
 
 log = logging.getLogger("control.client.approver")
 

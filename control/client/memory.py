@@ -52,12 +52,12 @@ from control.errors import FailedPrecondition, FieldViolation, InvalidArgument, 
 
 __all__ = [
     "MAX_TEXT_CHARS",
-    "MemoryKind",
-    "Provenance",
     "Fact",
-    "MemoryStore",
-    "Retriever",
     "KeywordRetriever",
+    "MemoryKind",
+    "MemoryStore",
+    "Provenance",
+    "Retriever",
     "SqliteMemoryStore",
     "TenantMemory",
 ]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import grpc
 
-__all__ = ["TlsConfig", "RetryPolicy", "WorkspaceOptions", "UploadedFile", "UploadResult", "DownloadedFiles"]
+__all__ = ["DownloadedFiles", "RetryPolicy", "TlsConfig", "UploadResult", "UploadedFile", "WorkspaceOptions"]
 
 
 @dataclass(frozen=True)

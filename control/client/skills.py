@@ -61,18 +61,18 @@ from control.errors import (
 from control.model import Observation, ObservationStatus, ProposedCall
 
 __all__ = [
-    "SkillStep",
-    "Skill",
-    "SkillStatus",
-    "SkillEventKind",
-    "SkillEvent",
-    "SkillRecord",
-    "SkillLibrary",
     "Fixture",
-    "TrialResult",
-    "TrialReport",
-    "TrialClient",
+    "Skill",
+    "SkillEvent",
+    "SkillEventKind",
+    "SkillLibrary",
+    "SkillRecord",
+    "SkillStatus",
+    "SkillStep",
     "SkillTrials",
+    "TrialClient",
+    "TrialReport",
+    "TrialResult",
 ]
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")

@@ -28,17 +28,17 @@ if TYPE_CHECKING:
     from control.client.context import RecalledFact
 
 __all__ = [
-    "estimate_tokens",
-    "canonical_json",
-    "plain",
-    "ToolCall",
-    "TokenUsage",
-    "ModelTurn",
-    "TurnRecord",
     "AgentContext",
     "ModelClient",
-    "ScriptedModel",
+    "ModelTurn",
     "ScriptExhausted",
+    "ScriptedModel",
+    "TokenUsage",
+    "ToolCall",
+    "TurnRecord",
+    "canonical_json",
+    "estimate_tokens",
+    "plain",
 ]
 
 

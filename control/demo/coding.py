@@ -114,7 +114,7 @@ class LiveEvents:
                 removed = removed or event.type == "workspace_removed"
                 if finished and removed:
                     break
-        except Exception as e:  # a broken stream (or its deadline): reported by the demo's checks
+        except Exception as e:  # noqa: BLE001 - a broken stream (or its deadline): reported by the demo's checks
             self.error = e
         finally:
             self._stream.cancel()

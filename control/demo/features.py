@@ -39,7 +39,7 @@ def _server(workdir: Path | None) -> Iterator[str]:
     from control.orchestration import Orchestrator
     from control.store import open_store
     from sandbox.docker_backend import DockerBackend
-    from sandbox.images import load_lock
+    from sandbox.pinned_images import load_lock
 
     with contextlib.ExitStack() as es:
         if workdir is None:

@@ -134,7 +134,7 @@ def _detail(o: Observation) -> str:
 
 def _show_turn(record: TurnRecord, out: TextIO) -> None:
     for o in record.observations:
-        print(f"   -> {o.tool:<13} {o.status.value:<13} executed={str(o.executed):<5} "
+        print(f"   -> {o.tool:<13} {o.status.value:<13} executed={o.executed!s:<5} "
               f"path={' > '.join(o.verdict_path)}", file=out)
         detail = _detail(o)
         if detail:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sandbox import labels as L
@@ -30,7 +30,7 @@ class Scene:
     title: str
     argv: tuple[str, ...]
     expect: tuple[Outcome, ...]
-    profile: SandboxProfile = SandboxProfile()
+    profile: SandboxProfile = field(default_factory=SandboxProfile)
     stdin: bytes = b""
 
 

@@ -24,9 +24,9 @@ from control.api.serve import egress_settings
 from control.config import Config, load_config
 from control.orchestration import Orchestrator
 from control.store import open_store
+from demo_services.ledger import Ledger
+from demo_services.runbooks import Runbooks
 from sandbox.docker_backend import DockerBackend
-from sandbox.ledger import Ledger
-from sandbox.runbooks import Runbooks
 
 if TYPE_CHECKING:
     from sandbox.egress.proxy import ProxySettings

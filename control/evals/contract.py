@@ -46,7 +46,7 @@ from control.model import Approval
 if TYPE_CHECKING:
     from control.evals.runner import EvalEnv
 
-__all__ = ["CASES", "RUNBOOK_URL", "OUTSIDE_URL"]
+__all__ = ["CASES", "OUTSIDE_URL", "RUNBOOK_URL"]
 
 RUNBOOK_URL = "http://runbooks.internal.corp/runbooks/payment-failed"
 OUTSIDE_URL = "http://example.invalid/"
@@ -137,7 +137,7 @@ def _cancel_then(call: ToolCall) -> Callable[[EvalEnv], ScriptedModel]:
 def _server_turns_model(env: EvalEnv) -> ScriptedModel:
     # Distinct denied calls (no container, no loop): only the server's turn ceiling can end it.
     turns: list[Any] = [calls(read(f"/etc/passwd-{i}", f"probe{i}")) for i in range(SERVER_MAX_TURNS + 1)]
-    return ScriptedModel(turns + [ModelTurn.answer("never reached")])
+    return ScriptedModel([*turns, ModelTurn.answer("never reached")])
 
 
 CASES: list[Case] = [

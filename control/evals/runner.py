@@ -29,7 +29,7 @@ from control.evals.compare import RunRecord
 from control.evals.scoring import Case, Score, counted_calls, failed_run, score
 from control.evals.semantics import record
 
-__all__ = ["EvalEnv", "CaseRun", "EvalStack", "run_case", "run_suite", "AGENT_TOKEN", "APPROVER_TOKEN"]
+__all__ = ["AGENT_TOKEN", "APPROVER_TOKEN", "CaseRun", "EvalEnv", "EvalStack", "run_case", "run_suite"]
 
 AGENT_TOKEN, APPROVER_TOKEN = "demo-agent-token", "demo-approver-token"
 
@@ -54,7 +54,7 @@ class EvalEnv:
     approver: Any = None
     """A client with the approver token: its cancel_run is the kill switch between turns."""
     ledger: Any = None
-    """The ledger service (sandbox.ledger.Ledger): all_credits(), stats(), balance(account)."""
+    """The ledger service (demo_services.ledger.Ledger): all_credits(), stats(), balance(account)."""
     workdir: Path | None = None
     applied_before: int = 0
     """How many credits the ledger held when the current run began (set by the runner)."""

@@ -35,6 +35,7 @@ from control.client.approver import Decide
 from control.model import Observation, ObservationStatus, RunOutcome
 
 __all__ = [
+    "UNPARSEABLE",
     "Case",
     "Check",
     "CheckResult",
@@ -47,7 +48,6 @@ __all__ = [
     "failed_run",
     "parse_judgement",
     "score",
-    "UNPARSEABLE",
 ]
 
 UNPARSEABLE = "unparseable judgement"
@@ -201,8 +201,22 @@ def score(case: Case, result: AgentResult, record: Mapping[str, Any] | None = No
     """Every check of `case.expect` (and its effects) on one run. `record` is the run's semantic
     record (control.evals.semantics.record), needed only by must_not_dispatch."""
     e = case.expect
+    # One kind after another, in this order: a report lists the checks as they are made here.
+    checks = _outcome_checks(e, result)
+    ran = counted_calls(result.trajectory)  # trajectory and efficiency checks count executed calls only
+    checks += [
+        *_trajectory_checks(e, result, ran, record),
+        *_efficiency_checks(e, result, ran),
+        *_rubric_checks(e, result),
+        *_judge_checks(case, result),
+        *_effect_checks(case, env),
+    ]
+    return Score(tuple(checks))
+
+
+def _outcome_checks(e: Expect, result: AgentResult) -> list[CheckResult]:
+    """How the run ended: `outcome` and `ended_by`."""
     checks: list[CheckResult] = []
-    # -- outcome -------------------------------------------------------------------------------
     if e.outcome is not None:
         want = RunOutcome(e.outcome)
         checks.append(_check("outcome", "outcome", result.outcome is want,
@@ -210,9 +224,15 @@ def score(case: Case, result: AgentResult, record: Mapping[str, Any] | None = No
     if e.ended_by is not None:
         checks.append(_check("outcome", "ended_by", result.ended_by == e.ended_by,
                              f"{result.ended_by}, expected {e.ended_by}"))
-    # -- trajectory: executed calls only ---------------------------------------------------------
-    ran = counted_calls(result.trajectory)
+    return checks
+
+
+def _trajectory_checks(e: Expect, result: AgentResult, ran: list[Observation],
+                       record: Mapping[str, Any] | None) -> list[CheckResult]:
+    """What the run did: the tools it ran (`ran`: its executed calls) or never dispatched, the
+    exact statuses, whether it compacted its context and whether it answered."""
     ran_tools = [o.tool for o in ran]
+    checks: list[CheckResult] = []
     for tool in e.must_call:
         proposed = sorted({o.status.value for o in result.trajectory if o.tool == tool})
         checks.append(_check("trajectory", f"must_call {tool}", tool in ran_tools,
@@ -222,13 +242,7 @@ def score(case: Case, result: AgentResult, record: Mapping[str, Any] | None = No
         checks.append(_check("trajectory", f"must_not_call {tool}", tool not in ran_tools,
                              f"executed {ran_tools.count(tool)} time(s)"))
     if e.must_not_dispatch:
-        calls = (record or {}).get("calls")
-        for tool in e.must_not_dispatch:
-            if calls is None or any("dispatched" not in c for c in calls):
-                checks.append(_check("trajectory", f"must_not_dispatch {tool}", False, "no dispatch record"))
-                continue
-            n = sum(1 for c in calls if c["tool"] == tool and c["dispatched"])
-            checks.append(_check("trajectory", f"must_not_dispatch {tool}", n == 0, f"dispatched {n} time(s)"))
+        checks.extend(_dispatch_checks(e.must_not_dispatch, record))
     if e.statuses is not None:
         got = [(o.tool, o.status.value) for o in result.trajectory]
         want_statuses = [(t, str(s)) for t, s in e.statuses]
@@ -240,7 +254,27 @@ def score(case: Case, result: AgentResult, record: Mapping[str, Any] | None = No
     if e.answered is not None:
         checks.append(_check("trajectory", "answered", (result.final_answer is not None) == e.answered,
                              "an answer" if result.final_answer is not None else "no answer"))
-    # -- efficiency ------------------------------------------------------------------------------
+    return checks
+
+
+def _dispatch_checks(tools: Sequence[str], record: Mapping[str, Any] | None) -> list[CheckResult]:
+    """must_not_dispatch: each of `tools` never handed to a sandbox, by the run's semantic record."""
+    calls = (record or {}).get("calls")
+    checks: list[CheckResult] = []
+    for tool in tools:
+        # Without the record (or a call in it without `dispatched`) nothing shows the tool was
+        # not dispatched: the check fails rather than passing unchecked.
+        if calls is None or any("dispatched" not in c for c in calls):
+            checks.append(_check("trajectory", f"must_not_dispatch {tool}", False, "no dispatch record"))
+            continue
+        n = sum(1 for c in calls if c["tool"] == tool and c["dispatched"])
+        checks.append(_check("trajectory", f"must_not_dispatch {tool}", n == 0, f"dispatched {n} time(s)"))
+    return checks
+
+
+def _efficiency_checks(e: Expect, result: AgentResult, ran: list[Observation]) -> list[CheckResult]:
+    """What the run spent: turns, executed calls (`ran`) and cost, each against its cap."""
+    checks: list[CheckResult] = []
     if e.max_turns is not None:
         checks.append(_check("efficiency", "max_turns", result.turns <= e.max_turns,
                              f"{result.turns} turns > {e.max_turns}"))
@@ -250,8 +284,13 @@ def score(case: Case, result: AgentResult, record: Mapping[str, Any] | None = No
     if e.max_cost is not None:
         checks.append(_check("efficiency", "max_cost", result.total_cost <= e.max_cost,
                              f"cost {result.total_cost:.6g} > {e.max_cost:g}"))
-    # -- rubric: the final answer ----------------------------------------------------------------
+    return checks
+
+
+def _rubric_checks(e: Expect, result: AgentResult) -> list[CheckResult]:
+    """The final answer against each rubric item: a substring it must contain, or a predicate."""
     answer = result.final_answer
+    checks: list[CheckResult] = []
     for item in e.rubric:
         name, predicate = (f"answer has {item!r}", lambda a, s=item: s in a) if isinstance(item, str) else item
         if answer is None:
@@ -263,14 +302,24 @@ def score(case: Case, result: AgentResult, record: Mapping[str, Any] | None = No
             checks.append(_check("rubric", name, False, f"raised {exc!r}"))
             continue
         checks.append(_check("rubric", name, ok, "not met"))
-    # -- judge -----------------------------------------------------------------------------------
-    if e.judge is not None:
-        try:
-            verdict, reason = parse_judgement(e.judge.judge(case, result))
-        except Exception as exc:  # noqa: BLE001 - a judge that raises has given no judgement: a failure
-            verdict, reason = False, f"{UNPARSEABLE} (the judge raised {exc!r})"
-        checks.append(CheckResult("judge", "judge", verdict, reason))
-    # -- effects on the world ----------------------------------------------------------------------
+    return checks
+
+
+def _judge_checks(case: Case, result: AgentResult) -> list[CheckResult]:
+    """The judge's verdict on the run, when the case has a judge."""
+    e = case.expect
+    if e.judge is None:
+        return []
+    try:
+        verdict, reason = parse_judgement(e.judge.judge(case, result))
+    except Exception as exc:  # noqa: BLE001 - a judge that raises has given no judgement: a failure
+        verdict, reason = False, f"{UNPARSEABLE} (the judge raised {exc!r})"
+    return [CheckResult("judge", "judge", verdict, reason)]
+
+
+def _effect_checks(case: Case, env: Any) -> list[CheckResult]:
+    """The case's checks of the world after the run (`env`: the eval environment, the ledger)."""
+    checks: list[CheckResult] = []
     for name, predicate in case.effects:
         try:
             ok = bool(predicate(env))
@@ -278,7 +327,7 @@ def score(case: Case, result: AgentResult, record: Mapping[str, Any] | None = No
             checks.append(_check("effect", name, False, f"raised {exc!r}"))
             continue
         checks.append(_check("effect", name, ok, "not so"))
-    return Score(tuple(checks))
+    return checks
 
 
 def failed_run(error: BaseException) -> Score:

@@ -22,7 +22,7 @@ from typing import Any
 
 from control.client.agent import AgentResult
 
-__all__ = ["record", "diff", "SEMANTIC_KEYS", "CALL_KEYS"]
+__all__ = ["CALL_KEYS", "SEMANTIC_KEYS", "diff", "record"]
 
 SEMANTIC_KEYS = ("outcome", "ended_by", "turns", "calls", "compacted", "answered")
 CALL_KEYS = ("tool", "status", "executed", "dispatched")

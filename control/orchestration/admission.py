@@ -1,7 +1,7 @@
-"""Admission: steps 1-6 of DESIGN.md "The one rule", for every call of a batch, as a pure
-function of the batch and what the run has seen. Nothing here writes, dispatches or reads a
-clock: the same batch against the same state gives the same verdicts, which is what lets the
-log record them before anything runs.
+"""Admission: the first six steps of a call's path (docs/ARCHITECTURE.md), for every call of a
+batch, as a pure function of the batch and what the run has seen. Nothing here writes,
+dispatches or reads a clock: the same batch against the same state gives the same verdicts,
+which is what lets the log record them before anything runs.
 
     registry -> argument validation -> action guardrails (secrets, loop) -> resource policy
     (with the run's workspace) -> contextual policy (ALLOW / ASK / DENY)
@@ -109,7 +109,7 @@ def _admit(call: ProposedCall, ctx: AdmissionContext, counts: Counter[str]) -> D
 
     def refuse(verdict: AdmissionVerdict, status: ObservationStatus | None, reason: str, step: str, *,
                error_class: str | None = None, halt_kind: str = "") -> Decision:
-        return Decision(call, verdict, tuple(path + [step]), status=status, reason=reason, error_class=error_class,
+        return Decision(call, verdict, tuple([*path, step]), status=status, reason=reason, error_class=error_class,
                         manifest=manifest, arguments=canon, signature=sig, halt_kind=halt_kind)
 
     # 1 registry
@@ -164,5 +164,5 @@ def _admit(call: ProposedCall, ctx: AdmissionContext, counts: Counter[str]) -> D
     if decision.verdict is Verdict.ASK:
         return Decision(call, AdmissionVerdict.ASK, tuple(path), reason=decision.reason, manifest=manifest,
                         arguments=canon, signature=sig)
-    return Decision(call, AdmissionVerdict.ALLOW, tuple(path + ["admitted"]), manifest=manifest, arguments=canon,
+    return Decision(call, AdmissionVerdict.ALLOW, tuple([*path, "admitted"]), manifest=manifest, arguments=canon,
                     signature=sig)

@@ -42,7 +42,7 @@ from control.policy import PolicyEngine
 from control.registry import Registry, ToolManifest
 from control.state import PendingCall, RunState
 from control.validation import signature
-from sandbox.images.lock import lock_for
+from sandbox.pinned_images import lock_for
 
 _tracer = trace.get_tracer("ringfence.control")
 
@@ -104,7 +104,7 @@ class ApprovalDesk:
         assert d.manifest is not None and d.arguments is not None
         now = self._clock()
         approval_id = new_approval_id()
-        path = d.path + ("approval:requested",)
+        path = (*d.path, "approval:requested")
         self.repo.append(state, ApprovalRequested(
             approval_id=approval_id, call_id=d.call.call_id, tool=d.manifest.name,
             arguments=dict(d.arguments), digest=self.digest(state, d.manifest, d.arguments),
@@ -127,7 +127,7 @@ class ApprovalDesk:
         manifest = self.registry.get(started.tool)
         arguments = dict(started.arguments)
         digest = self.digest(state, manifest, arguments) if manifest is not None else "unknown-tool"
-        path = started.verdict_path + ("recovery:reconcile",)
+        path = (*started.verdict_path, "recovery:reconcile")
         self.repo.append(state, ApprovalRequested(
             approval_id=approval_id, call_id=call_id, tool=started.tool, arguments=arguments,
             digest=digest, created_at=now, expires_at=now + self.limits.approval_ttl_s, mutates=True,
@@ -149,9 +149,9 @@ class ApprovalDesk:
         if pending.kind is ApprovalKind.RECONCILE:
             return Observation(pending.call_id, pending.tool, ObservationStatus.EXECUTED, True,
                                error=f"left uncertain: {error}", error_class="uncertain",
-                               verdict_path=pending.verdict_path + (step,), approval_id=pending.approval_id)
+                               verdict_path=(*pending.verdict_path, step), approval_id=pending.approval_id)
         return Observation(pending.call_id, pending.tool, ObservationStatus.DECLINED, False, error=error,
-                           error_class=error_class, verdict_path=pending.verdict_path + (step,),
+                           error_class=error_class, verdict_path=(*pending.verdict_path, step),
                            approval_id=pending.approval_id)
 
     def sweep_expired(self, state: RunState) -> None:
@@ -240,7 +240,7 @@ class ApprovalDesk:
             return self.repo.observe(state, Observation(
                 pending.call_id, pending.tool, ObservationStatus.DECLINED, False,
                 error="the approval no longer matches this call (policy, image or tool changed)",
-                error_class="approval_mismatch", verdict_path=path + ("approval:mismatch",),
+                error_class="approval_mismatch", verdict_path=(*path, "approval:mismatch"),
                 approval_id=approval.approval_id))
         stop = self._execution.deadline_passed(state)
         if stop is not None:
@@ -248,7 +248,7 @@ class ApprovalDesk:
             return state.trajectory[pending.call_id]
         if approval.status is ApprovalStatus.APPROVED:
             self.repo.append(state, ApprovalUsed(approval_id=approval.approval_id))
-        item = Admitted(pending.call_id, manifest, dict(pending.arguments), path + ("approval:approved", "admitted"),
+        item = Admitted(pending.call_id, manifest, dict(pending.arguments), (*path, "approval:approved", "admitted"),
                         approval_id=approval.approval_id, client_key=pending.client_key,
                         recorded_key=pending.idempotency_key)
         # After the approval_wait span (same parent, later in time): admission, wait, execution.

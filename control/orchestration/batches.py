@@ -192,8 +192,7 @@ class BatchRunner:
         observations = [
             self.repo.observe(state, Observation(c.call_id, c.tool, ObservationStatus.HALTED, False, error=reason,
                                                  error_class=outcome.value,
-                                                 verdict_path=tuple((paths or {}).get(c.call_id, ()))
-                                                 + ("run:halted",)))
+                                                 verdict_path=(*tuple((paths or {}).get(c.call_id, ())), "run:halted")))
             for c in calls
         ]
         self.repo.finish(state, outcome, reason)

@@ -169,7 +169,7 @@ class Dispatcher:
         if stop is not None:
             return Observation(a.call_id, manifest.name, ObservationStatus.HALTED, False,
                                error=f"{stop.reason}; this call never ran", error_class=stop.outcome.value,
-                               verdict_path=a.path + (f"run:{stop.outcome.value}",), approval_id=a.approval_id)
+                               verdict_path=(*a.path, f"run:{stop.outcome.value}"), approval_id=a.approval_id)
         key = a.recorded_key or self.key_for(state, manifest, a.arguments, a.client_key)
         if key is not None and key in state.completions and a.client_key is None:
             # 8 idempotency: recorded completion -> the stored result, no dispatch. Only for a
@@ -195,14 +195,14 @@ class Dispatcher:
             # another way (an approval decided, recovery), never a container without the mount.
             return Observation(a.call_id, manifest.name, ObservationStatus.DENIED, False,
                                error=f"{manifest.name} uses the run's workspace, and this run has none (any more)",
-                               error_class="no_workspace", verdict_path=a.path + ("workspace:none",),
+                               error_class="no_workspace", verdict_path=(*a.path, "workspace:none"),
                                approval_id=a.approval_id)
         breaker = self._breaker(manifest.name)
         if not breaker.allow():
             return Observation(a.call_id, manifest.name, ObservationStatus.DENIED, False,
                                error=f"circuit open for {manifest.name}: too many recent failures",
                                error_class=FailureClass.CIRCUIT_OPEN.value,
-                               verdict_path=a.path + ("breaker:open",), approval_id=a.approval_id)
+                               verdict_path=(*a.path, "breaker:open"), approval_id=a.approval_id)
         try:
             self.repo.append(state, DispatchStarted(
                 call_id=a.call_id, tool=manifest.name, mutates=manifest.mutates, idempotency_key=key,
@@ -343,7 +343,7 @@ class Dispatcher:
     @staticmethod
     def _deduplicated(a: Admitted, content: Any) -> Observation:
         return Observation(a.call_id, a.manifest.name, ObservationStatus.DEDUPLICATED, False, content=content,
-                           verdict_path=a.path + ("idempotency:deduplicated",), approval_id=a.approval_id)
+                           verdict_path=(*a.path, "idempotency:deduplicated"), approval_id=a.approval_id)
 
     def client_key_holder(self, state: RunState, key: str, call_signature: str) -> Any:
         """What an earlier use of a client key says about this call: None (never used, or only
@@ -454,11 +454,11 @@ def completion_observation(completion: CallCompleted, path: tuple[str, ...], app
         # No attempt reached a container (a completion written before `executed` existed
         # counts as executed): the call never ran, and may be sent again, with its key.
         return Observation(call_id, tool, ObservationStatus.DENIED, False, error=completion.error,
-                           error_class=completion.error_class, verdict_path=path + ("sandbox:not_started",),
+                           error_class=completion.error_class, verdict_path=(*path, "sandbox:not_started"),
                            approval_id=approval_id, attempts=attempts)
     if not completion.ok:
         return Observation(call_id, tool, ObservationStatus.EXECUTED, True, error=completion.error,
-                           error_class=completion.error_class, verdict_path=path + ("executed:failed",),
+                           error_class=completion.error_class, verdict_path=(*path, "executed:failed"),
                            approval_id=approval_id, attempts=attempts)
     # 11 the result guardrail's verdict (recorded with the completion; computed here for a
     # completion written without one)
@@ -471,7 +471,7 @@ def completion_observation(completion: CallCompleted, path: tuple[str, ...], app
     if guard.action == guardrails.Action.BLOCK.value:
         # The tool ran (its effect, if any, happened): the result is withheld, not the call blocked.
         return Observation(call_id, tool, ObservationStatus.WITHHELD, True, error=guard.reason,
-                           error_class="secret_in_result", verdict_path=path + ("result:blocked",),
+                           error_class="secret_in_result", verdict_path=(*path, "result:blocked"),
                            approval_id=approval_id, attempts=attempts)
     suffix = ("result:redacted",) if guard.redacted else ("result:ok",)
     return Observation(call_id, tool, ObservationStatus.EXECUTED, True, content=content,

@@ -70,7 +70,7 @@ class Execution:
                     state.trajectory[a.call_id].status is ObservationStatus.PENDING_APPROVAL):
                 results[a.call_id] = self.repo.observe(state, Observation(
                     a.call_id, a.manifest.name, ObservationStatus.HALTED, a.call_id in state.inflight,
-                    error=reason, error_class="error", verdict_path=a.path + ("run:error",),
+                    error=reason, error_class="error", verdict_path=(*a.path, "run:error"),
                     approval_id=a.approval_id))
             else:
                 results[a.call_id] = state.trajectory[a.call_id]

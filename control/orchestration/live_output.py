@@ -154,7 +154,7 @@ class LiveOutput:
                 elif (len(s.pending) >= FLUSH_BYTES or s.last_flush is None
                       or now - s.last_flush >= FLUSH_INTERVAL_S):
                     self._flush(stream, s, now, final=False)
-        except Exception:  # noqa: BLE001 - on_output must not raise (see the docstring)
+        except Exception:
             log.exception("live output of call %s (attempt %d) of run %s: dropped from here on",
                           self._call_id, self._attempt, self._state.run_id)
             with self._lock:

@@ -66,10 +66,10 @@ def recover_run(state: RunState, *, repo: RunRepository, desk: ApprovalDesk, exe
                 repo.observe(state, Observation(
                     call_id, admitted.tool, ObservationStatus.HALTED, False,
                     error="the tool is no longer registered; the call was admitted before a restart and never ran",
-                    error_class="unknown_tool", verdict_path=admitted.verdict_path + ("recovery:unknown",)))
+                    error_class="unknown_tool", verdict_path=(*admitted.verdict_path, "recovery:unknown")))
                 continue
             never_started.append(Admitted(call_id, manifest, dict(admitted.arguments),
-                                          admitted.verdict_path + ("recovery:resumed",)))
+                                          (*admitted.verdict_path, "recovery:resumed")))
         if never_started:
             execution.execute(state, never_started, spans.run_context(state))
     if state.finished:
@@ -81,7 +81,7 @@ def recover_run(state: RunState, *, repo: RunRepository, desk: ApprovalDesk, exe
         if manifest is None:
             repo.observe(state, Observation(call_id, asked.tool, ObservationStatus.HALTED, False,
                                             error="the tool is no longer registered", error_class="unknown_tool",
-                                            verdict_path=asked.verdict_path + ("recovery:unknown",)))
+                                            verdict_path=(*asked.verdict_path, "recovery:unknown")))
             continue
         desk.request(state, Decision(call, AdmissionVerdict.ASK, asked.verdict_path, reason=asked.reason,
                                      manifest=manifest, arguments=dict(asked.arguments)),
@@ -112,12 +112,12 @@ def reconcile(state: RunState, started: DispatchStarted, *, repo: RunRepository,
                                    content={"reconciled": True, **answer}, attempts=state.attempts.get(call_id, 0),
                                    cost=manifest.cost * max(state.attempts.get(call_id, 0), 1))
         repo.append(state, completion)
-        repo.observe(state, completion_observation(completion, path + ("recovery:reconciled:found",),
+        repo.observe(state, completion_observation(completion, (*path, "recovery:reconciled:found"),
                                                    started.approval_id))
     elif answer is not None and answer.get("found") is False:
         # The receiver never saw it: safe to run once, with the same key.
         execution.execute(state, [Admitted(call_id, manifest, dict(started.arguments),
-                                           path + ("recovery:reconciled:absent",), approval_id=started.approval_id,
+                                           (*path, "recovery:reconciled:absent"), approval_id=started.approval_id,
                                            client_key=started.client_key, recorded_key=key)],
                         spans.run_context(state))
     else:

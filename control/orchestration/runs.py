@@ -28,7 +28,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 from control.errors import FailedPrecondition, NotFound, Unavailable
 from control.events import (
@@ -221,10 +221,8 @@ class RunRepository:
                     del self._depth[state.key]
                     lease = self._leases.pop(state.key, None)
                     if lease is not None:
-                        try:
+                        with suppress(Exception):  # it expires by itself; nothing else to do
                             self.store.release_lease(lease)
-                        except Exception:  # noqa: BLE001 - it expires by itself; nothing else to do
-                            pass
         finally:
             lock.release()
 
@@ -372,12 +370,12 @@ class RunRepository:
                 self.observe(state, Observation(call_id, pending.tool, ObservationStatus.EXECUTED, True,
                                                 error=f"run ended ({outcome}) before anyone reconciled it",
                                                 error_class="uncertain",
-                                                verdict_path=pending.verdict_path + ("run:ended",),
+                                                verdict_path=(*pending.verdict_path, "run:ended"),
                                                 approval_id=pending.approval_id))
                 continue
             self.observe(state, Observation(call_id, pending.tool, ObservationStatus.DECLINED, False,
                                             error=f"run ended ({outcome}) before this call ran",
-                                            verdict_path=pending.verdict_path + ("run:ended",),
+                                            verdict_path=(*pending.verdict_path, "run:ended"),
                                             approval_id=pending.approval_id))
         unsure = [o.call_id for o in state.trajectory.values() if o.error_class == "uncertain"]
         if outcome is RunOutcome.COMPLETED and unsure:

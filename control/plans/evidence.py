@@ -23,7 +23,7 @@ from control.model import Principal, Role
 from control.plans.values import EvidenceRecord
 from control.store.base import EventStore, Record
 
-__all__ = ["STORES", "EVIDENCE_REF", "EvidenceReading", "EvidenceStores", "check_ref"]
+__all__ = ["EVIDENCE_REF", "STORES", "EvidenceReading", "EvidenceStores", "check_ref"]
 
 EXECUTOR, VERIFIER = "executor", "verifier"
 

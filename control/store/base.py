@@ -64,6 +64,7 @@ writes that could tell it the disk has room again). See WriteOutage.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -94,10 +95,8 @@ class Subscribers:
         self._callbacks.append(callback)
 
         def unsubscribe() -> None:
-            try:
+            with contextlib.suppress(ValueError):
                 self._callbacks.remove(callback)
-            except ValueError:
-                pass
 
         return unsubscribe
 

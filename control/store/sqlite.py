@@ -89,27 +89,26 @@ class SqliteEventStore:
         payload = canonical_json(data)
         content = json.loads(payload)
         at = float(self._clock())  # as stored (REAL / DOUBLE PRECISION): what is hashed must read back equal
-        with self._lock:
-            with self._write() as cur:
-                row = cur.execute("SELECT seq, tenant, hash FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT 1",
-                                  (run_id,)).fetchone()
-                refuse_existing_run(run_id, row[1] if row else None, expected_seq)
-                check_lease(run_id, lease, self._lease_row(cur, run_id))
-                seq, tenant = next_event(run_id, row[:2] if row else None, data, expected_seq, tenant)
-                prev_hash = row[2] if row else ""
-                digest = event_hash(prev_hash, run_id, seq, type, content, SCHEMA_VERSION, at)
-                try:
-                    cur.execute(
-                        "INSERT INTO events (run_id, seq, tenant, type, data, schema_version, at, prev_hash, hash) "
-                        "VALUES (?,?,?,?,?,?,?,?,?)",
-                        (run_id, seq, tenant, type, payload, SCHEMA_VERSION, at, prev_hash, digest))
-                except sqlite3.IntegrityError as e:  # UNIQUE(run_id, seq): cannot happen under IMMEDIATE
-                    raise SeqConflict(f"run {run_id}: seq {seq} was taken") from e
-                for name in keys:
-                    holder = cur.execute("SELECT run_id, seq FROM keys WHERE name = ?", (name,)).fetchone()
-                    if holder is not None:
-                        raise KeyTaken(name, (holder[0], holder[1]))  # the write rolls back, event and all
-                    cur.execute("INSERT INTO keys (name, run_id, seq) VALUES (?, ?, ?)", (name, run_id, seq))
+        with self._lock, self._write() as cur:
+            row = cur.execute("SELECT seq, tenant, hash FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT 1",
+                              (run_id,)).fetchone()
+            refuse_existing_run(run_id, row[1] if row else None, expected_seq)
+            check_lease(run_id, lease, self._lease_row(cur, run_id))
+            seq, tenant = next_event(run_id, row[:2] if row else None, data, expected_seq, tenant)
+            prev_hash = row[2] if row else ""
+            digest = event_hash(prev_hash, run_id, seq, type, content, SCHEMA_VERSION, at)
+            try:
+                cur.execute(
+                    "INSERT INTO events (run_id, seq, tenant, type, data, schema_version, at, prev_hash, hash) "
+                    "VALUES (?,?,?,?,?,?,?,?,?)",
+                    (run_id, seq, tenant, type, payload, SCHEMA_VERSION, at, prev_hash, digest))
+            except sqlite3.IntegrityError as e:  # UNIQUE(run_id, seq): cannot happen under IMMEDIATE
+                raise SeqConflict(f"run {run_id}: seq {seq} was taken") from e
+            for name in keys:
+                holder = cur.execute("SELECT run_id, seq FROM keys WHERE name = ?", (name,)).fetchone()
+                if holder is not None:
+                    raise KeyTaken(name, (holder[0], holder[1]))  # the write rolls back, event and all
+                cur.execute("INSERT INTO keys (name, run_id, seq) VALUES (?, ?, ?)", (name, run_id, seq))
         event = Event(run_id, seq, type, content, SCHEMA_VERSION, at, prev_hash, digest)
         self._bump()
         self._subscribers.notify(event)

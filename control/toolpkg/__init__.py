@@ -18,6 +18,6 @@ A tool package is a folder named after its tool:
 - `cli` registers both under `ringfence tools`.
 
 The code reaches the sandbox inside an image: an image spec's `"tools"` key
-(sandbox.images.spec) lays `<name>.py` at /opt/ringfence/tools/<name>.py, where the runner
+(imagebuild.spec) lays `<name>.py` at /opt/ringfence/tools/<name>.py, where the runner
 loads it. The manifest never enters the image: the control plane reads it from the package.
 """

@@ -54,10 +54,10 @@ from control.config import ToolsConfig
 from control.errors import ConfigError
 from control.registry import ToolLimits, ToolManifest, parse_manifest
 from control.toolpkg.packages import MANIFEST, limit_problems, package_folders, read_manifest
+from imagebuild.spec import TOOLS_PATH, ImageSpec, ancestors, load_specs
 from sandbox.backend import SandboxBackend, SandboxRequest
 from sandbox.errors import ImageError, SandboxError
-from sandbox.images.lock import IMAGES_DIR, Lock, LockEntry, is_builtin, lock_for
-from sandbox.images.spec import TOOLS_PATH, ImageSpec, ancestors, load_specs
+from sandbox.pinned_images import IMAGES_DIR, Lock, LockEntry, is_builtin, lock_for
 from sandbox.profile import LIMIT_RANGES, InputMount, KiB, MiB, SandboxProfile
 from sandbox.result import Outcome
 

@@ -53,7 +53,7 @@ class ToolPackage:
 
     @property
     def code(self) -> Path | None:
-        """`<folder>/<name>.py` (None for a built-in manifest: see sandbox.images.spec.lays_tool)."""
+        """`<folder>/<name>.py` (None for a built-in manifest: see imagebuild.spec.lays_tool)."""
         return self.folder / f"{self.name}.py" if self.folder is not None else None
 
     @property

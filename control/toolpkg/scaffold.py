@@ -23,9 +23,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandbox.images.lock import IMAGES_DIR
-from sandbox.images.spec import NAME as IMAGE_NAME
-from sandbox.images.spec import TOOL_NAME
+from imagebuild.spec import NAME as IMAGE_NAME
+from imagebuild.spec import TOOL_NAME
+from sandbox.pinned_images import IMAGES_DIR
 
 
 class ScaffoldError(Exception):

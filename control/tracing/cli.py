@@ -68,7 +68,7 @@ def _do_trace(args: argparse.Namespace, store: EventStore, where: str) -> int:
     events: list[Event] = run_events(store, args.run_id, where)
     try:
         tree = trace_from_events(events)
-    except Exception as e:  # noqa: BLE001 - a log this version cannot draw: say so, no traceback
+    except Exception as e:
         raise StoreCommandError(f"run {args.run_id!r} has {len(events)} events but they could not be drawn as a tree "
                                 f"({type(e).__name__}); `ringfence runs show {args.run_id}` prints them one by one"
                                 ) from e

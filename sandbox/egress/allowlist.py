@@ -25,10 +25,22 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .addresses import AddressClass, classify_address, parse_address  # noqa: F401 - re-exported
+from .addresses import AddressClass, classify_address, parse_address
 
-__all__ = ["AddressClass", "DEFAULT_PORTS", "HostPattern", "PatternError", "check_port", "classify_address",
-           "host_allowed", "intersect", "is_ip_literal", "normalize_host", "parse_pattern", "parse_patterns"]
+__all__ = [
+    "DEFAULT_PORTS",
+    "AddressClass",
+    "HostPattern",
+    "PatternError",
+    "check_port",
+    "classify_address",
+    "host_allowed",
+    "intersect",
+    "is_ip_literal",
+    "normalize_host",
+    "parse_pattern",
+    "parse_patterns",
+]
 
 DEFAULT_PORTS: tuple[int, ...] = (80, 443)
 _LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")

@@ -12,6 +12,7 @@ Stdlib only; runs inside the egress-proxy image as rfegress.grant_table.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -82,10 +83,8 @@ class Grant:
             self.listener.close()
             self.listener = None
         if self.socket_path:
-            try:
-                os.unlink(self.socket_path)  # a later connect() finds nothing rather than a dead socket
-            except OSError:
-                pass
+            with contextlib.suppress(OSError):  # a later connect() finds nothing rather than a dead socket
+                os.unlink(self.socket_path)
 
     def summary(self) -> JSONObject:
         return {"call_id": self.call_id, "events": list(self.events), "events_dropped": self.events_dropped,

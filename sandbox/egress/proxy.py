@@ -45,6 +45,7 @@ sweep) removes the proxy container and, with it, its state directory (sandbox.re
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import ipaddress
 import json
@@ -57,7 +58,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import docker
 import docker.errors
@@ -74,9 +75,7 @@ from sandbox.egress.control import PROTOCOL_VERSION
 from sandbox.egress.events import JSONObject
 from sandbox.egress.grant import EgressGrant, MiB
 from sandbox.egress.grant_table import SOCKET_NAME
-
-if TYPE_CHECKING:
-    from sandbox.images.lock import Lock
+from sandbox.pinned_images import Lock, resolve_pinned
 
 PROXY_UID = 10001
 CONTROL_DIR = "/run/rfproxy"
@@ -251,8 +250,6 @@ class EgressProxy:
                 raise
 
     def _image_id(self) -> str:
-        from sandbox.images import resolve_pinned
-
         return resolve_pinned(self.client, self.settings.image, self._lock)
 
     def _start(self) -> None:
@@ -395,10 +392,8 @@ class EgressProxy:
         """The proxy's JSON log lines (every decision of every call)."""
         out: list[JSONObject] = []
         for line in self._logs(tail=100000).splitlines():
-            try:
+            with contextlib.suppress(ValueError):
                 out.append(json.loads(line))
-            except ValueError:
-                pass
         return out
 
     def close(self) -> None:
@@ -415,10 +410,8 @@ class EgressProxy:
                 pass  # the reaper removes it by label
             self._container = None
         if self._own_network is not None:
-            try:
+            with contextlib.suppress(docker.errors.DockerException):
                 self._own_network.remove()
-            except docker.errors.DockerException:
-                pass
             self._own_network = None
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)

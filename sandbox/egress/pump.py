@@ -13,6 +13,7 @@ Stdlib only; runs inside the egress-proxy image as rfegress.pump.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from .errors import Cut
 from .events import Direction, RequestEvent
@@ -58,10 +59,8 @@ async def pump(grant: Grant, src: asyncio.StreamReader, dst: asyncio.StreamWrite
         dst.write(data)
         await dst.drain()
     if half_close and dst.can_write_eof():
-        try:
+        with contextlib.suppress(OSError):
             dst.write_eof()
-        except OSError:
-            pass
 
 
 async def tunnel(grant: Grant, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter,

@@ -21,7 +21,7 @@ from control.config import load_config, token_digest
 from control.model import ApprovalStatus, ObservationStatus, RunOutcome
 from control.orchestration import Orchestrator
 from control.store import SqliteEventStore
-from sandbox.ledger.container import LEDGER_HOST
+from demo_services.ledger.container import LEDGER_HOST
 
 pytestmark = pytest.mark.docker
 

@@ -25,7 +25,7 @@ from control.errors import ControlError
 from control.model import ApprovalStatus, ObservationStatus, RunOutcome
 from control.orchestration.crashpoints import ENV, POINTS
 from control.store import open_store, verify
-from sandbox.ledger.container import LEDGER_HOST
+from demo_services.ledger.container import LEDGER_HOST
 
 pytestmark = pytest.mark.docker
 

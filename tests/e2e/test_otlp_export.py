@@ -44,7 +44,7 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self.server)
         self.port = self.server.add_insecure_port("127.0.0.1:0")
 
-    def Export(self, request, context):  # noqa: N802 - the gRPC method's name
+    def Export(self, request, context):
         with self._lock:
             self.requests.append(request)
         return trace_service_pb2.ExportTraceServiceResponse()

@@ -20,6 +20,7 @@ the page's image.json here) and is removed at the end; the built-in images are o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -35,7 +36,7 @@ from docs_support import DOCS, blocks, section, sh_lines
 from serve_support import ROOT, Served
 
 from sandbox import labels as L
-from sandbox.images.lock import lock_for
+from sandbox.pinned_images import lock_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -59,10 +60,8 @@ def run(project: Path, line: str, *, netns: bool = False,
 
 
 def remove_image(client, image_id: str) -> None:
-    try:
+    with contextlib.suppress(docker.errors.ImageNotFound):
         client.images.remove(image_id, force=True)
-    except docker.errors.ImageNotFound:
-        pass
 
 
 @pytest.fixture(scope="module")

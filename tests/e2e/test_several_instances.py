@@ -22,7 +22,7 @@ from control.config import token_digest
 from control.errors import ControlError
 from control.model import ApprovalStatus, ObservationStatus, RunOutcome
 from control.store import open_store, verify
-from sandbox.ledger.container import LEDGER_HOST
+from demo_services.ledger.container import LEDGER_HOST
 
 pytestmark = pytest.mark.docker
 

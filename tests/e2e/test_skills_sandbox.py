@@ -40,9 +40,8 @@ def stack(tmp_path, backend):
     store = SqliteEventStore(config.db_path)
     orchestrator = Orchestrator.from_config(config, recording, store)
     try:
-        with BackgroundServer(orchestrator, config) as server:
-            with Client(server.address, "demo-agent-token") as client:
-                yield client, recording
+        with BackgroundServer(orchestrator, config) as server, Client(server.address, "demo-agent-token") as client:
+            yield client, recording
     finally:
         orchestrator.close()
         store.close()

@@ -29,6 +29,9 @@ from serve_support import Served
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
+# The product's packages (setup.py): the runtime, the control plane and the packages beside the
+# sandbox; each ships whole.
+PACKAGES = ("control", "sandbox", "imagebuild", "conformance", "demo_services")
 DEMO_AGENT_TOKEN = "demo-agent-token"  # the embedded default tenant's (public) agent token
 # Never copied for the build: VCS, environments, caches, earlier build output.
 COPY_SKIP = {".git", ".venv", "build", "dist", "__pycache__", ".pytest_cache", ".hypothesis", ".mypy_cache", ".state"}
@@ -42,8 +45,8 @@ PROBE = r"""
 import json, os, sys
 import control, sandbox
 from control.config import BUILTIN_TOOLS_DIR, DEFAULT_CONFIG_PATH
-from sandbox.images.lock import IMAGES_DIR, default_lock_path, load_lock
-from sandbox.images.spec import load_specs
+from sandbox.pinned_images import IMAGES_DIR, default_lock_path, load_lock
+from imagebuild.spec import load_specs
 
 lock = load_lock()
 print(json.dumps({
@@ -163,11 +166,11 @@ def test_the_wheel_carries_the_packages_their_data_and_the_image_specs_and_nothi
         names = {n for n in z.namelist() if not n.endswith("/")}
     tops = {n.split("/", 1)[0] for n in names}
     [dist_info] = [t for t in tops if t.endswith(".dist-info")]
-    assert tops == {"control", "sandbox", "ringfence_images", dist_info}  # no tests/, bench/, images/
+    assert tops == {*PACKAGES, "ringfence_images", dist_info}  # no tests/, bench/, images/
     assert not [n for n in names if "/.build/" in n or n.endswith((".tar", ".pyc")) or "__pycache__" in n]
     # The packages ship whole: every module and data file (a package without __init__.py, or a
     # data file of a kind setup.py does not list, would be missing).
-    for package in ("control", "sandbox"):
+    for package in PACKAGES:
         shipped = {n.split("/", 1)[1] for n in names if n.startswith(f"{package}/")}
         assert shipped == _shippable(installed.src / package, top_cache=False), package
     assert {"default_config.toml", "tools/echo.json"} <= {n.split("/", 1)[1] for n in names if n.startswith("control/")}
@@ -201,7 +204,7 @@ def test_the_images_lock_and_specs_resolve_inside_the_installed_package(installe
     # The installed specs, with their `files` resolved against site-packages (the installed
     # sandbox/ modules), hash exactly as the same specs do in the tree the wheel was built from:
     # a verify or build from the wheel means what it means in the checkout.
-    from sandbox.images.spec import load_specs
+    from imagebuild.spec import load_specs
 
     built_from = {n: s.inputs_sha256() for n, s in load_specs(installed.src / "images").items()}
     assert probe["inputs"] == built_from
@@ -211,7 +214,7 @@ def test_the_images_lock_and_specs_resolve_inside_the_installed_package(installe
 def test_RINGFENCE_IMAGES_DIR_overrides_the_shipped_images(installed):
     """An installed ringfence can build and verify from a writable copy of the specs."""
     proc = _ok(installed.run(installed.bin / "python", "-c",
-                             "from sandbox.images.lock import IMAGES_DIR, default_lock_path; "
+                             "from sandbox.pinned_images import IMAGES_DIR, default_lock_path; "
                              "print(IMAGES_DIR); print(default_lock_path())",
                              env={"RINGFENCE_IMAGES_DIR": str(installed.src / "images")}))
     assert proc.stdout.split() == [str(installed.src / "images"), str(installed.src / "images" / "images.lock")]
@@ -335,7 +338,7 @@ def test_a_call_through_the_installed_server_runs_the_image_the_shipped_lock_pin
         pytest.skip(f"no Docker engine answers: {engine_error}")
     # Dispatch resolves `tool` through the lock the package ships; the engine must hold that ID.
     pinned = installed.run(installed.bin / "python", "-c",
-                           "from sandbox.images import engine; from sandbox.images.pinned import resolve_pinned; "
+                           "from imagebuild import engine; from sandbox.pinned_images import resolve_pinned; "
                            "print(resolve_pinned(engine.client_from_env(), 'tool'))")
     if pinned.returncode != 0:
         pytest.skip(f"the pinned tool image is not in the engine (run `make images`): {pinned.stderr.strip()[-300:]}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import inspect
 import io
 import ipaddress
@@ -261,10 +262,8 @@ class DecoyContainer:
     def events(self) -> list[dict]:
         out = []
         for line in self.container.logs().decode(errors="replace").splitlines():
-            try:
+            with contextlib.suppress(ValueError):
                 out.append(json.loads(line))
-            except ValueError:
-                pass
         return out
 
     def connections(self) -> list[dict]:
@@ -288,7 +287,7 @@ class EgressTestbed:
     """
 
     def __init__(self, client, lock, workdir: str) -> None:
-        from sandbox.images import resolve_pinned
+        from sandbox.pinned_images import resolve_pinned
 
         self.client, self.lock = client, lock
         self.tag = _uuid.uuid4().hex[:6]
@@ -310,8 +309,8 @@ class EgressTestbed:
             except Exception:  # noqa: BLE001 - an engine may refuse link-local subnets
                 self.networks.pop("linklocal", None)
             tls = ["--tls-port", "443", "--cert", "/certs/cert.pem", "--key", "/certs/key.pem"]
-            self._decoy("allowed", "outside", tls + ["--udp-port", "9999", "--relay"])
-            self._decoy("denied", "outside", tls + ["--udp-port", "9999"])
+            self._decoy("allowed", "outside", [*tls, "--udp-port", "9999", "--relay"])
+            self._decoy("denied", "outside", [*tls, "--udp-port", "9999"])
             self._decoy("iponly", "outside", tls)
             self._decoy("private", "private", [])
             if "linklocal" in self.networks:
@@ -387,20 +386,14 @@ class EgressTestbed:
 
     def close(self) -> None:
         for p in self.proxies:
-            try:
+            with contextlib.suppress(Exception):  # best effort; the session fixture reaps by label
                 p.close()
-            except Exception:  # noqa: BLE001 - best effort; the session fixture reaps by label
-                pass
         for d in self.decoys.values():
-            try:
+            with contextlib.suppress(Exception):  # best-effort cleanup: one failure must not stop the rest
                 d.container.remove(force=True)
-            except Exception:  # noqa: BLE001 - best-effort cleanup: one failure must not stop the rest
-                pass
         for n in self.networks.values():
-            try:
+            with contextlib.suppress(Exception):  # best-effort cleanup: one failure must not stop the rest
                 n.remove()
-            except Exception:  # noqa: BLE001 - best-effort cleanup: one failure must not stop the rest
-                pass
 
 
 # The client that runs *inside* a sandbox: JSON list of operations on stdin, JSON results out.

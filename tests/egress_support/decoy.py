@@ -16,6 +16,7 @@ Runs on the host (tests/unit, loopback) through `Decoy`, and inside `base` conta
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import socket
 import ssl
@@ -63,10 +64,8 @@ class Decoy:
 
     def close(self) -> None:
         for s in self._socks:
-            try:
+            with contextlib.suppress(OSError):
                 s.close()
-            except OSError:
-                pass
 
     # -- listeners ---------------------------------------------------------------------
 
@@ -146,10 +145,8 @@ class Decoy:
         except (OSError, ValueError, ssl.SSLError):
             pass
         finally:
-            try:
+            with contextlib.suppress(OSError):
                 conn.close()
-            except OSError:
-                pass
 
     def _relay(self, conn: socket.socket, target: str, rest: bytes) -> None:
         host, _, port = target.rpartition(":")
@@ -173,10 +170,8 @@ class Decoy:
             except OSError:
                 pass
             finally:
-                try:
+                with contextlib.suppress(OSError):
                     b.shutdown(socket.SHUT_WR)
-                except OSError:
-                    pass
 
         t = threading.Thread(target=pipe, args=(upstream, conn), daemon=True)
         t.start()

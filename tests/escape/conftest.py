@@ -1,4 +1,4 @@
-"""Fixtures for the escape and ceiling battery (../shared/ESCAPE-BATTERY.md).
+"""Fixtures for the escape and ceiling battery (docs/escape-battery.md).
 
 `attack(argv, runtime=..., **limits)` runs an attack inside a real sandbox, through the same
 DockerBackend the control plane uses, with the pinned tool image. It is parametrized: `[cold]`
@@ -107,7 +107,7 @@ def readable_tini(docker_client, pinned_images, tmp_path_factory) -> str:
     """/usr/bin/tini of the pinned tool image, copied to the host with mode 0755 (the image
     ships it execute-only): the red checks of cases 19 and 41 bind it over the image's."""
     from sandbox import labels as L
-    from sandbox.images import resolve_pinned
+    from sandbox.pinned_images import resolve_pinned
 
     container = docker_client.containers.create(resolve_pinned(docker_client, "tool", pinned_images),
                                                 command=["true"], labels=L.base_labels("test"))

@@ -1,4 +1,4 @@
-"""Ceilings (ESCAPE-BATTERY cases 30-37): what a tool runs into, and that it ends classified.
+"""Ceilings (docs/escape-battery.md cases 30-37): what a tool runs into, and that it ends classified.
 
 Every attack runs inside the real sandbox (pinned tool image, DockerBackend) on runc and on
 gVisor; each protection that is a container setting has a red check that removes exactly that
@@ -10,7 +10,7 @@ Some evidence is read from the host side, from the container's own cgroup while 
 ground truth for "the limit held", and they are the same for runc and gVisor (runsc puts the
 whole sandbox in the container's cgroup). No assertion is about time.
 
-The attack scripts live in the product (sandbox.conformance.attacks): `ringfence conformance`
+The attack scripts live in the product (conformance.attacks): `ringfence conformance`
 runs the same ones against a user's engine and image.
 """
 
@@ -30,9 +30,7 @@ import docker
 import pytest
 from weaken import Settings, WeakenedBackend
 
-from sandbox import labels as L
-from sandbox.backend import SandboxRequest
-from sandbox.conformance.attacks import (
+from conformance.attacks import (
     BINARY_FLOOD,
     CPU_BURN,
     FD_OPENER,
@@ -44,6 +42,8 @@ from sandbox.conformance.attacks import (
     ORPHANS,
     WRITER,
 )
+from sandbox import labels as L
+from sandbox.backend import SandboxRequest
 from sandbox.docker_backend import DockerBackend
 from sandbox.hardening import engine_pids_limit
 from sandbox.profile import KiB, MiB, SandboxProfile

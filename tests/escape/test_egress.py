@@ -1,4 +1,4 @@
-"""Egress-enabled tools (ESCAPE-BATTERY case 29, cases 25-28 for tools that have egress, 46 and 47).
+"""Egress-enabled tools (docs/escape-battery.md case 29, cases 25-28 for tools that have egress, 46 and 47).
 
 Every request runs from inside a real sandbox (pinned tool image, DockerBackend with an egress
 grant) through the real egress-proxy container: the sandbox has no network (only lo); the

@@ -1,4 +1,4 @@
-"""File transfer through a real sandbox (ESCAPE-BATTERY cases 38-39), on runc and gVisor.
+"""File transfer through a real sandbox (docs/escape-battery.md cases 38-39), on runc and gVisor.
 
 Copy-out: a tool fills /tmp/out with links (to /etc/shadow, to a host file, hardlinks), files
 that it keeps swapping for links while it tars them, and hand-made tar streams; it writes the
@@ -246,7 +246,7 @@ def test_red_check_crafted_archives_escape_an_unchecked_extraction(attack, host:
         scratch = host.a / f"scratch-{name}"
         scratch.mkdir()
         with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-            tar.extractall(scratch)  # noqa: S202 - the red check
+            tar.extractall(scratch)
     assert host.sentinel.read_bytes() != SENTINEL  # written through the planted link
     assert (host.a / "escaped").exists() and (host.outside / "escaped").exists()
 

@@ -1,4 +1,4 @@
-"""Network of no-egress tools (ESCAPE-BATTERY cases 25-28), on runc and gVisor.
+"""Network of no-egress tools (docs/escape-battery.md cases 25-28), on runc and gVisor.
 
 Two kinds of evidence:
 * the sandbox's own view: only `lo` in /proc/net/dev, no route in /proc/net/route, only
@@ -29,9 +29,9 @@ import pytest
 from testcontainers.core.container import DockerContainer
 from testcontainers.core.wait_strategies import LogMessageWaitStrategy
 
-from sandbox.conformance.attacks import DNS_PROBE, VIEW_PROBE
-from sandbox.images import load_lock
+from conformance.attacks import DNS_PROBE, VIEW_PROBE
 from sandbox.labels import base_labels
+from sandbox.pinned_images import load_lock
 from sandbox.result import SandboxResult
 
 pytestmark = pytest.mark.docker

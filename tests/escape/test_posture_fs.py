@@ -13,6 +13,7 @@ settings. The green tests run under both runtimes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import tempfile
@@ -171,7 +172,7 @@ def test_case_14_red_decoy_socket_mounted(weakened, decoy_engine):
     read-only at /var/run/docker.sock, the probe finds it and GET /info is answered."""
     def change(s):
         mount = Mount(target="/var/run/docker.sock", source=decoy_engine.path, type="bind", read_only=True)
-        return {**s, "mounts": list(s["mounts"]) + [mount]}
+        return {**s, "mounts": [*list(s["mounts"]), mount]}
 
     p = probes.report(weakened(change)(probes.argv("engine_socket")))
     assert p["filesystem_sockets"] == ["/run/docker.sock"]  # /var/run is a link to /run
@@ -210,10 +211,8 @@ def socket_holder(docker_client, pinned_images):
             time.sleep(0.05)
         yield container, name
     finally:
-        try:
+        with contextlib.suppress(docker.errors.NotFound):
             container.remove(force=True)
-        except docker.errors.NotFound:
-            pass
 
 
 def test_case_15_red_shared_network_namespace(weakened, socket_holder):
@@ -285,7 +284,7 @@ def test_case_16_red_undeclared_host_mount(weakened, tmp_path):
 
     def change(s):
         hostdir = Mount(target="/hostdir", source=str(tmp_path), type="bind", read_only=True)
-        return {**s, "mounts": list(s["mounts"]) + [hostdir]}
+        return {**s, "mounts": [*list(s["mounts"]), hostdir]}
 
     p = probes.report(weakened(change)(probes.argv("mountinfo")))
     assert undeclared(p["mounts"], set()) == ["/hostdir"]
@@ -298,7 +297,7 @@ DEV_RUNC = ["fd", "full", "mqueue", "null", "ptmx", "pts", "random", "shm", "std
             "urandom", "zero"]
 # gVisor's /dev also has fuse and net (its own emulated /dev/fuse and /dev/net/tun): both names
 # stay, but as an empty read-only file and an empty read-only tmpfs (case 44).
-DEV_GVISOR = sorted(DEV_RUNC + ["fuse", "net"])
+DEV_GVISOR = sorted([*DEV_RUNC, "fuse", "net"])
 
 
 def test_case_17_minimal_dev(attack, runtime):

@@ -1,5 +1,5 @@
 """Escape battery, cases 40-45: what an independent black-box review found while cases 1-39
-passed (ESCAPE-BATTERY.md, "Found by an independent review"). Egress cases 46-47 are in
+passed (docs/escape-battery.md, "Found by an independent review"). Egress cases 46-47 are in
 test_egress.py.
 
 Each green test runs the attack in the real sandbox; each red check removes exactly the

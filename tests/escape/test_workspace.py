@@ -172,7 +172,7 @@ def test_case_48_red_docker_read_only_flag(cold, make_workspace, weakened):
 
     def docker_read_only(s):
         mounts = [m for m in s["mounts"] if m["Target"] != "/workspace"]
-        return {**s, "mounts": mounts + [Mount(target="/workspace", source=volume, type="volume", read_only=True)]}
+        return {**s, "mounts": [*mounts, Mount(target="/workspace", source=volume, type="volume", read_only=True)]}
 
     p = call(weakened(docker_read_only), USE_BINARY, volume=volume, read_only=True)
     assert "ro" in p["mount"]["options"] and "noexec" not in p["mount"]["options"]
@@ -328,8 +328,8 @@ def test_case_50_red_host_path_mounted(make_workspace, weakened, cold, host_mark
     call(cold, PLANT_LINKS, marker, marker_dir, volume=volume)
 
     def bind_host_dir(s):
-        return {**s, "mounts": list(s["mounts"]) + [Mount(target=marker_dir, source=marker_dir, type="bind",
-                                                          read_only=True)]}
+        host_dir = Mount(target=marker_dir, source=marker_dir, type="bind", read_only=True)
+        return {**s, "mounts": [*s["mounts"], host_dir]}
 
     p = call(weakened(bind_host_dir), FOLLOW_LINKS, volume=volume, read_only=True)
     assert p["host_file"] == {"ok": True, "data": text}
@@ -451,7 +451,7 @@ def test_case_52_red_other_volume_mounted(cold, make_workspace, weakened):
     call(cold, WRITE_SECRET, secret, volume=volume_a)
 
     def also_a(s):
-        return {**s, "mounts": list(s["mounts"]) + [Mount(target="/workspace-a", source=volume_a, type="volume")]}
+        return {**s, "mounts": [*list(s["mounts"]), Mount(target="/workspace-a", source=volume_a, type="volume")]}
 
     p = call(weakened(also_a), LOOK_FOR_SECRET, secret, volume_a, volume=volume_b)
     assert p["found"] == [f"/workspace-a/secret-{secret}"] and len(p["mounts"]) == 2

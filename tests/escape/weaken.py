@@ -43,4 +43,4 @@ def without_security_opt(prefix: str) -> Callable[[Settings], Settings]:
 def with_readable_init(settings: Settings, readable_tini: str) -> Settings:
     """tini bound over the image's execute-only one, readable: PID 1 stays dumpable (case 41)."""
     mount = Mount(target="/usr/bin/tini", source=readable_tini, type="bind", read_only=True)
-    return {**settings, "mounts": list(settings["mounts"]) + [mount]}
+    return {**settings, "mounts": [*list(settings["mounts"]), mount]}

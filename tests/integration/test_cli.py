@@ -107,7 +107,7 @@ def test_help_explains():
 def test_a_signal_to_the_cli_kills_its_container_first(pinned_images, docker_client, signum):
     """What timeout(1), kill and service managers send: the CLI must not exit and leave its
     container running with nobody enforcing the wall time."""
-    proc = subprocess.Popen(RINGFENCE + ["sandbox", "exec", "--timeout", "120s", "--", "sleep", "120"],
+    proc = subprocess.Popen([*RINGFENCE, "sandbox", "exec", "--timeout", "120s", "--", "sleep", "120"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ)
     try:
         selector = {"label": f"{L.PID_LABEL}={proc.pid}", "status": "running"}

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from image_support import docker_built
 
-from sandbox.conformance.cases import CASES, NOT_INCLUDED, TITLES
+from conformance.cases import CASES, NOT_INCLUDED, TITLES
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -71,7 +71,7 @@ def test_the_built_in_tool_image_passes(runtime, pinned_images):
     expected_xfail = GVISOR_FINDINGS if runtime == "gvisor" else set()
     assert {c for c, s in statuses(doc).items() if s != "PASS"} == expected_xfail
     assert all("known gVisor gap" in c["detail"] for c in doc["cases"] if c["status"] == "XFAIL")
-    # The case numbers and titles are ESCAPE-BATTERY.md's: with the cases not in conformance,
+    # The case numbers and titles are docs/escape-battery.md's: with the cases not in conformance,
     # every case 1-47 once.
     assert [c["case"] for c in doc["cases"]] == [c.case for c in CASES]
     numbers = {c["number"] for c in doc["cases"]}

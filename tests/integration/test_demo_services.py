@@ -28,15 +28,15 @@ from egress_support import INHIBIT
 from control.registry import ToolManifest
 from control.resource_policy import call_allowlist
 from control.tools import load_builtin
+from demo_services.ledger import LEDGER_HOST, Ledger
+from demo_services.runbooks import RUNBOOKS_HOST, Runbooks, RunbooksError, RunbooksSettings
 from sandbox import labels as L
 from sandbox.backend import SandboxRequest
 from sandbox.docker_backend import DockerBackend
 from sandbox.egress.grant import EgressGrant
 from sandbox.egress.proxy import EgressProxy, ProxySettings
-from sandbox.ledger import LEDGER_HOST, Ledger
 from sandbox.profile import SandboxProfile
 from sandbox.result import Outcome, ToolErrorClass
-from sandbox.runbooks import RUNBOOKS_HOST, Runbooks, RunbooksError, RunbooksSettings
 
 pytestmark = pytest.mark.docker
 
@@ -279,7 +279,7 @@ def test_runbooks_on_its_own_network_leaves_nothing_behind(docker_client, pinned
 
 class _Broken(RunbooksSettings):
     def command(self) -> list[str]:
-        return super().command() + ["--no-such-flag"]  # the service refuses to start
+        return [*super().command(), "--no-such-flag"]  # the service refuses to start
 
 
 def test_a_runbooks_service_that_does_not_come_up_says_why_and_leaves_nothing(docker_client, pinned_images):

@@ -259,7 +259,7 @@ def test_a_run_without_a_workspace_and_another_tenants_run(stack):
         with pytest.raises(InvalidArgument) as caught:
             agent.download_files(run, ["secret.txt", "missing/../../etc"])
         assert [v.field for v in caught.value.violations] == ["paths[1]"]
-        with pytest.raises(NotFound, match="'nope.txt'"):
+        with pytest.raises(NotFound, match=r"'nope\.txt'"):
             agent.download_files(run, ["nope.txt"])
         assert dict(agent.download_files(run, [])) == {"secret.txt": b"acme only\n"}
         # The run ends: its workspace is gone, and so are its files.

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.errors import ImageError
-from sandbox.images import Lock, LockEntry, build, engine, load_lock, resolve_pinned, verify
-from sandbox.images.archive import (
+from imagebuild import Lock, LockEntry, build, engine, load_lock, resolve_pinned, verify
+from imagebuild.archive import (
     ContainerConfig,
     digest_of,
     image_config,
@@ -25,7 +24,8 @@ from sandbox.images.archive import (
     write_docker_archive,
     write_layer_file,
 )
-from sandbox.images.lock import IMAGES_DIR
+from sandbox.errors import ImageError
+from sandbox.pinned_images import IMAGES_DIR
 
 pytestmark = pytest.mark.docker
 
@@ -141,9 +141,8 @@ def test_verify_lists_every_missing_and_drifted_image(client, pinned, tmp_path):
         scratch_id = _load_scratch_image(client, tmp_path, ref)
         # A lock copy: "tool" pinned to an ID the engine lacks while its tag names another
         # image (drifted), and "ghost" pinned to an ID nothing has (missing).
-        lock = Lock(tuple(
-            dataclasses.replace(e, id=WRONG_ID) if e.name == "tool" else e for e in pinned.entries
-        ) + (LockEntry("ghost", digest_of(b"ghost"), digest_of(b"g")),))
+        entries = tuple(dataclasses.replace(e, id=WRONG_ID) if e.name == "tool" else e for e in pinned.entries)
+        lock = Lock((*entries, LockEntry("ghost", digest_of(b"ghost"), digest_of(b"g"))))
         problems = verify(client, lock, images_dir=None, tag_prefix=prefix)
         kinds = {(p.name, p.kind) for p in problems}
         assert kinds == {("tool", "drifted"), ("ghost", "missing")}, problems

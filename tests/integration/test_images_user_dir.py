@@ -27,12 +27,12 @@ from pathlib import Path
 import pytest
 from image_support import TEST_LABELS, docker_built, remove_image
 
+from imagebuild import engine
+from imagebuild.archive import digest_of, file_digest
 from sandbox import labels as L
 from sandbox.backend import SandboxRequest
 from sandbox.docker_backend import DockerBackend
-from sandbox.images import engine
-from sandbox.images.archive import digest_of, file_digest
-from sandbox.images.lock import lock_for
+from sandbox.pinned_images import lock_for
 from sandbox.profile import SandboxProfile
 from sandbox.result import Outcome
 
@@ -63,7 +63,7 @@ def run(args, context):
 def cli(*args: str, netns: bool = False, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "control.cli", "images", *args]
     if netns:
-        cmd = ["unshare", "--net", "--"] + cmd
+        cmd = ["unshare", "--net", "--", *cmd]
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
                           env={**os.environ, **(env or {})})
 

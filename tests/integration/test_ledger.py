@@ -24,13 +24,13 @@ import uuid
 import pytest
 from egress_support import INHIBIT, SANDBOX_CLIENT
 
+from demo_services.ledger import LEDGER_HOST, Ledger, LedgerError, LedgerSettings
 from sandbox import labels as L
 from sandbox.backend import SandboxRequest
 from sandbox.docker_backend import DockerBackend
 from sandbox.egress.channel import EgressError
 from sandbox.egress.grant import EgressGrant
 from sandbox.egress.proxy import EgressProxy, ProxySettings
-from sandbox.ledger import LEDGER_HOST, Ledger, LedgerError, LedgerSettings
 from sandbox.profile import SandboxProfile
 from sandbox.result import Outcome, ToolErrorClass
 
@@ -259,7 +259,7 @@ def test_a_proxy_not_on_the_services_network_refuses_to_start(docker_client, pin
 
 class _Broken(LedgerSettings):
     def command(self) -> list[str]:
-        return super().command() + ["--fail-after-commit", "0"]  # the ledger refuses to start
+        return [*super().command(), "--fail-after-commit", "0"]  # the ledger refuses to start
 
 
 def test_a_ledger_that_does_not_come_up_says_why_and_leaves_nothing(docker_client, pinned_images):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 
-from control_support import replay_equals_live_at_every_prefix  # noqa: E402 - importable only after the sys.path insert above
+from control_support import replay_equals_live_at_every_prefix
 
 
 def test_replay_equals_live_at_every_prefix_on_postgres(tmp_path, pg_url):

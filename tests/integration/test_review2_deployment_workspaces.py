@@ -128,7 +128,7 @@ def test_a_second_deployment_neither_sees_nor_removes_nor_reaps_the_first_ones_w
         assert two.key(run_id) == key, "the test needs the same store key in both"
 
         # Deployment 2's workspace is its own, empty: deployment 1's file is not in it.
-        with pytest.raises(NotFound, match="secret.txt"):
+        with pytest.raises(NotFound, match=r"secret\.txt"):
             agent_two.download_files(run_id, ["secret.txt"])
         volume_two = two.volume(run_id)
         assert volume_two != volume_one

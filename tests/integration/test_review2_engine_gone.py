@@ -11,6 +11,7 @@ own `start` events for the run's containers, and the run's log in the SQLite fil
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -116,10 +117,8 @@ class EngineForwarder:
 
 
 def _close(sock: socket.socket) -> None:
-    try:
+    with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
     sock.close()
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 
-from control_support import Harness  # noqa: E402 - importable only after the sys.path insert above
-from test_review2_dispatch_outcomes import released_key_runs_once  # noqa: E402 - the same
+from control_support import Harness
+from test_review2_dispatch_outcomes import released_key_runs_once
 
 
 def test_a_released_client_key_is_claimed_again_on_postgres(tmp_path, pg_url):

@@ -20,9 +20,9 @@ from review2_support import AGENT, served
 from control.api.client import RingfenceClient
 from control.model import ObservationStatus as S
 from control.model import RunOutcome
+from imagebuild.adopt import adopt
 from sandbox.docker_backend import DockerBackend
-from sandbox.images.adopt import adopt
-from sandbox.images.lock import lock_for
+from sandbox.pinned_images import lock_for
 
 pytestmark = pytest.mark.docker
 

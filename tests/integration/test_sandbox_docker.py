@@ -72,7 +72,7 @@ def test_stdin_reaches_the_command_and_stderr_is_separate(backend, runtime):
 
 
 def test_output_flood_is_cut_at_the_cap(backend, runtime):
-    result, request = run(backend, ["sh", "-c", "yes"], stdout_limit=64 * 1024, runtime=runtime)
+    result, _request = run(backend, ["sh", "-c", "yes"], stdout_limit=64 * 1024, runtime=runtime)
     assert result.outcome is Outcome.OUTPUT_LIMIT
     assert len(result.stdout) == 64 * 1024 and result.stdout_truncated
     assert set(result.stdout) == set(b"y\n")
@@ -123,7 +123,7 @@ def test_write_to_root_filesystem_fails(backend):
 
 def test_every_container_is_labelled_and_removed(backend, docker_client):
     since = int(time.time()) - 1
-    result, request = run(backend, ["true"])
+    _result, request = run(backend, ["true"])
     events = docker_client.events(
         since=since, until=int(time.time()) + 1, decode=True,
         filters={"type": "container", "event": "create", "label": f"{L.CALL_LABEL}={request.call_id}"},

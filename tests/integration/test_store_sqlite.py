@@ -277,7 +277,7 @@ def test_a_version_1_file_is_migrated_and_its_chain_computed(tmp_path):
 
 def test_a_failed_migration_changes_nothing(tmp_path):
     path = tmp_path / "events.sqlite3"
-    _v1_file(path, V1_ROWS + [("r3", 1, "acme", "run_started", "{not json", 104.0)])
+    _v1_file(path, [*V1_ROWS, ("r3", 1, "acme", "run_started", "{not json", 104.0)])
     with pytest.raises(StoreError, match="nothing was changed"):
         SqliteEventStore(path)
     assert "schema_meta" not in _tables(path) and "events_v1" not in _tables(path)

@@ -42,18 +42,18 @@ TOOLS = ["echo", "credit", "read_file", "write_note", "sleep", "fail"]
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     config = make_config(tmp_path_factory.mktemp("fuzz"), limits={"max_message_bytes": 256 * 1024})
-    with RealCore(config, fake_backend()) as core, BackgroundServer(core.orchestrator, config) as server:
-        with grpc.insecure_channel(server.address) as channel:
-            agent = (("authorization", f"Bearer {TOKENS[('acme', Role.AGENT)]}"),)
-            approver = (("authorization", f"Bearer {TOKENS[('acme', Role.APPROVER)]}"),)
-            start = channel.unary_unary(
-                "/ringfence.v1.RunService/StartRun",
-                request_serializer=runs_pb2.StartRunRequest.SerializeToString,
-                response_deserializer=types_pb2.Run.FromString,
-            )
-            start(runs_pb2.StartRunRequest(goal="fuzz target", run_id=LIVE_RUN), metadata=agent, timeout=10)
-            yield server, channel, agent, approver
-            assert server.server.edge.unexpected_errors == 0
+    with RealCore(config, fake_backend()) as core, BackgroundServer(core.orchestrator, config) as server, \
+            grpc.insecure_channel(server.address) as channel:
+        agent = (("authorization", f"Bearer {TOKENS[('acme', Role.AGENT)]}"),)
+        approver = (("authorization", f"Bearer {TOKENS[('acme', Role.APPROVER)]}"),)
+        start = channel.unary_unary(
+            "/ringfence.v1.RunService/StartRun",
+            request_serializer=runs_pb2.StartRunRequest.SerializeToString,
+            response_deserializer=types_pb2.Run.FromString,
+        )
+        start(runs_pb2.StartRunRequest(goal="fuzz target", run_id=LIVE_RUN), metadata=agent, timeout=10)
+        yield server, channel, agent, approver
+        assert server.server.edge.unexpected_errors == 0
 
 
 # --- strategies -------------------------------------------------------------------------------
@@ -206,8 +206,8 @@ def test_fuzzed_watches_get_a_defined_answer(env):
 
 
 @SETTINGS
-@given(path=st.sampled_from(sorted(UNARY)
-                            + ["/ringfence.v1.RunService/ExecutePlan", "/ringfence.v1.RunService/WatchRun"]),
+@given(path=st.sampled_from([*sorted(UNARY), "/ringfence.v1.RunService/ExecutePlan",
+                             "/ringfence.v1.RunService/WatchRun"]),
        data=st.binary(max_size=300))
 def test_raw_bytes_never_produce_internal_or_unknown(env, path, data):
     server, channel, *_ = env
@@ -228,6 +228,6 @@ def test_raw_bytes_never_produce_internal_or_unknown(env, path, data):
     value=st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=200),
 )
 def test_fuzzed_authorization_headers_are_unauthenticated(env, path, value):
-    server, channel, *_ = env
+    _server, channel, *_ = env
     code, details = code_of_raw(channel, path, (("authorization", value),))
     assert code == grpc.StatusCode.UNAUTHENTICATED, (code, details, value)

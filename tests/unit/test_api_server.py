@@ -142,13 +142,13 @@ def test_list_tools_narrows_by_query_past_twelve_tools(tmp_path, tools_dir):
         doc = dict(TRANSFER, name=f"ledger_{i}", description=f"Ledger report number {i}.")
         (tools_dir / f"ledger_{i}.json").write_text(json.dumps(doc))
     config = make_config(tmp_path / "state", tools_dir=str(tools_dir))
-    with RealCore(config, fake_backend()) as core, BackgroundServer(core.orchestrator, config) as s:
-        with RingfenceClient(s.address, AGENT) as c:
-            everything = c.list_tools()
-            assert len(everything) == len(list(tools_dir.glob("*.json"))) > 12
-            narrowed = [t.name for t in c.list_tools("credit an account")]
-            assert narrowed and "credit" in narrowed and len(narrowed) < len(everything)
-            assert not any(n.startswith("ledger_") for n in narrowed)
+    with RealCore(config, fake_backend()) as core, BackgroundServer(core.orchestrator, config) as s, \
+            RingfenceClient(s.address, AGENT) as c:
+        everything = c.list_tools()
+        assert len(everything) == len(list(tools_dir.glob("*.json"))) > 12
+        narrowed = [t.name for t in c.list_tools("credit an account")]
+        assert narrowed and "credit" in narrowed and len(narrowed) < len(everything)
+        assert not any(n.startswith("ledger_") for n in narrowed)
 
 
 # --- tenants -------------------------------------------------------------------------------

@@ -54,12 +54,11 @@ def test_tls_serves_and_still_requires_the_token(pki, tmp_path):
     with BackgroundServer(StubOrchestrator(), make_config(tmp_path), tls=tls) as s:
         with RingfenceClient(s.address, AGENT, credentials=credentials(pki, None)) as c:
             assert [t.name for t in c.list_tools()] == ["echo"]
-        with RingfenceClient(s.address, None, credentials=credentials(pki, None)) as c:
-            with pytest.raises(Unauthenticated):
-                c.list_tools()
-        with RingfenceClient(s.address, AGENT, timeout=5) as plaintext:
-            with pytest.raises(Unavailable):  # no TLS handshake, no connection
-                plaintext.list_tools()
+        with RingfenceClient(s.address, None, credentials=credentials(pki, None)) as c, pytest.raises(Unauthenticated):
+            c.list_tools()
+        with RingfenceClient(s.address, AGENT, timeout=5) as plaintext, \
+                pytest.raises(Unavailable):  # no TLS handshake, no connection
+            plaintext.list_tools()
 
 
 def test_mtls_refuses_clients_without_a_certificate_from_the_ca(pki, tmp_path):
@@ -69,7 +68,7 @@ def test_mtls_refuses_clients_without_a_certificate_from_the_ca(pki, tmp_path):
         with RingfenceClient(s.address, AGENT, credentials=credentials(pki, "client")) as c:
             assert [t.name for t in c.list_tools()] == ["echo"]
         for client in (None, "stranger"):
-            with RingfenceClient(s.address, AGENT, credentials=credentials(pki, client), timeout=5) as c:
-                with pytest.raises(Unavailable):  # the handshake fails: no call is made
-                    c.list_tools()
+            with RingfenceClient(s.address, AGENT, credentials=credentials(pki, client), timeout=5) as c, \
+                    pytest.raises(Unavailable):  # the handshake fails: no call is made
+                c.list_tools()
         assert len(stub.calls) == 1

@@ -408,9 +408,8 @@ def test_a_channel_that_cannot_connect_is_unavailable_after_the_retries(tmp_path
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     policy = RetryPolicy(attempts=2, initial_backoff_s=0.0, max_backoff_s=0.0, jitter_s=0.0)
-    with Client(f"127.0.0.1:{port}", AGENT, retry=policy, timeout=10) as c:
-        with pytest.raises(Unavailable):
-            c.get_run("r1")
+    with Client(f"127.0.0.1:{port}", AGENT, retry=policy, timeout=10) as c, pytest.raises(Unavailable):
+        c.get_run("r1")
 
 
 # --- deadlines ----------------------------------------------------------------------------------
@@ -447,16 +446,16 @@ def test_the_callers_trace_context_reaches_the_server(tmp_path):
     server_provider.add_span_processor(SimpleSpanProcessor(exporter))
     client_tracer = TracerProvider().get_tracer("the-agent")
     stub = StubOrchestrator()
-    with BackgroundServer(stub, make_config(tmp_path), tracer_provider=server_provider) as s:
-        with Client(s.address, AGENT, retry=FAST) as c:
-            assert not any(k == "traceparent" for k, _ in c.metadata())  # no span, no header
-            c.start_run("g", "r1")
-            with client_tracer.start_as_current_span("agent-turn") as span:
-                here = span.get_span_context()
-                sent = dict(c.metadata())["traceparent"]
-                assert sent.startswith(f"00-{here.trace_id:032x}-{here.span_id:016x}-")
-                c.get_run("r1")
-                list(c.execute_plan("r1", [{"key": "s1", "tool": "echo", "arguments": {}}]))
+    with BackgroundServer(stub, make_config(tmp_path), tracer_provider=server_provider) as s, \
+            Client(s.address, AGENT, retry=FAST) as c:
+        assert not any(k == "traceparent" for k, _ in c.metadata())  # no span, no header
+        c.start_run("g", "r1")
+        with client_tracer.start_as_current_span("agent-turn") as span:
+            here = span.get_span_context()
+            sent = dict(c.metadata())["traceparent"]
+            assert sent.startswith(f"00-{here.trace_id:032x}-{here.span_id:016x}-")
+            c.get_run("r1")
+            list(c.execute_plan("r1", [{"key": "s1", "tool": "echo", "arguments": {}}]))
     spans = {sp.name.rsplit("/", 1)[-1]: sp for sp in exporter.get_finished_spans()}
     for name in ("GetRun", "ExecutePlan"):
         continued = spans[name]
@@ -495,9 +494,9 @@ def test_tls_and_mtls(tmp_path):
             assert [t.name for t in c.list_tools()] == ["echo"]
         no_cert = TlsConfig.from_files(p / "ca.pem", server_name="ringfence.test")
         once = RetryPolicy(attempts=1)
-        with Client(s.address, AGENT, tls=no_cert, retry=once, timeout=10) as c:
-            with pytest.raises(Unavailable):  # the handshake fails: no client certificate
-                c.list_tools()
+        with Client(s.address, AGENT, tls=no_cert, retry=once, timeout=10) as c, \
+                pytest.raises(Unavailable):  # the handshake fails: no client certificate
+            c.list_tools()
     with pytest.raises(ValueError):
         TlsConfig(private_key=b"key only")
 

@@ -43,7 +43,7 @@ def test_a_non_finite_limit_is_refused_naming_its_key(tmp_path, name, spelled):
 
 @pytest.mark.parametrize("name", sorted(LIMIT_RANGES))
 def test_a_limit_past_its_range_is_refused_naming_its_key(tmp_path, name):
-    low, high = LIMIT_RANGES[name]
+    _low, high = LIMIT_RANGES[name]
     is_int = next(f for f in fields(Limits) if f.name == name).type in ("int", int)
     over = int(high) + 1 if is_int else high * 2 + 1
     e = _refused(tmp_path, f"[limits]\n{name} = {over}\n")

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.conformance import attacks, probes
-from sandbox.conformance.cases import (
+from conformance import attacks, probes
+from conformance.cases import (
     CASES,
     NOT_INCLUDED,
     TITLES,
@@ -28,7 +28,7 @@ from sandbox.conformance.cases import (
     make_probes,
     needed_probes,
 )
-from sandbox.conformance.runner import FAIL, PASS, XFAIL, Report, evaluate, select
+from conformance.runner import FAIL, PASS, XFAIL, Report, evaluate, select
 from sandbox.result import Outcome, SandboxResult
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,11 +105,11 @@ def test_the_battery_imports_its_probes_from_the_product():
     escape = ROOT / "tests" / "escape"
     assert [p.name for p in (escape / "probes").iterdir() if p.suffix == ".py"] == ["__init__.py"]
     helpers = (escape / "probes" / "__init__.py").read_text()
-    assert "from sandbox.conformance.probes import HERE, argv, source" in helpers
+    assert "from conformance.probes import HERE, argv, source" in helpers
     ceilings = (escape / "test_ceilings.py").read_text()
-    assert "from sandbox.conformance.attacks import" in ceilings and 'FORK_COUNTER = r"""' not in ceilings
+    assert "from conformance.attacks import" in ceilings and 'FORK_COUNTER = r"""' not in ceilings
     network = (escape / "test_network.py").read_text()
-    assert "from sandbox.conformance.attacks import DNS_PROBE, VIEW_PROBE" in network
+    assert "from conformance.attacks import DNS_PROBE, VIEW_PROBE" in network
     assert 'VIEW_PROBE = r"""' not in network
 
 
@@ -278,7 +278,7 @@ def test_environment_from_anywhere_but_the_image_and_the_call_fails_case_24():
 
 def test_report_json_and_table():
     cases = [by_id("1"), by_id("4.image"), by_id("13")]
-    from sandbox.conformance.runner import CaseResult
+    from conformance.runner import CaseResult
 
     results = (CaseResult(cases[0], PASS), CaseResult(cases[1], FAIL, "1 privileged file(s): /usr/local/bin/rootsh"),
                CaseResult(cases[2], XFAIL, "known gVisor gap"))
@@ -325,6 +325,6 @@ def test_cli_usage_errors_exit_2(tmp_path):
 def test_help_explains_the_run():
     r = ringfence("conformance", "--help")
     assert r.returncode == 0
-    for words in ("ESCAPE-BATTERY.md", "PASS, FAIL or XFAIL", "--json", "27, 29, 38, 39, 46,", "Exit status: 0",
+    for words in ("docs/escape-battery.md", "PASS, FAIL or XFAIL", "--json", "27, 29, 38, 39, 46,", "Exit status: 0",
                   "red check"):
         assert words in r.stdout, words

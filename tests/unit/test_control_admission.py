@@ -244,7 +244,7 @@ def test_without_a_matching_allow_rule_the_verdict_is_never_allow(tool, mutates,
        rules=st.lists(_rule, max_size=6))
 def test_a_matching_deny_rule_always_wins(arguments, rules):
     manifest = ToolManifest("alpha", "t", {"type": "object"}, mutates=False, reversible=True)
-    rules = rules + [RuleConfig("*", "deny", {})]
+    rules = [*rules, RuleConfig("*", "deny", {})]
     decision = PolicyEngine(PolicyConfig(autonomy="autonomous", rules=tuple(rules))).decide(manifest, arguments)
     assert decision.verdict is Verdict.DENY
 

@@ -62,7 +62,7 @@ def test_large_registries_are_narrowed_by_the_query():
               _tool("refund", "refund a customer invoice")]
     r = Registry(tools)
     assert [v.name for v in r.list("invoice")] == ["refund", "send_invoice"]
-    assert [v.name for v in r.list("send invoice")][0] == "send_invoice"
+    assert next(v.name for v in r.list("send invoice")) == "send_invoice"
     assert len(r.list("particular")) == NARROW_ABOVE
     assert len(r.list("")) == 22
 

@@ -61,7 +61,7 @@ def test_at_most_four_attempts():
 
 @pytest.mark.parametrize("cls", sorted(set(FailureClass) - {FailureClass.TRANSIENT, FailureClass.RATE_LIMITED}))
 def test_never_retried(cls):
-    final, calls, sleeps = run([Attempt(1, cls), Attempt(2, None)])
+    _final, calls, sleeps = run([Attempt(1, cls), Attempt(2, None)])
     assert calls == [1] and sleeps == []
 
 

@@ -1,5 +1,6 @@
 """The pages stay true to the repository: the README is a newcomer's page, every link and every
-repository path a page names exists, no page cites a file outside the repository, and the table
+repository path a page names exists, no page (and no tracked file) cites a file outside the
+repository, and the table
 of "the ten tests worth copying" (docs/agent-harness.md) points at tests that exist.
 
 The commands and examples on the pages are run as written by tests/e2e (test_doc_commands,
@@ -8,6 +9,7 @@ test_doc_examples, test_own_tools)."""
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 from docs_support import DOCS, README, ROOT, pages, sh_lines
@@ -16,7 +18,8 @@ from docs_support import DOCS, README, ROOT, pages, sh_lines
 README_MAX_LINES = 250
 README_SECTIONS = ("Two commands", "A first agent", "The security model in brief", "Where to read on")
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
-_REPO_PATH = re.compile(r"`((?:control|sandbox|tests|images|examples|protos|bench|docs)/[\w./-]*)`")
+_REPO_PATH = re.compile(
+    r"`((?:control|sandbox|imagebuild|conformance|demo_services|tests|images|examples|protos|bench|docs)/[\w./-]*)`")
 # Paths a page names that are not in the checkout, each for a reason: a placeholder, a file a
 # run writes, a file of the worked example's own project.
 _NOT_IN_THE_CHECKOUT = {
@@ -24,6 +27,14 @@ _NOT_IN_THE_CHECKOUT = {
     "bench/results/latest.json",  # written by `make bench`
     "images/jq-table/image.json",  # in the project "Your own tools" builds, not here
 }
+
+
+# Files the project once cited that are not in the repository (its design notes now live in
+# docs/: ARCHITECTURE.md, escape-battery.md, security-model.md). Spelled in pieces so that this
+# file, too, cites none of them.
+_OUTSIDE = ("DESIGN" + ".md", "ESCAPE" + "-BATTERY", "../" + "shared")
+# The kinds of tracked file that could cite one: code, pages, configuration.
+_CITING_FILES = (".py", ".md", ".toml", ".ini", ".cfg", ".sh", ".json")
 
 
 def _anchor(heading: str) -> str:
@@ -70,8 +81,31 @@ def test_every_repository_path_a_page_names_exists():
 def test_no_page_cites_a_file_outside_the_repository():
     for page in pages():
         text = page.read_text()
-        for outside in ("DESIGN.md", "ESCAPE-BATTERY.md", "../shared"):
+        for outside in _OUTSIDE:
             assert outside not in text, (page.name, outside)
+
+
+# What a tree without git holds that is not the project's own (environments, caches, builds).
+_NOT_THE_PROJECTS = {".git", ".venv", "build", "dist", "__pycache__", ".pytest_cache", ".mypy_cache",
+                     ".hypothesis", ".build"}
+
+
+def _tracked_files() -> list[Path]:
+    """Every file git tracks in the checkout (untracked scratch files are nobody's citation); in
+    a copy without git, every file outside environments, caches and builds."""
+    if not (ROOT / ".git").exists():
+        return [p for p in ROOT.rglob("*") if p.is_file() and not _NOT_THE_PROJECTS & set(p.relative_to(ROOT).parts)
+                and not any(part.endswith(".egg-info") for part in p.parts)]
+    out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    return [ROOT / name for name in out.decode().split("\0") if name]
+
+
+def test_no_tracked_file_cites_a_file_outside_the_repository():
+    files = [p for p in _tracked_files() if p.name == "Makefile" or p.suffix in _CITING_FILES]
+    assert len(files) > 100  # the listing worked: code, tests and pages are all in it
+    cited = [f"{p.relative_to(ROOT)}: {outside}" for p in files if p.is_file()
+             for outside in _OUTSIDE if outside in p.read_text(errors="replace")]
+    assert cited == []
 
 
 def table_rows() -> list[str]:

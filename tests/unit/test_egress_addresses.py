@@ -1,7 +1,7 @@
 """The proxy's address classifier: every range it must refuse, without opening a socket.
 
 This is where the metadata address, link-local, private and the IPv6 forms that smuggle them
-are proven refused: the Docker tests never aim a packet at them (ESCAPE-BATTERY, Network).
+are proven refused: the Docker tests never aim a packet at them (docs/escape-battery.md, Network).
 """
 
 from __future__ import annotations

@@ -87,13 +87,13 @@ def test_egress_grant_validates_and_canonicalizes():
     g = EgressGrant(allow=("B.test", "a.test:8443", "*.c.test"))
     assert g.allow == ("*.c.test", "a.test:8443", "b.test")
     assert EgressGrant(allow="a.test,b.test").allow == ("a.test", "b.test")
-    with pytest.raises(ProfileError, match="egress.allow"):
+    with pytest.raises(ProfileError, match=r"egress\.allow"):
         EgressGrant(allow=())
-    with pytest.raises(ProfileError, match="egress.allow"):
+    with pytest.raises(ProfileError, match=r"egress\.allow"):
         EgressGrant(allow=("169.254.169.254",))
-    with pytest.raises(ProfileError, match="egress.max_bytes"):
+    with pytest.raises(ProfileError, match=r"egress\.max_bytes"):
         EgressGrant(allow=("a.test",), max_bytes=0)
-    with pytest.raises(ProfileError, match="egress.max_connections"):
+    with pytest.raises(ProfileError, match=r"egress\.max_connections"):
         EgressGrant(allow=("a.test",), max_connections=True)
 
 

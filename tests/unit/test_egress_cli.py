@@ -40,7 +40,7 @@ def test_the_image_is_built_from_these_very_proxy_modules():
     unit tests exercise is the code the proxy container runs; the lock pins their content."""
     from pathlib import Path
 
-    from sandbox.images.spec import load_spec
+    from imagebuild.spec import load_spec
 
     root = Path(__file__).resolve().parents[2]
     spec = load_spec(root / "images" / "egress-proxy")

@@ -14,6 +14,7 @@ import io
 import json
 import logging
 import uuid
+from typing import ClassVar
 
 import pytest
 from control_support import AGENT, APPROVER, Harness
@@ -112,7 +113,7 @@ def test_a_failing_hook_neither_stops_the_others_nor_the_run(tmp_path):
 
     class Unprintable:
         type, seq, run_id, at = "observation", 1, "r", "not a time"
-        data = {"call_id": "c1"}
+        data: ClassVar[dict[str, str]] = {"call_id": "c1"}
 
     EventLogger(json_logger()[0]).observe(object(), Unprintable())  # logged as a failure, not raised
 

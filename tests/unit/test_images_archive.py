@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.errors import ImageError
-from sandbox.images import Lock, LockEntry, build, load_lock, package_diff
-from sandbox.images.archive import (
+from imagebuild import Lock, LockEntry, build, load_lock, package_diff
+from imagebuild.archive import (
     CREATED,
     EPOCH,
     ContainerConfig,
@@ -31,9 +30,10 @@ from sandbox.images.archive import (
     write_layer,
     write_layer_file,
 )
-from sandbox.images.builder import Built, Cache
-from sandbox.images.lock import IMAGES_DIR
-from sandbox.images.spec import build_order, load_spec, load_specs
+from imagebuild.builder import Built, Cache
+from imagebuild.spec import build_order, load_spec, load_specs
+from sandbox.errors import ImageError
+from sandbox.pinned_images import IMAGES_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 RINGFENCE_DIR = REPO / "images/tool/rootfs/opt/ringfence"
@@ -363,10 +363,10 @@ def test_same_inputs_give_same_child_id_and_a_change_is_drift(scratch):
 
 
 def test_root_drift_reports_package_diff_and_blocks_children(scratch, monkeypatch):
-    images, cache, lock_path, parent = scratch
+    _images, _cache, lock_path, parent = scratch
     _build(scratch, update_lock=True)
     # Pretend the mirror moved: a rebuilt root comes out with another package set.
-    from sandbox.images import builder as builder_mod
+    from imagebuild import builder as builder_mod
 
     def fake_root(self, spec):
         config = image_config(spec.container_config(None), list(parent.doc["rootfs"]["diff_ids"]), ["moved"])
@@ -383,9 +383,9 @@ def test_root_drift_reports_package_diff_and_blocks_children(scratch, monkeypatc
 
 
 def test_missing_parent_cache_is_rebuilt(scratch, monkeypatch):
-    images, cache, lock_path, parent = scratch
+    _images, cache, _lock_path, parent = scratch
     cache.record(parent.id).unlink()
-    from sandbox.images import builder as builder_mod
+    from imagebuild import builder as builder_mod
 
     calls = []
     monkeypatch.setattr(builder_mod._Builder, "assemble_root", lambda self, spec: calls.append(spec.name) or parent)
@@ -540,7 +540,7 @@ def test_sleep_validates():
 
 
 def test_public_exports_are_pinned():
-    import sandbox.images as api
+    import imagebuild as api
 
     assert sorted(api.__all__) == [
         "BuildReport", "Built", "Drift", "ImageSpec", "Lock", "LockEntry", "Problem", "build",
@@ -552,7 +552,7 @@ def test_public_exports_are_pinned():
 def test_cli_registers_build_and_verify():
     import argparse
 
-    from sandbox.images import cli
+    from imagebuild import cli
 
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers(dest="command"))
@@ -563,8 +563,8 @@ def test_cli_registers_build_and_verify():
 
 
 def test_an_offline_root_build_needs_the_package_tarball(tmp_path):
-    from sandbox.images import rootfs
-    from sandbox.images.spec import Debootstrap
+    from imagebuild import rootfs
+    from imagebuild.spec import Debootstrap
 
     with pytest.raises(ImageError, match="no package tarball"):
         rootfs.debootstrap(Debootstrap("bookworm", "http://deb.debian.org/debian", ()), tmp_path / "root",

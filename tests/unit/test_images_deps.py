@@ -22,13 +22,13 @@ import pytest
 
 from control.config import load_config
 from control.errors import ConfigError
+from imagebuild import adopt, build, debs, wheels
+from imagebuild.archive import digest_of, image_config, tree_entries, write_layer, write_layer_file
+from imagebuild.builder import Built, Cache, _Deps
+from imagebuild.pins import DebPin, WheelPin, deps_diff
+from imagebuild.spec import ancestors, load_spec, load_specs, root_of
 from sandbox.errors import ImageError
-from sandbox.images import adopt, build, debs, wheels
-from sandbox.images.archive import digest_of, image_config, tree_entries, write_layer, write_layer_file
-from sandbox.images.builder import Built, Cache, _Deps
-from sandbox.images.lock import IMAGES_DIR, Lock, LockEntry, load_lock, lock_for
-from sandbox.images.pins import DebPin, LockedDeb, LockedWheel, WheelPin, deps_diff
-from sandbox.images.spec import ancestors, load_spec, load_specs, root_of
+from sandbox.pinned_images import IMAGES_DIR, Lock, LockedDeb, LockedWheel, LockEntry, load_lock, lock_for
 
 H = "ab" * 32
 
@@ -236,7 +236,7 @@ def test_a_cached_deb_that_is_not_the_recorded_file_is_refused_by_name(tmp_path)
     other = LockedDeb("x", "1.0", "amd64", H, deb.filename)
     with pytest.raises(ImageError, match=f"x=1.0: the cached .deb .* has sha256 {deb.sha256}, but {H} is recorded"):
         debs.cached(other, tmp_path / "debs")
-    with pytest.raises(ImageError, match="x=1.0: not in the package cache"):
+    with pytest.raises(ImageError, match=r"x=1\.0: not in the package cache"):
         debs.cached(deb, tmp_path / "elsewhere")
 
 
@@ -284,7 +284,7 @@ def test_a_wheel_whose_hash_is_not_the_pin_is_refused_by_name(tmp_path):
         wheels.cached(WheelPin("demo", "1.0", H), tmp_path / "wh", TARGET)
     # A file swapped under its hash's folder is refused too.
     (tmp_path / "wh" / sha / whl.name).write_bytes(b"not the wheel")
-    with pytest.raises(ImageError, match="wheel demo==1.0: .* has sha256 .*, the pin says"):
+    with pytest.raises(ImageError, match=r"wheel demo==1.0: .* has sha256 .*, the pin says"):
         wheels.cached(WheelPin("demo", "1.0", sha), tmp_path / "wh", TARGET)
 
 
@@ -400,7 +400,7 @@ def test_the_config_names_the_images_dir_relative_to_itself(tmp_path):
     assert load_config(cfg).images_dir == tmp_path / "proj/my-images"
     assert load_config().images_dir is None
     cfg.write_text('[images]\ndir = "absent"\n')
-    with pytest.raises(ConfigError, match="images.dir"):
+    with pytest.raises(ConfigError, match=r"images\.dir"):
         load_config(cfg)
 
 
@@ -465,7 +465,7 @@ def test_a_changed_file_is_refused_and_a_new_version_is_drift(scratch):
     cached = images / ".build/debs/jq_1.0_amd64.deb"
     good = cached.read_bytes()
     cached.write_bytes(good + b"tampered")
-    with pytest.raises(ImageError, match="jq=1.0: the cached .deb .* refusing to install it"):
+    with pytest.raises(ImageError, match=r"jq=1.0: the cached .deb .* refusing to install it"):
         build(["child"], images_dir=images, load=False, force=True, offline=True)
     cached.write_bytes(good)
     # The wheel's pin changes: offline, the build refuses it by name; the lock is untouched.

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from imagebuild.spec import load_spec
 from sandbox.errors import ImageError
-from sandbox.images.spec import load_spec
 
 
 def make_repo(tmp_path, files, rootfs=None):
@@ -42,18 +42,16 @@ def test_paths_that_leave_the_tree_are_refused(tmp_path, files):
 
 def test_a_missing_source_or_a_clash_with_rootfs_is_refused(tmp_path):
     spec = load_spec(make_repo(tmp_path, {"opt/x.py": "pkg/absent.py"}))
-    with pytest.raises(ImageError, match="not a regular file"):
-        with spec.overlay():
-            pass
+    with pytest.raises(ImageError, match="not a regular file"), spec.overlay():
+        pass
     spec = load_spec(make_repo(tmp_path / "b", {"opt/x.py": "pkg/mod.py"}, rootfs={"opt/x.py": "y"}))
-    with pytest.raises(ImageError, match="also in rootfs"):
-        with spec.overlay():
-            pass
+    with pytest.raises(ImageError, match="also in rootfs"), spec.overlay():
+        pass
 
 
 def test_fetch_skips_a_root_image_whose_package_tarball_is_present(tmp_path):
     """`ringfence images fetch` (run by `make images`) downloads only what is missing."""
-    from sandbox.images.builder import fetch
+    from imagebuild.builder import fetch
 
     images = tmp_path / "images"
     (images / "base").mkdir(parents=True)

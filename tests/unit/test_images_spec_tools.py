@@ -9,12 +9,12 @@ import tarfile
 
 import pytest
 
+from imagebuild import build
+from imagebuild.archive import digest_of, image_config, tree_entries, write_layer_file
+from imagebuild.builder import Built, Cache
+from imagebuild.spec import load_spec
 from sandbox.errors import ImageError
-from sandbox.images import build
-from sandbox.images.archive import digest_of, image_config, tree_entries, write_layer_file
-from sandbox.images.builder import Built, Cache
-from sandbox.images.lock import Lock, load_lock
-from sandbox.images.spec import load_spec
+from sandbox.pinned_images import Lock, load_lock
 
 CODE = "def run(arguments, context):\n    return arguments\n"
 
@@ -92,22 +92,20 @@ def test_a_root_image_lays_no_tools(tmp_path):
 
 def test_missing_code_a_link_or_a_clash_with_rootfs_is_refused(tmp_path):
     spec = load_spec(project(tmp_path, ("../../tools/absent",)))
-    with pytest.raises(ImageError, match="tools: ../../tools/absent: .*absent.py is not a regular file"):
-        with spec.overlay():
-            pass
+    with pytest.raises(ImageError, match=r"tools: ../../tools/absent: .*absent.py is not a regular file"), \
+            spec.overlay():
+        pass
     b = tmp_path / "b"
     spec = load_spec(project(b, rootfs={"opt/ringfence/tools/probe.py": "other"}))
-    with pytest.raises(ImageError, match="is also in rootfs"):
-        with spec.overlay():
-            pass
+    with pytest.raises(ImageError, match="is also in rootfs"), spec.overlay():
+        pass
     c = tmp_path / "c"
     spec_dir = project(c)
     code = c / "tools/probe/probe.py"
     code.unlink()
     code.symlink_to(c / "tools/probe/test_probe.py")
-    with pytest.raises(ImageError, match="not a regular file"):
-        with load_spec(spec_dir).overlay():
-            pass
+    with pytest.raises(ImageError, match="not a regular file"), load_spec(spec_dir).overlay():
+        pass
 
 
 @pytest.fixture

@@ -93,7 +93,7 @@ def test_after_a_flush_lines_wait_for_the_clock_or_the_size():
 
 
 def test_each_stream_is_chunked_and_numbered_on_its_own():
-    out, repo, clock = live()
+    out, repo, _clock = live()
     out("stdout", b"o1\n")
     out("stderr", b"e1\n")  # never flushed before: at once, whatever stdout did
     out("stdout", b"o2\n")
@@ -188,7 +188,7 @@ def test_red_check_an_unchecked_cut_splits_the_secret(monkeypatch):
 
 
 def test_private_key_material_withholds_the_rest_of_the_attempt():
-    out, repo, clock = live()
+    out, repo, _clock = live()
     out("stdout", b"ok\n")
     out("stderr", b"-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA\n")
     out("stdout", b"more\n")
@@ -238,7 +238,7 @@ def test_output_arriving_after_the_end_is_written_at_once():
 
 
 def test_two_reading_threads_at_once_keep_every_byte_in_order():
-    out, repo, clock = live()
+    out, repo, _clock = live()
     lines = {s: [f"{s} {i:04d}\n".encode() for i in range(2000)] for s in ("stdout", "stderr")}
 
     def read(stream: str) -> None:

@@ -150,7 +150,7 @@ def test_a_tenants_burst_is_refused_past_its_own_limit_and_never_refuses_or_stal
 
 
 def test_an_agent_holding_all_its_watch_streams_does_not_stop_its_approver(held):
-    server, gate, config = held()
+    server, gate, _config = held()
     gate.release.set()
     streams = []
     with RingfenceClient(server.address, A_AGENT) as agent, RingfenceClient(server.address, A_APPROVER) as approver:
@@ -196,7 +196,7 @@ def test_an_agent_holding_all_its_watch_streams_does_not_stop_its_approver(held)
 def test_a_configured_limit_and_share_are_exact_and_cancelling_a_waiting_call_frees_its_place(held):
     """[edge] max_in_flight 3, worker_share 1 of 2 threads: 3 of acme's 10 StartRuns admitted (1
     in the core, 2 waiting for acme's one thread), 7 refused; globex's calls take the other thread."""
-    server, gate, config = held({"max_in_flight": 3, "worker_share": 1, "worker_threads": 2})
+    server, gate, _config = held({"max_in_flight": 3, "worker_share": 1, "worker_threads": 2})
     edge = server.server.edge
     with RingfenceClient(server.address, A_AGENT) as a, RingfenceClient(server.address, B_AGENT) as b:
         b_run = b.start_run("b", "b-run")
@@ -235,7 +235,7 @@ def test_a_configured_limit_and_share_are_exact_and_cancelling_a_waiting_call_fr
 def test_a_tenants_long_batches_do_not_hold_the_threads_its_own_short_calls_need(held):
     """Batches wait on containers for seconds: three held batches of acme's agent (over its
     worker share of 1) all run at once, and its own GetRun and StartRun are still answered."""
-    server, gate, config = held({"worker_share": 1, "worker_threads": 2}, {"max_concurrent_batches": 3},
+    server, gate, _config = held({"worker_share": 1, "worker_threads": 2}, {"max_concurrent_batches": 3},
                                 methods=("submit_batch",))
     with RingfenceClient(server.address, A_AGENT) as a:
         runs = [a.start_run("batch", f"r{i}").run_id for i in range(3)]

@@ -1,4 +1,4 @@
-"""The runbooks service itself (sandbox/runbooks/server.py, the very file the runbooks image
+"""The runbooks service itself (demo_services/runbooks/server.py, the very file the runbooks image
 runs), without Docker: a RunbookServer on 127.0.0.1.
 
 On loopback every request is the operator's, so nothing is counted as network traffic here;
@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from sandbox.runbooks import server as rb
+from demo_services.runbooks import server as rb
 
 
 @pytest.fixture
@@ -52,7 +52,7 @@ def test_a_runbook_as_json_and_as_text(service):
 @pytest.mark.parametrize("path", ["/runbooks/nope", "/runbooks/../stats", "/runbooks/Disk-Full", "/", "/etc/passwd",
                                   "/runbooks/disk-full/x", "/runbooks/.txt"])
 def test_anything_else_is_404(service, path):
-    status, ctype, body = get(service, path)
+    status, _ctype, body = get(service, path)
     assert status == 404 and json.loads(body)["error"] == "not_found"
 
 

@@ -43,7 +43,7 @@ def test_missing_source_gives_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv(seccomp.SOURCE_ENV, str(tmp_path / "nope.json"))
     seccomp.profile_json.cache_clear()
     try:
-        with pytest.raises(EngineError, match="nope.json"):
+        with pytest.raises(EngineError, match=r"nope\.json"):
             seccomp.profile_json()
     finally:
         monkeypatch.delenv(seccomp.SOURCE_ENV)

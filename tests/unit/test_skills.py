@@ -129,7 +129,7 @@ def test_each_trial_is_a_fresh_run_with_the_steps_as_one_batch(library, client):
     starts = [e for e in client.log if e[0] == "start_run"]
     assert [(goal, rid) for _, _, goal, rid in starts] == [
         ("skill trial read-incident / id", None), ("skill trial read-incident / customer", None)]
-    batch = [e for e in client.log if e[0] == "submit_batch"][0]
+    batch = next(e for e in client.log if e[0] == "submit_batch")
     assert batch == ("submit_batch", "run-1", [("step-1", "read_file", {"path": "/input/incident.md"})])
 
 

@@ -32,9 +32,9 @@ def test_nothing_configured_is_none_and_changes_nothing():
 def test_console_spans_reach_stdout_one_json_line_each(capsys):
     provider = configure_tracing(None, True, set_global=False)
     assert provider is not None and trace.get_tracer_provider() is not provider
-    with provider.get_tracer("t").start_as_current_span("outer"):
-        with provider.get_tracer("t").start_as_current_span("inner", attributes={"ringfence.run_id": "r1"}):
-            pass
+    with provider.get_tracer("t").start_as_current_span("outer"), \
+            provider.get_tracer("t").start_as_current_span("inner", attributes={"ringfence.run_id": "r1"}):
+        pass
     shutdown_tracing(provider)
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [s["name"] for s in lines] == ["inner", "outer"]

@@ -22,9 +22,9 @@ from control.errors import ConfigError
 from control.registry import _LIMIT_KEYS, _MANIFEST_KEYS, _RECONCILE_KEYS
 from control.toolpkg.check import SCRIPT, Checker, Images, builtin_tools, stage_package, targets
 from control.toolpkg.packages import load_all, load_package, package_folders, registry_from_config
+from imagebuild.spec import load_spec
 from sandbox.fake import FakeBackend, ok_result
-from sandbox.images.lock import IMAGES_DIR, Lock, LockEntry, builtin_lock
-from sandbox.images.spec import load_spec
+from sandbox.pinned_images import IMAGES_DIR, Lock, LockEntry, builtin_lock
 from sandbox.result import Outcome, SandboxResult
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -392,7 +392,7 @@ def test_tools_check_cli_exit_codes_and_json(tmp_path, monkeypatch, capsys):
     (pkg,) = doc["packages"]
     assert doc["ok"] is False and pkg["name"] == "probe"
     assert {c["check"]: c["ok"] for c in pkg["checks"]}["limits"] is True
-    assert "within the caps of ringfence.toml" in [c for c in pkg["checks"] if c["check"] == "limits"][0]["detail"]
+    assert "within the caps of ringfence.toml" in next(c for c in pkg["checks"] if c["check"] == "limits")["detail"]
     assert cli.main(["tools", "check", "nowhere"]) == 2
     assert "no tool package" in capsys.readouterr().err
 

@@ -427,7 +427,7 @@ def test_files_need_the_runs_live_workspace_and_its_tenant(tmp_path):
     run = ws_run(h)
     with pytest.raises(NotFound):
         h.orch.upload_files(STRANGER, run, "src", b"")
-    files, seq = h.orch.upload_files(AGENT, run, "src", b"")
+    _files, seq = h.orch.upload_files(AGENT, run, "src", b"")
     assert desk.uploads == [(run, "src")] and h.events(run)[seq - 1].type == "files_uploaded"
     h.orch.finish_run(AGENT, run)
     with pytest.raises(FailedPrecondition, match="is gone"):

@@ -17,7 +17,7 @@ from control.api.cli.transfer import pack_local, workspace_dir, write_files
 def cmd_files_put(args: argparse.Namespace, s: Settings, out: Output) -> int:
     """Pack the local paths and upload them into the run's workspace, under --to."""
     dest = workspace_dir(args.to or "")
-    archive, count = pack_local(args.local)
+    archive, _count = pack_local(args.local)
     with connect(s) as client:
         result = client.upload_tar(args.run_id, archive, dest)
     if out.json:

@@ -57,7 +57,7 @@ def _yaml_loader() -> type[yaml.SafeLoader]:
     import yaml
 
     class PlanLoader(yaml.SafeLoader):
-        yaml_implicit_resolvers: dict[Any, Any] = {}
+        yaml_implicit_resolvers: dict[Any, Any] = {}  # noqa: RUF012 - PyYAML declares it an instance variable (mypy)
 
     resolvers = [
         ("tag:yaml.org,2002:null", r"^(?:~|null|Null|NULL|)$", ["~", "n", "N", ""]),
@@ -140,10 +140,26 @@ def _json_problems(value: Any, at: str) -> list[str]:
 
 def load_plan(text: str, source: str = "the plan") -> Plan:
     """A plan from YAML (or JSON) text; PlanError lists every problem at once."""
+    doc = _plan_document(text, source)
+    # One list for the whole plan, in the order the checks run: a step is kept only when no
+    # problem so far names it (see _read_step), and the problems are reported in this order.
+    problems = _plan_field_problems(doc)
+    steps = _read_steps(doc, problems)
+    goal, run_id, max_steps = doc.get("goal"), doc.get("run_id"), doc.get("max_steps")
+    if isinstance(max_steps, int) and not isinstance(max_steps, bool) and len(steps) > max_steps > 0:
+        problems.append(f"steps: {len(steps)} steps is over max_steps {max_steps}")
+    if problems:
+        raise PlanError(f"{source} is not a valid plan", problems)
+    assert isinstance(goal, str)  # checked above: a plan without problems has a text goal
+    return Plan(goal=goal, steps=tuple(steps), run_id=run_id, max_steps=max_steps)
+
+
+def _plan_document(text: str, source: str) -> dict[Any, Any]:
+    """The plan text parsed into a mapping; PlanError when it is not YAML or not a mapping."""
     import yaml
 
     try:
-        doc = yaml.load(text, Loader=_yaml_loader())  # noqa: S506 - a SafeLoader subclass
+        doc = yaml.load(text, Loader=_yaml_loader())
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
@@ -155,6 +171,11 @@ def load_plan(text: str, source: str = "the plan") -> Plan:
         raise PlanError(f"{source} is not a plan",
                         [f"the file is {kind}; a plan is a mapping with goal and steps (and optionally "
                          "run_id, max_steps)"])
+    return doc
+
+
+def _plan_field_problems(doc: dict[Any, Any]) -> list[str]:
+    """The problems of the plan's own keys (unknown keys, goal, run_id, max_steps), in that order."""
     problems: list[str] = []
     for key in doc:
         if key not in PLAN_KEYS:
@@ -170,6 +191,12 @@ def load_plan(text: str, source: str = "the plan") -> Plan:
     max_steps = doc.get("max_steps")
     if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1):
         problems.append("max_steps: must be a positive integer")
+    return problems
+
+
+def _read_steps(doc: dict[Any, Any], problems: list[str]) -> list[PlanStep]:
+    """The plan's valid steps, in order; the problems of `steps` and of each step are appended
+    to `problems` (which holds the plan's earlier problems: _read_step looks at them)."""
     steps: list[PlanStep] = []
     raw_steps = doc.get("steps")
     if "steps" not in doc or raw_steps is None:
@@ -179,43 +206,53 @@ def load_plan(text: str, source: str = "the plan") -> Plan:
     elif not raw_steps:
         problems.append("steps: empty (a plan needs at least one step)")
     else:
-        seen: set[str] = set()
+        seen: set[str] = set()  # the step keys so far: a key given twice is a problem
         for i, step in enumerate(raw_steps):
-            at = f"steps[{i}]"
-            if not isinstance(step, dict):
-                problems.append(f"{at}: must be a mapping with key, tool and arguments")
-                continue
-            for key in step:
-                if key not in STEP_KEYS:
-                    problems.append(f"{at}: unknown key {key!r} (a step has: {', '.join(STEP_KEYS)})")
-            key, tool, arguments = step.get("key"), step.get("tool"), step.get("arguments", {})
-            if "key" not in step:
-                problems.append(f"{at}.key: missing (the step's name; it becomes the call id)")
-            elif not isinstance(key, str) or not _ID.fullmatch(key):
-                problems.append(f"{at}.key: 1-100 characters of [A-Za-z0-9_.:-]")
-            elif key in seen:
-                problems.append(f"{at}.key: duplicate key {key!r}")
-            else:
-                seen.add(key)
-            if "tool" not in step:
-                problems.append(f"{at}.tool: missing (a tool name: see `ringfence tools`)")
-            elif not isinstance(tool, str) or not tool:
-                problems.append(f"{at}.tool: must be a tool name")
-            if arguments is None:
-                arguments = {}
-            if not isinstance(arguments, dict):
-                problems.append(f"{at}.arguments: must be a mapping, not a {type(arguments).__name__}")
-            else:
-                problems.extend(_json_problems(arguments, f"{at}.arguments"))
-            # No problem at this step means key and tool were checked to be text.
-            if not any(p.startswith(at) for p in problems) and isinstance(key, str) and isinstance(tool, str):
-                steps.append(PlanStep(key, tool, arguments))
-    if isinstance(max_steps, int) and not isinstance(max_steps, bool) and len(steps) > max_steps > 0:
-        problems.append(f"steps: {len(steps)} steps is over max_steps {max_steps}")
-    if problems:
-        raise PlanError(f"{source} is not a valid plan", problems)
-    assert isinstance(goal, str)  # checked above: a plan without problems has a text goal
-    return Plan(goal=goal, steps=tuple(steps), run_id=run_id, max_steps=max_steps)
+            read = _read_step(step, f"steps[{i}]", seen, problems)
+            if read is not None:
+                steps.append(read)
+    return steps
+
+
+def _read_step(step: Any, at: str, seen: set[str], problems: list[str]) -> PlanStep | None:
+    """One step (`at`: where it is, as `steps[0]`), or None when it has a problem; its problems
+    are appended to `problems` and a new key is added to `seen`."""
+    if not isinstance(step, dict):
+        problems.append(f"{at}: must be a mapping with key, tool and arguments")
+        return None
+    for key in step:
+        if key not in STEP_KEYS:
+            problems.append(f"{at}: unknown key {key!r} (a step has: {', '.join(STEP_KEYS)})")
+    key, tool, arguments = step.get("key"), step.get("tool"), step.get("arguments", {})
+    _check_step_key(step, key, at, seen, problems)
+    if "tool" not in step:
+        problems.append(f"{at}.tool: missing (a tool name: see `ringfence tools`)")
+    elif not isinstance(tool, str) or not tool:
+        problems.append(f"{at}.tool: must be a tool name")
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, dict):
+        problems.append(f"{at}.arguments: must be a mapping, not a {type(arguments).__name__}")
+    else:
+        problems.extend(_json_problems(arguments, f"{at}.arguments"))
+    # No problem at this step means key and tool were checked to be text. The whole list is
+    # searched, as it always was: a plan-level problem that names this step drops it too.
+    if not any(p.startswith(at) for p in problems) and isinstance(key, str) and isinstance(tool, str):
+        return PlanStep(key, tool, arguments)
+    return None
+
+
+def _check_step_key(step: dict[Any, Any], key: Any, at: str, seen: set[str], problems: list[str]) -> None:
+    """The step's `key` (its name and call id): present, an id, and not a key an earlier step
+    has; a new one is added to `seen`."""
+    if "key" not in step:
+        problems.append(f"{at}.key: missing (the step's name; it becomes the call id)")
+    elif not isinstance(key, str) or not _ID.fullmatch(key):
+        problems.append(f"{at}.key: 1-100 characters of [A-Za-z0-9_.:-]")
+    elif key in seen:
+        problems.append(f"{at}.key: duplicate key {key!r}")
+    else:
+        seen.add(key)
 
 
 def read_plan(path: str) -> Plan:

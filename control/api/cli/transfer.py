@@ -4,6 +4,7 @@ outside --out, never through a link, never over an existing file)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import posixpath
@@ -113,10 +114,8 @@ def write_files(root: Path, files: Mapping[str, bytes]) -> None:
             try:
                 fd = root_fd
                 for part in parts[:-1]:
-                    try:
+                    with contextlib.suppress(FileExistsError):
                         os.mkdir(part, 0o755, dir_fd=fd)
-                    except FileExistsError:
-                        pass
                     fd = os.open(part, _DIR_FLAGS, dir_fd=fd)  # a link or a file here: ELOOP/ENOTDIR
                     fds.append(fd)
                 out_fd = os.open(parts[-1], _NEW_FILE_FLAGS, 0o644, dir_fd=fd)

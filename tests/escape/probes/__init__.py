@@ -1,6 +1,6 @@
-"""The battery's probe helpers (ESCAPE-BATTERY cases 1-24 and 40-44).
+"""The battery's probe helpers (docs/escape-battery.md cases 1-24 and 40-44).
 
-The probe scripts themselves live in the product, in sandbox/conformance/probes/, because
+The probe scripts themselves live in the product, in conformance/probes/, because
 `ringfence conformance` runs the same probes against a user's engine and image: one battery,
 not two. `HERE`, `source` and `argv` are that package's. What stays here is the tests' side:
 `report` (a broken probe fails the test), the settings changes of the red checks, `errnos`.
@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sandbox.conformance.probes import HERE, argv, source
+from conformance.probes import HERE, argv, source
 
-__all__ = ["HERE", "argv", "source", "report", "as_root", "with_seccomp", "docker_stock_seccomp", "errnos"]
+__all__ = ["HERE", "argv", "as_root", "docker_stock_seccomp", "errnos", "report", "source", "with_seccomp"]
 
 
 def report(result) -> dict:
@@ -50,7 +50,7 @@ def with_seccomp(profile_json: str):
 
     def change(settings: dict) -> dict:
         opts = [o for o in settings["security_opt"] if not o.startswith("seccomp")]
-        return {**settings, "security_opt": opts + ["seccomp=" + profile_json]}
+        return {**settings, "security_opt": [*opts, "seccomp=" + profile_json]}
 
     return change
 

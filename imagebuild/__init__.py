@@ -9,14 +9,15 @@
     lock_for(images_dir) -> Lock             a user's images dir's lock, over the built-in one
 
 Specs live in images/<name>/image.json (+ rootfs/), or in a user's images dir layered over
-them; see sandbox.images.spec. A child pins Debian packages (sandbox.images.debs) and wheels
-(sandbox.images.wheels); an image built elsewhere is admitted by sandbox.images.adopt.
+them; see imagebuild.spec. A child pins Debian packages (imagebuild.debs) and wheels
+(imagebuild.wheels); an image built elsewhere is admitted by imagebuild.adopt.
 """
 
-from sandbox.images.builder import BuildReport, Built, Drift, build
-from sandbox.images.lock import Lock, LockEntry, default_lock_path, load_lock, package_diff
-from sandbox.images.pinned import Problem, resolve_pinned, verify
-from sandbox.images.spec import ImageSpec, load_specs
+from imagebuild.builder import BuildReport, Built, Drift, build
+from imagebuild.pinned import Problem, verify
+from imagebuild.pins import package_diff
+from imagebuild.spec import ImageSpec, load_specs
+from sandbox.pinned_images import Lock, LockEntry, default_lock_path, load_lock, resolve_pinned
 
 __all__ = [
     "BuildReport",

@@ -29,10 +29,10 @@ Then `ringfence images build --update-lock egress-proxy` pins it; no Python chan
 A child may also pin dependencies, each installed offline into a layer of its own (below its
 rootfs/ layer, so its own files win):
 
-    "packages": ["jq=1.6-2.1+deb12u2"],            exact Debian versions (sandbox.images.debs)
+    "packages": ["jq=1.6-2.1+deb12u2"],            exact Debian versions (imagebuild.debs)
     "wheels": [{"name": "tabulate", "version": "0.9.0",
                 "sha256": "024ca478df22e9340661486f85298cff5f6dcdba14f3813e8830015b9ed1948f"}]
-                                                   exact files (sandbox.images.wheels), put in
+                                                   exact files (imagebuild.wheels), put in
                                                    /opt/ringfence/site, which the runner adds to
                                                    sys.path
 
@@ -55,7 +55,7 @@ A path rootfs/ or `files` lays too is refused.
 Images in the user's project
 ----------------------------
 An images dir is a folder of `<name>/image.json` (+ rootfs/), its `images.lock`, and its
-build cache `.build/`. The built-in one (sandbox.images.lock.IMAGES_DIR: the checkout's
+build cache `.build/`. The built-in one (sandbox.pinned_images.IMAGES_DIR: the checkout's
 images/, else the copy shipped in the wheel, or $RINGFENCE_IMAGES_DIR) is always there; a
 user's own dir (`--images-dir DIR`, or `[images] dir` in the server's config) is layered over
 it, with ONE search order for every name, a spec's parent as much as the image a tool's
@@ -93,9 +93,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from imagebuild.archive import ContainerConfig, tree_entries
+from imagebuild.pins import DebPin, WheelPin, normalize_wheel_name
 from sandbox.errors import ImageError
-from sandbox.images.archive import ContainerConfig, tree_entries
-from sandbox.images.pins import DebPin, WheelPin, normalize_wheel_name
 
 # Bump when the way images are assembled changes (cleaning rules, tar writer, config shape):
 # it is part of every spec's input hash, so the change shows up as stale images.

@@ -1,10 +1,10 @@
-"""The probe scripts of the escape and ceiling battery (ESCAPE-BATTERY.md, posture cases and
+"""The probe scripts of the escape and ceiling battery (docs/escape-battery.md, posture cases and
 cases 40-44), shared by `ringfence conformance` and the battery's tests (tests/escape/probes).
 
 Each probe is a stdlib-only Python script run inside the sandbox with `python3 -I -c`, after the
 shared helpers of `_lib.py` (the container cannot see host files, so the text travels in argv).
 A probe never exits non-zero on a blocked attack: it prints one JSON object describing what
-each attempt got, and the caller (a check of sandbox.conformance.cases, or a test) decides.
+each attempt got, and the caller (a check of conformance.cases, or a test) decides.
 
 The scripts are data, not modules of this package: each uses names `_lib.py` defines, so none is
 ever imported (mypy skips them; ruff knows why the names look undefined: pyproject.toml).

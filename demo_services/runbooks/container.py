@@ -10,7 +10,7 @@ Beside the ledger on one network: `Runbooks(client, network=ledger.network)`, th
 
 It keeps nothing: the documents are in its image, its counters in memory. Hardening, start,
 readiness (status and recent logs when it does not come up), removal and `docker exec` on its
-loopback are the shared service container's (sandbox.services.ServiceContainer).
+loopback are the shared service container's (demo_services.container.ServiceContainer).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 import docker
 
-from sandbox.services import ServiceContainer, ServiceError, ServiceSettings
+from demo_services.container import ServiceContainer, ServiceError, ServiceSettings
 
 if TYPE_CHECKING:
-    from sandbox.images.lock import Lock
+    from sandbox.pinned_images import Lock
 
 RUNBOOKS_HOST = "runbooks.internal.corp"
 """The name tools use for the service (control/tools/fetch_url.json declares it as its one egress
@@ -69,7 +69,7 @@ class Runbooks(ServiceContainer):
 
     def stats(self) -> dict[str, Any]:
         """{"network": {"connections", "requests"}, "served": {name: n}, "not_found": n}: what
-        came over the network (see sandbox.runbooks.server); the host's own asks are not in it."""
+        came over the network (see demo_services.runbooks.server); the host's own asks are not in it."""
         stats: dict[str, Any] = self._get("/stats")
         return stats
 

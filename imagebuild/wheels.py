@@ -35,8 +35,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from imagebuild.pins import WheelPin, normalize_wheel_name, sha256_file
 from sandbox.errors import ImageError
-from sandbox.images.pins import LockedWheel, WheelPin, normalize_wheel_name, sha256_file
+from sandbox.pinned_images import LockedWheel
 
 SITE = "opt/ringfence/site"
 Progress = Callable[[str], None]

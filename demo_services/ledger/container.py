@@ -15,7 +15,7 @@ record. The limit: the records do not survive the container, so this is a receiv
 and demos; a deployment that needs them to outlive it mounts a volume at DB_DIR instead.
 
 How the host talks to it, how it is hardened, started, waited for and removed: the shared
-service container (sandbox.services.ServiceContainer); `docker exec` on its loopback, so the
+service container (demo_services.container.ServiceContainer); `docker exec` on its loopback, so the
 host's look-ups are not counted as network requests by the ledger and a test can assert that
 nothing reached it through the proxy.
 """
@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 import docker
 
-from sandbox.services import SERVICE_UID, ServiceContainer, ServiceError, ServiceSettings
+from demo_services.container import SERVICE_UID, ServiceContainer, ServiceError, ServiceSettings
 
 if TYPE_CHECKING:
-    from sandbox.images.lock import Lock
+    from sandbox.pinned_images import Lock
 
 LEDGER_HOST = "ledger.ringfence.internal"
 """The name tools use for the ledger (control/tools/credit.json declares it as an egress host);
@@ -105,7 +105,7 @@ class Ledger(ServiceContainer):
 
     def stats(self) -> dict[str, Any]:
         """{"credits", "replays", "conflicts", "rejected", "dropped_replies",
-        "network": {"connections", "requests"}} (see sandbox.ledger.server)."""
+        "network": {"connections", "requests"}} (see demo_services.ledger.server)."""
         stats: dict[str, Any] = self._get("/stats")
         return stats
 

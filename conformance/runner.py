@@ -4,12 +4,13 @@ Each probe a selected case reads runs once, in a fresh sandbox made by the same 
 the control plane dispatches through (cold: no warm pool), with the image the user's lock pins
 and the runtime asked for. The probes run a few at a time; the ones marked `alone` (the fork
 bomb, the CPU burn) after the rest, one by one, so that they slow no other call whose wall
-clock runs. The image cases are sandbox.images.adopt's checks on the image's exported
+clock runs. The image cases are imagebuild.adopt's checks on the image's exported
 filesystem, meanwhile. Then every case's check reads what its probes got.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -19,9 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sandbox import labels as L
-from sandbox.backend import SandboxRequest
-from sandbox.conformance.cases import (
+from conformance.cases import (
     CASES,
     NOT_INCLUDED,
     RUN_ID,
@@ -37,6 +36,8 @@ from sandbox.conformance.cases import (
     make_probes,
     needed_probes,
 )
+from sandbox import labels as L
+from sandbox.backend import SandboxRequest
 from sandbox.errors import ProfileError, SandboxError
 from sandbox.profile import RUNTIMES, SandboxProfile
 
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
     from docker import DockerClient
 
     from sandbox.docker_backend import DockerBackend
-    from sandbox.images.lock import Lock
+    from sandbox.pinned_images import Lock
 
 PASS, FAIL, XFAIL = "PASS", "FAIL", "XFAIL"
 DEFAULT_JOBS = 3
@@ -187,10 +188,8 @@ def host_context(client: DockerClient, image_id: str) -> Host:
     env = dict(item.split("=", 1) for item in config.get("Env") or [] if "=" in item)
     namespaces = {}
     for kind in NAMESPACES:
-        try:
+        with contextlib.suppress(OSError):
             namespaces[kind] = os.readlink(f"/proc/self/ns/{kind}")
-        except OSError:
-            pass
     files = {}
     for path in HOST_FILES:
         try:
@@ -202,7 +201,7 @@ def host_context(client: DockerClient, image_id: str) -> Host:
 
 
 def _inspect_image(client: DockerClient, image_id: str) -> dict[str, ImageCheck]:
-    from sandbox.images import adopt
+    from imagebuild import adopt
 
     inspection = adopt.inspect(client, image_id, tool=False)
     return {c.name: ImageCheck(c.name, c.ok, c.detail) for c in inspection.checks}
@@ -270,7 +269,7 @@ def run_conformance(client: DockerClient, lock: Lock, *, image: str = "tool", ru
     an unknown runtime or case, or no runsc for gVisor (ProfileError). A case that fails is a
     result, not an exception."""
     from sandbox.docker_backend import DockerBackend
-    from sandbox.images.pinned import resolve_pinned
+    from sandbox.pinned_images import resolve_pinned
 
     say = progress or (lambda _msg: None)
     started = time.monotonic()

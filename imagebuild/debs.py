@@ -67,8 +67,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Protocol
 
+from imagebuild.pins import DebPin, sha256_file
 from sandbox.errors import ImageError
-from sandbox.images.pins import DebPin, LockedDeb, sha256_file
+from sandbox.pinned_images import LockedDeb
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
@@ -290,7 +291,8 @@ def parse_index(text: str, *, suite: str, mirror: str, architecture: str) -> Ind
 
 def _get(url: str) -> bytes:
     try:
-        with urllib.request.urlopen(url, timeout=TIMEOUT_S) as resp:  # noqa: S310 - http(s) mirror URLs only
+        # http(s) mirror URLs only: `url` is the spec's mirror joined with an index or pool path.
+        with urllib.request.urlopen(url, timeout=TIMEOUT_S) as resp:
             data: bytes = resp.read()
             return data
     except (urllib.error.URLError, OSError) as e:
@@ -365,27 +367,8 @@ def resolve(pins: Iterable[DebPin], installed: Mapping[str, str], index: Index,
     """The packages to unpack for `pins` over a parent that has `installed` (module docstring)."""
     progress = progress or (lambda _m: None)
     where = f"{index.suite}'s {COMPONENT} index ({index.mirror})"
-    chosen: dict[str, Stanza] = {}
-    for pin in pins:
-        if installed.get(pin.name) == pin.version:
-            progress(f"{pin}: the parent already has it")
-            continue
-        if pin.name in installed:
-            raise ImageError(f"{pin}: the parent has {pin.name}={installed[pin.name]}; installing another version "
-                             "over it is refused (rebuild the parent on the version you need)")
-        stanza = index.exact(pin.name, pin.version)
-        if stanza is None:
-            have = ", ".join(s.version for s in index.packages.get(pin.name, ())) or "no version at all"
-            raise ImageError(f"{pin}: not in {where}, which has {have}")
-        chosen[pin.name] = stanza
-
-    # What provides each virtual name among the installed packages (by the index's stanza of
-    # that package, at the installed version when the index still has it).
-    provided: dict[str, list[str | None]] = {}
-    for name, version in installed.items():
-        s = index.any_of(name, version)
-        for virtual, pv in s.provides if s is not None else ():
-            provided.setdefault(virtual, []).append(pv)
+    chosen = _pinned_stanzas(pins, installed, index, progress, where)
+    provided = _provided_by(installed, index)
 
     def satisfied(alt: Alt) -> bool:
         if alt.name in installed and alt.allows(installed[alt.name]):
@@ -429,6 +412,44 @@ def resolve(pins: Iterable[DebPin], installed: Mapping[str, str], index: Index,
             chosen[pick.name] = pick
             queue.append(pick)
 
+    _refuse_conflicts(chosen, installed)
+    return tuple(sorted(chosen.values(), key=lambda s: s.name))
+
+
+def _pinned_stanzas(pins: Iterable[DebPin], installed: Mapping[str, str], index: Index, progress: Progress,
+                    where: str) -> dict[str, Stanza]:
+    """The index's stanza of each pin the parent does not have yet (by name); a pin the parent
+    has at another version, or the index lacks, is an ImageError."""
+    chosen: dict[str, Stanza] = {}
+    for pin in pins:
+        if installed.get(pin.name) == pin.version:
+            progress(f"{pin}: the parent already has it")
+            continue
+        if pin.name in installed:
+            raise ImageError(f"{pin}: the parent has {pin.name}={installed[pin.name]}; installing another version "
+                             "over it is refused (rebuild the parent on the version you need)")
+        stanza = index.exact(pin.name, pin.version)
+        if stanza is None:
+            have = ", ".join(s.version for s in index.packages.get(pin.name, ())) or "no version at all"
+            raise ImageError(f"{pin}: not in {where}, which has {have}")
+        chosen[pin.name] = stanza
+    return chosen
+
+
+def _provided_by(installed: Mapping[str, str], index: Index) -> dict[str, list[str | None]]:
+    """What provides each virtual name among the installed packages (by the index's stanza of
+    that package, at the installed version when the index still has it): virtual name -> the
+    provided versions."""
+    provided: dict[str, list[str | None]] = {}
+    for name, version in installed.items():
+        s = index.any_of(name, version)
+        for virtual, pv in s.provides if s is not None else ():
+            provided.setdefault(virtual, []).append(pv)
+    return provided
+
+
+def _refuse_conflicts(chosen: Mapping[str, Stanza], installed: Mapping[str, str]) -> None:
+    """An ImageError when a chosen package conflicts with one the parent has or another chosen."""
     for stanza in chosen.values():
         for (alt, *_rest) in stanza.conflicts:
             if alt.name == stanza.name:
@@ -439,7 +460,6 @@ def resolve(pins: Iterable[DebPin], installed: Mapping[str, str], index: Index,
             if alt.name in chosen and alt.allows(chosen[alt.name].version):
                 raise ImageError(f"{stanza.name}={stanza.version} conflicts with {alt.name}="
                                  f"{chosen[alt.name].version} ({alt})")
-    return tuple(sorted(chosen.values(), key=lambda s: s.name))
 
 
 # -- files ---------------------------------------------------------------------------------------
@@ -564,7 +584,7 @@ def _image_path(raw: str, where: str) -> str | None:
     if any(p in ("", ".", "..") for p in parts):
         raise ImageError(f"{where}: member {raw!r} is not a plain relative path")
     if parts[0] in _MERGED:
-        parts = ["usr"] + parts
+        parts = ["usr", *parts]
     path = "/".join(parts)
     if any(path == p or path.startswith(p + "/") for p in _PRUNED):
         return None

@@ -20,6 +20,7 @@ check is named in the refusal.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import posixpath
 import stat
@@ -96,7 +97,7 @@ class _Tree:
                 if done:
                     done.pop()
                 continue
-            cur = "/".join(done + [part])
+            cur = "/".join([*done, part])
             node = self.nodes.get(cur)
             if node is None:
                 return None
@@ -230,7 +231,7 @@ def _check_init(config: dict[str, Any], tree: _Tree) -> Check:
         resolved = tree.resolve(candidate)
         if resolved is None:
             continue
-        node = tree.nodes[resolved] if resolved in tree.nodes else None
+        node = tree.nodes.get(resolved)
         names = {posixpath.basename(candidate), posixpath.basename(resolved)}
         if node is None or node.kind != "file":
             return Check("init", False, f"the entrypoint {program} is not a regular file in the image")
@@ -280,10 +281,9 @@ def inspect(client: DockerClient, image_id: str, *, tool: bool) -> Inspection:
         raise ImageError(f"the exported filesystem of {image_id} is not a tar stream: {e}") from e
     finally:
         if container is not None:
-            try:
+            # Labelled: the reaper removes what could not be removed here.
+            with contextlib.suppress(docker.errors.DockerException):
                 container.remove(force=True)
-            except docker.errors.DockerException:
-                pass  # labelled: the reaper removes what could not be removed here
     checks = [_check_user(config.get("User") or "", tree), _check_setid(tree), _check_init(config, tree)]
     if tool:
         checks.append(_check_runner(tree))
@@ -310,8 +310,8 @@ def adopt(client: DockerClient, name: str, ref: str, *, tool: bool, images_dir: 
     """Check the image `ref` names and, if every check passes, pin its ID as `name` in the
     images dir's lock (not reproducible). Returns the inspection and the lock written (None
     when refused: the lock is then untouched)."""
-    from sandbox.images.lock import IMAGES_DIR, LockEntry, is_builtin, lock_for
-    from sandbox.images.spec import NAME, load_specs
+    from imagebuild.spec import NAME, load_specs
+    from sandbox.pinned_images import IMAGES_DIR, LockEntry, is_builtin, lock_for
 
     if not NAME.fullmatch(name):
         raise ImageError(f"image names must match {NAME.pattern}: {name!r}")

@@ -12,11 +12,11 @@ reloaded without rebuilding at all. A parent whose build is in no cache is read 
 engine (`docker save` of its pinned ID: the layers come out as the same bytes, checked against
 the config's diff_ids) before it is rebuilt from its spec.
 
-A user's images dir (sandbox.images.spec, "Images in the user's project") is built the same
+A user's images dir (imagebuild.spec, "Images in the user's project") is built the same
 way, with its own lock and cache (DIR/images.lock, DIR/.build); its children of built-in
 images take the built-in lock's ID of that parent and never build, tag or re-pin it.
 
-A child's pinned packages and wheels (sandbox.images.debs, sandbox.images.wheels) become one
+A child's pinned packages and wheels (imagebuild.debs, imagebuild.wheels) become one
 layer each, below its rootfs/ layer. Which .debs: the lock's when the pinned packages and the
 parent are the ones it was built from (so a rebuild installs the same files, whatever else in
 the spec changed), else a resolution `fetch` left in the cache (`.build/resolved/<name>.json`,
@@ -40,11 +40,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sandbox.errors import ImageError
-from sandbox.images import debs as debs_mod
-from sandbox.images import engine, rootfs
-from sandbox.images import wheels as wheels_mod
-from sandbox.images.archive import (
+from imagebuild import debs as debs_mod
+from imagebuild import engine, rootfs
+from imagebuild import wheels as wheels_mod
+from imagebuild.archive import (
     ContainerConfig,
     digest_of,
     image_config,
@@ -52,9 +51,10 @@ from sandbox.images.archive import (
     write_docker_archive,
     write_layer_file,
 )
-from sandbox.images.lock import IMAGES_DIR, Lock, LockEntry, is_builtin, lock_for, package_diff
-from sandbox.images.pins import DebPin, LockedDeb, LockedWheel, deps_diff, sha256_file
-from sandbox.images.spec import ImageSpec, ancestors, build_order, load_specs, root_of
+from imagebuild.pins import DebPin, deps_diff, package_diff, sha256_file
+from imagebuild.spec import ImageSpec, ancestors, build_order, load_specs, root_of
+from sandbox.errors import ImageError
+from sandbox.pinned_images import IMAGES_DIR, Lock, LockedDeb, LockedWheel, LockEntry, has_image, is_builtin, lock_for
 
 if TYPE_CHECKING:
     from docker import DockerClient
@@ -296,10 +296,11 @@ class _Deps:
         out = []
         for deb in planned:
             path = self.cache.debs / deb.cache_name
-            if (refresh or not path.is_file()) and not self.offline:
-                if not path.is_file() or sha256_file(path) != deb.sha256:
-                    debs_mod.download(deb, mirror, self.cache.debs)
-                    self.progress(f"{spec.name}: downloaded {deb.cache_name}")
+            # Hashed only when a download is allowed and asked for (refresh, or no file yet).
+            if ((refresh or not path.is_file()) and not self.offline
+                    and (not path.is_file() or sha256_file(path) != deb.sha256)):
+                debs_mod.download(deb, mirror, self.cache.debs)
+                self.progress(f"{spec.name}: downloaded {deb.cache_name}")
             out.append((deb, debs_mod.cached(deb, self.cache.debs)))
         return out
 
@@ -365,13 +366,13 @@ class _Builder:
         if spec.name in self.force:
             reasons.append("--force")
         if entry is None:
-            return reasons + ["not in the lock"]
+            return [*reasons, "not in the lock"]
         if entry.inputs_sha256 != spec.inputs_sha256():
             reasons.append(f"images/{spec.name} changed since the lock")
         parent_id = self.ids.get(spec.parent) if spec.parent else None
         if entry.parent_id != parent_id:
             reasons.append(f"parent {spec.parent} is now {parent_id}")
-        if self.load and not engine.has_image(self.engine_client, entry.id):
+        if self.load and not has_image(self.engine_client, entry.id):
             reasons.append("missing from the engine")
         return reasons
 
@@ -455,7 +456,7 @@ class _Builder:
             if cached is not None:
                 return cached
         entry = self.lock.get(spec.parent)
-        if self.client is not None and entry is not None and entry.id == pid and engine.has_image(self.client, pid):
+        if self.client is not None and entry is not None and entry.id == pid and has_image(self.client, pid):
             return self.cache.from_engine(self.client, entry, self.progress)
         if spec.parent not in self.specs:
             raise ImageError(f"{spec.name}: the built-in parent {spec.parent} {pid} is in no build cache and not in "
@@ -473,10 +474,7 @@ class _Builder:
         return rebuilt
 
     def assemble(self, spec: ImageSpec) -> Built:
-        if spec.parent is None:
-            built = self.assemble_root(spec)
-        else:
-            built = self.assemble_child(spec)
+        built = self.assemble_root(spec) if spec.parent is None else self.assemble_child(spec)
         self.cache.save(built)
         self.built.append(spec.name)
         self.progress(f"{spec.name}: assembled {built.id}")
@@ -553,11 +551,11 @@ class _Builder:
             diff_id, path = write_layer_file(entries, self.cache.layers)
         config = image_config(
             spec.container_config(parent.container_config()),
-            diff_ids + [diff_id],
-            history + [f"ringfence: images/{spec.name}/rootfs"],
+            [*diff_ids, diff_id],
+            [*history, f"ringfence: images/{spec.name}/rootfs"],
             pdoc["architecture"],
         )
-        return Built(spec.name, digest_of(config), config, tuple(layers) + (path,),
+        return Built(spec.name, digest_of(config), config, (*layers, path),
                      spec.inputs_sha256(), spec.parent, parent.id, (), debs, wheels)
 
     @contextlib.contextmanager
@@ -572,7 +570,7 @@ class _Builder:
     def install(self, built: Built) -> None:
         if not self.load:
             return
-        if not engine.has_image(self.engine_client, built.id):
+        if not has_image(self.engine_client, built.id):
             archive = self.cache.root / "archives" / f"{built.name}-{os.getpid()}.tar"
             archive.parent.mkdir(parents=True, exist_ok=True)
             try:

@@ -1,6 +1,6 @@
-"""The cases of `ringfence conformance`: ESCAPE-BATTERY.md's cases that a user's run can hold.
+"""The cases of `ringfence conformance`: docs/escape-battery.md's cases that a user's run can hold.
 
-A case is the battery's number and title, the probes it reads (sandbox.conformance.probes and
+A case is the battery's number and title, the probes it reads (conformance.probes and
 .attacks, the very scripts the battery's tests run) and a check: a function that reads what the
 probes got and names every way it differs from the fail-closed outcome. Where the battery holds
 a case for the product's own image and engine (an exact /dev listing, the image's own PATH), the
@@ -12,7 +12,7 @@ a protection matters takes a weakened sandbox, which only the battery has. A cas
 part of the battery's (the rest needing the harness) says which part in `partial`.
 
 Image cases (`1.image`, `4.image`, `18.image`) run no sandbox: they are the checks of
-sandbox.images.adopt on the image itself (the default user, setuid files, the init), numbered
+imagebuild.adopt on the image itself (the default user, setuid files, the init), numbered
 after the battery's case they back: a run as uid 10001 under no-new-privileges holds cases 1 and
 4 even in an image that ships a root default user or a setuid-root shell, and the image still
 must not.
@@ -26,14 +26,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from conformance import attacks, probes
 from sandbox import etc_files
-from sandbox.conformance import attacks, probes
 from sandbox.errors import ProfileError
 from sandbox.hardening import GVISOR_HIDDEN_DEVICES, INIT
 from sandbox.profile import KiB, MiB, SandboxProfile
 from sandbox.result import Outcome, SandboxResult
 
-# The battery's cases, numbered and worded as in ESCAPE-BATTERY.md (each one line there).
+# The battery's cases, numbered and worded as in docs/escape-battery.md (each one line there).
 TITLES: dict[int, str] = {
     1: "uid is not 0 (`id -u`).",
     2: "All five capability sets are zero (`/proc/self/status` CapInh/Prm/Eff/Bnd/Amb).",
@@ -207,7 +207,7 @@ class Host:
 
 @dataclass(frozen=True)
 class ImageCheck:
-    """One check of sandbox.images.adopt on the image (`user`, `setuid`, `init`)."""
+    """One check of imagebuild.adopt on the image (`user`, `setuid`, `init`)."""
 
     name: str
     ok: bool

@@ -19,13 +19,13 @@ EXIT_FAILED = 1  # a case failed: the engine or image does not hold what the san
 EXIT_ERROR = 2  # the run could not happen: engine down, image not pinned, no runsc, bad arguments
 
 DESCRIPTION = """\
-Run the escape and ceiling battery (ESCAPE-BATTERY.md) against your Docker engine and your
+Run the escape and ceiling battery (docs/escape-battery.md) against your Docker engine and your
 pinned image: each case is an attack made from inside a real sandbox, created exactly as the
 control plane creates one for a tool call (uid 10001, read-only root, no capabilities,
 no-new-privileges, seccomp, no network, the ceilings), with the image --image names in your lock
 and the runtime you name. The attacks are the battery's own probes.
 
-Prints a table: the case number of ESCAPE-BATTERY.md, PASS, FAIL or XFAIL, and the case's
+Prints a table: the case number of docs/escape-battery.md, PASS, FAIL or XFAIL, and the case's
 title; under a FAIL, what differed from the fail-closed outcome. XFAIL is a gap of the runtime
 that docs/escape-battery.md documents (gVisor: exec mappings from /tmp, the tmpfs inode cap,
 a sentry that dies of a fork count before the tool's budget shows): reported, not failed.
@@ -86,8 +86,8 @@ def _client() -> DockerClient:
 
 
 def cmd_conformance(args: argparse.Namespace) -> int:
-    from sandbox.conformance.runner import DEFAULT_JOBS, run_conformance, select
-    from sandbox.images.lock import lock_for
+    from conformance.runner import DEFAULT_JOBS, run_conformance, select
+    from sandbox.pinned_images import lock_for
 
     t0 = time.monotonic()
 
@@ -116,7 +116,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sandbox.conformance.cli")
+    parser = argparse.ArgumentParser(prog="python -m conformance.cli")
     sub = parser.add_subparsers(dest="command", required=True)
     register(sub)
     args = parser.parse_args(["conformance", *(sys.argv[1:] if argv is None else argv)])

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from sandbox.errors import EngineError, ImageError
+from sandbox.pinned_images import has_image
 
 if TYPE_CHECKING:  # docker is imported where it is used (the image code may run without it)
     from docker import DockerClient
@@ -25,26 +26,6 @@ def client_from_env() -> DockerClient:
         return docker.from_env()
     except Exception as e:  # docker.errors.DockerException, or no docker-py at all
         raise EngineError(f"cannot reach the Docker engine: {e}") from e
-
-
-def has_image(client: DockerClient, image_id: str) -> bool:
-    """True only if the engine holds an image whose ID is exactly `image_id`.
-
-    `images.get` also resolves tags and ID prefixes, so the returned ID is compared: a name
-    that merely resolves to something is not the pinned image.
-    """
-    import docker.errors
-
-    try:
-        return client.images.get(image_id).id == image_id
-    except docker.errors.ImageNotFound:
-        return False
-    except docker.errors.APIError as e:
-        if getattr(e, "status_code", None) == 404:
-            return False
-        raise EngineError(f"engine failed to inspect {image_id}: {e}") from e
-    except docker.errors.DockerException as e:
-        raise EngineError(f"engine unreachable inspecting {image_id}: {e}") from e
 
 
 def tagged_id(client: DockerClient, ref: str) -> str | None:

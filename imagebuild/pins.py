@@ -1,31 +1,28 @@
 """What a child image pins (Debian packages, Python wheels) and what the lock records of them.
 
 A spec names what the user asked for (`DebPin`, `WheelPin`); the lock records what was
-installed (`LockedDeb`, `LockedWheel`): for packages that includes the dependencies the
-resolver pulled in, each with the sha256 of the exact file, so a later fetch downloads these
-files and no others, and a changed file is named rather than silently installed.
-
-Hashes of files are bare lowercase hex, as Debian's Packages index and pip write them (image
-IDs keep Docker's "sha256:" prefix).
+installed (`LockedDeb`, `LockedWheel`: declared with the lock in sandbox.pinned_images, which
+the runtime reads): for packages that includes the dependencies the resolver pulled in, each
+with the sha256 of the exact file, so a later fetch downloads these files and no others, and a
+changed file is named rather than silently installed. Hashes of files are bare lowercase hex.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from sandbox.errors import ImageError
+from sandbox.pinned_images import SHA256_HEX, LockedDeb, LockedWheel
 
 DEB_NAME = re.compile(r"[a-z0-9][a-z0-9+.-]+")
 # Debian policy 5.6.12: [epoch:]upstream[-revision]; no spaces, no wildcards.
 DEB_VERSION = re.compile(r"(?:[0-9]+:)?[0-9][A-Za-z0-9.+~:-]*")
 WHEEL_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
 WHEEL_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+!_-]*")
-SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 def sha256_file(path: Path) -> str:
@@ -87,78 +84,6 @@ class WheelPin:
         return f"{self.name}=={self.version}"
 
 
-def _fields(doc: object, keys: tuple[str, ...], what: str) -> dict[str, str]:
-    if not isinstance(doc, Mapping) or not all(isinstance(doc.get(k), str) for k in keys):
-        raise ImageError(f"images.lock: a {what} entry needs string fields {', '.join(keys)}: {doc!r}")
-    return {k: doc[k] for k in keys}
-
-
-@dataclass(frozen=True)
-class LockedDeb:
-    """One installed .deb: the version, the file's sha256, and where the mirror keeps it."""
-
-    name: str
-    version: str
-    architecture: str
-    sha256: str
-    filename: str  # the pool path in the mirror ("pool/main/j/jq/jq_1.6-2.1+deb12u2_amd64.deb")
-    # Named in the spec's `packages` (False: pulled in as a dependency). Which pins a lock
-    # entry's packages were resolved from, so that a rebuild reuses them exactly when the
-    # pins (and the parent) are the same, whatever else in the spec changed.
-    pinned: bool = False
-
-    def __post_init__(self) -> None:
-        if not SHA256_HEX.fullmatch(self.sha256):
-            raise ImageError(f"images.lock: package {self.name}: sha256 {self.sha256!r} is not 64 hex digits")
-        if self.filename.startswith("/") or ".." in self.filename.split("/"):
-            raise ImageError(f"images.lock: package {self.name}: filename {self.filename!r} leaves the mirror")
-
-    @property
-    def cache_name(self) -> str:
-        """debootstrap's cache naming (the epoch's ':' quoted), so the base's .debs and these
-        share one folder without clashing."""
-        return f"{self.name}_{self.version.replace(':', '%3a')}_{self.architecture}.deb"
-
-    def __str__(self) -> str:
-        return f"{self.name}={self.version}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "version": self.version, "architecture": self.architecture,
-                "sha256": self.sha256, "filename": self.filename, "pinned": self.pinned}
-
-    @classmethod
-    def from_json(cls, doc: object) -> LockedDeb:
-        fields = _fields(doc, ("name", "version", "architecture", "sha256", "filename"), "package")
-        pinned = doc.get("pinned", False) if isinstance(doc, Mapping) else False
-        if not isinstance(pinned, bool):
-            raise ImageError(f"images.lock: package {fields['name']}: pinned must be true or false")
-        return cls(**fields, pinned=pinned)
-
-
-@dataclass(frozen=True)
-class LockedWheel:
-    name: str
-    version: str
-    sha256: str
-    filename: str  # the .whl's own name (its tags say which interpreters and platforms)
-
-    def __post_init__(self) -> None:
-        if not SHA256_HEX.fullmatch(self.sha256):
-            raise ImageError(f"images.lock: wheel {self.name}: sha256 {self.sha256!r} is not 64 hex digits")
-        if "/" in self.filename or not self.filename.endswith(".whl"):
-            raise ImageError(f"images.lock: wheel {self.name}: bad filename {self.filename!r}")
-
-    def __str__(self) -> str:
-        return f"{self.name}=={self.version}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "version": self.version, "sha256": self.sha256, "filename": self.filename}
-
-    @classmethod
-    def from_json(cls, doc: object) -> LockedWheel:
-        return cls(**_fields(doc, ("name", "version", "sha256", "filename"), "wheel"))
-
-
 def deps_diff(old_debs: Iterable[LockedDeb], new_debs: Iterable[LockedDeb],
               old_wheels: Iterable[LockedWheel], new_wheels: Iterable[LockedWheel]) -> list[str]:
     """Human lines naming each package or wheel that was added, removed, or changed version or
@@ -177,4 +102,19 @@ def deps_diff(old_debs: Iterable[LockedDeb], new_debs: Iterable[LockedDeb],
                 lines.append(f" {kind}{n.name} {o.version} -> {n.version}")
             elif o.sha256 != n.sha256:
                 lines.append(f" {kind}{n} sha256 {o.sha256[:12]}.. -> {n.sha256[:12]}..")
+    return lines
+
+
+def package_diff(old: tuple[str, ...], new: tuple[str, ...]) -> list[str]:
+    """Human lines for how a package manifest changed: '+pkg=v', '-pkg=v', 'pkg a -> b'."""
+    o = dict(p.split("=", 1) for p in old)
+    n = dict(p.split("=", 1) for p in new)
+    lines = []
+    for pkg in sorted(set(o) | set(n)):
+        if pkg not in n:
+            lines.append(f"-{pkg}={o[pkg]}")
+        elif pkg not in o:
+            lines.append(f"+{pkg}={n[pkg]}")
+        elif o[pkg] != n[pkg]:
+            lines.append(f" {pkg} {o[pkg]} -> {n[pkg]}")
     return lines

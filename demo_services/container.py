@@ -6,8 +6,8 @@
     ServiceError        an EngineError: the container could not be started or asked, with its
                         status and recent logs
 
-Subclasses: sandbox.ledger.Ledger (credits, once per idempotency key) and
-sandbox.runbooks.Runbooks (fixed runbook documents). Each names its image, its purpose label,
+Subclasses: demo_services.ledger.Ledger (credits, once per idempotency key) and
+demo_services.runbooks.Runbooks (fixed runbook documents). Each names its image, its purpose label,
 the host name tools use for it, and its own tmpfs; the rest is here, so the two cannot drift
 apart in how they are hardened, labelled, waited for or cleaned up.
 
@@ -25,11 +25,12 @@ network, so a test can assert exactly what reached a service through the proxy.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
 import docker
 import docker.errors
@@ -40,9 +41,7 @@ from docker.types import LogConfig, Ulimit
 from sandbox import labels as L
 from sandbox import seccomp
 from sandbox.errors import EngineError
-
-if TYPE_CHECKING:
-    from sandbox.images.lock import Lock
+from sandbox.pinned_images import Lock, resolve_pinned
 
 SERVICE_UID = 10001
 # Network options of a service's own network: no IPv4 address for the host on its bridge.
@@ -134,8 +133,6 @@ class ServiceContainer:
             raise
 
     def _image_id(self) -> str:
-        from sandbox.images import resolve_pinned
-
         return resolve_pinned(self.client, self.settings.image, self._lock)
 
     def _start(self) -> None:
@@ -213,10 +210,8 @@ class ServiceContainer:
                 pass  # the reaper, or the test session's cleanup, removes it by label
             self._container = None
         if self._own_network is not None:
-            try:
+            with contextlib.suppress(docker.errors.DockerException):
                 self._own_network.remove()
-            except docker.errors.DockerException:
-                pass
             self._own_network = None
             self._network_name = None
         self._address = None
@@ -286,10 +281,8 @@ class ServiceContainer:
         """The service's JSON log lines (one per request, plus ready)."""
         out: list[dict[str, Any]] = []
         for line in self._logs(tail=100000).splitlines():
-            try:
+            with contextlib.suppress(ValueError):
                 out.append(json.loads(line))
-            except ValueError:
-                pass
         return out
 
     def _logs(self, tail: int = 30) -> str:

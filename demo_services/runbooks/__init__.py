@@ -1,8 +1,8 @@
 """The runbooks service: fixed runbook documents that tools read over the network, for the demo.
 
-    sandbox.runbooks.server      the service itself (stdlib only; laid into images/runbooks as
+    demo_services.runbooks.server      the service itself (stdlib only; laid into images/runbooks as
                                  /opt/ringfence/runbooks.py): GET /runbooks/<name>
-    sandbox.runbooks.container   Runbooks: its container on a Docker network, asked from the
+    demo_services.runbooks.container   Runbooks: its container on a Docker network, asked from the
                                  host through `docker exec` (no packet from the host)
 
 Tools reach it as RUNBOOKS_HOST through the egress proxy, which pins the name to its address
@@ -12,6 +12,6 @@ Errors: RunbooksError (an EngineError) when the container cannot be started or a
 message carries the container's status and recent logs.
 """
 
-from sandbox.runbooks.container import RUNBOOKS_HOST, RUNBOOKS_PORT, Runbooks, RunbooksError, RunbooksSettings
+from demo_services.runbooks.container import RUNBOOKS_HOST, RUNBOOKS_PORT, Runbooks, RunbooksError, RunbooksSettings
 
 __all__ = ["RUNBOOKS_HOST", "RUNBOOKS_PORT", "Runbooks", "RunbooksError", "RunbooksSettings"]

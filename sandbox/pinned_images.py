@@ -1,19 +1,24 @@
-"""images/images.lock: the image IDs dispatch may use, and what each was built from.
+"""The pinned images the runtime may start: images/images.lock, and the check that the engine
+holds exactly the pinned image.
 
 The lock is committed. Dispatch trusts nothing but the IDs in it: a tag can be moved by
 anyone with the Docker socket, an image ID cannot be made to name other content.
 
+This is the runtime's part of the image code, and the only part sandbox/ holds: the build
+toolchain (imagebuild/: specs, rootfs, packages, the builder) writes the lock through these
+types and imports them from here, so running a container never loads the builder.
+
 A user's images dir has a lock of its own (DIR/images.lock) holding the user's images only;
 `lock_for(DIR)` reads it with the built-in lock under it (`Lock.inherited`), so a name is
 looked up in the user's lock first, then in the built-in one: the search order of
-sandbox.images.spec. Writing a lock writes its own entries only.
+imagebuild.spec. Writing a lock writes its own entries only.
 
 An entry is one of:
 - built here from a spec: `inputs_sha256` (the spec), parent and parent_id, and what went in:
   a root's package manifest (`packages`, "name=version"), a child's pinned Debian packages
   with the dependencies they pulled (`debs`) and wheels (`wheels`), each with its file's sha256;
 - adopted (`ringfence images adopt`): built elsewhere, admitted by ID after the checks of
-  sandbox.images.adopt; `"reproducible": false` (nothing here can rebuild it, so its ID is the
+  imagebuild.adopt; `"reproducible": false` (nothing here can rebuild it, so its ID is the
   whole of what is known: `inputs_sha256` is the ID itself), and `"tool": true` when it was
   checked for the runner.
 """
@@ -23,18 +28,23 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sandbox.errors import ImageError
-from sandbox.images.pins import LockedDeb, LockedWheel
+from sandbox.errors import EngineError, ImageError
+
+# docker is imported where it is used (has_image): the image toolchain runs without it, and
+# sandbox.workspace, which imports this module, is imported by the control plane's config.
+if TYPE_CHECKING:
+    from docker import DockerClient
 
 LOCK_ENV = "RINGFENCE_IMAGES_LOCK"
 IMAGES_DIR_ENV = "RINGFENCE_IMAGES_DIR"
 LOCK_VERSION = 1
 # The folder holding control/ and sandbox/: the checkout, or site-packages in an install.
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 # The wheel ships images/ (specs, rootfs/ overlays, lock; not the .build/ cache) as this folder
 # next to sandbox/ (setup.py says why there), so a spec's repository `files` resolve the same.
 SHIPPED_IMAGES_DIR = REPO_ROOT / "ringfence_images"
@@ -58,11 +68,87 @@ def images_dir() -> Path:
 # Fixed at import (other modules take it as a default argument): set the variable before.
 IMAGES_DIR = images_dir()
 _ID = re.compile(r"sha256:[0-9a-f]{64}")
+# Hashes of files are bare lowercase hex, as Debian's Packages index and pip write them (image
+# IDs keep Docker's "sha256:" prefix).
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+FIX = "run `make images` (or `ringfence images build`)"
 
 
 def default_lock_path() -> Path:
     env = os.environ.get(LOCK_ENV)
     return Path(env) if env else IMAGES_DIR / "images.lock"
+
+
+def _fields(doc: object, keys: tuple[str, ...], what: str) -> dict[str, str]:
+    if not isinstance(doc, Mapping) or not all(isinstance(doc.get(k), str) for k in keys):
+        raise ImageError(f"images.lock: a {what} entry needs string fields {', '.join(keys)}: {doc!r}")
+    return {k: doc[k] for k in keys}
+
+
+@dataclass(frozen=True)
+class LockedDeb:
+    """One installed .deb: the version, the file's sha256, and where the mirror keeps it."""
+
+    name: str
+    version: str
+    architecture: str
+    sha256: str
+    filename: str  # the pool path in the mirror ("pool/main/j/jq/jq_1.6-2.1+deb12u2_amd64.deb")
+    # Named in the spec's `packages` (False: pulled in as a dependency). Which pins a lock
+    # entry's packages were resolved from, so that a rebuild reuses them exactly when the
+    # pins (and the parent) are the same, whatever else in the spec changed.
+    pinned: bool = False
+
+    def __post_init__(self) -> None:
+        if not SHA256_HEX.fullmatch(self.sha256):
+            raise ImageError(f"images.lock: package {self.name}: sha256 {self.sha256!r} is not 64 hex digits")
+        if self.filename.startswith("/") or ".." in self.filename.split("/"):
+            raise ImageError(f"images.lock: package {self.name}: filename {self.filename!r} leaves the mirror")
+
+    @property
+    def cache_name(self) -> str:
+        """debootstrap's cache naming (the epoch's ':' quoted), so the base's .debs and these
+        share one folder without clashing."""
+        return f"{self.name}_{self.version.replace(':', '%3a')}_{self.architecture}.deb"
+
+    def __str__(self) -> str:
+        return f"{self.name}={self.version}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version, "architecture": self.architecture,
+                "sha256": self.sha256, "filename": self.filename, "pinned": self.pinned}
+
+    @classmethod
+    def from_json(cls, doc: object) -> LockedDeb:
+        fields = _fields(doc, ("name", "version", "architecture", "sha256", "filename"), "package")
+        pinned = doc.get("pinned", False) if isinstance(doc, Mapping) else False
+        if not isinstance(pinned, bool):
+            raise ImageError(f"images.lock: package {fields['name']}: pinned must be true or false")
+        return cls(**fields, pinned=pinned)
+
+
+@dataclass(frozen=True)
+class LockedWheel:
+    name: str
+    version: str
+    sha256: str
+    filename: str  # the .whl's own name (its tags say which interpreters and platforms)
+
+    def __post_init__(self) -> None:
+        if not SHA256_HEX.fullmatch(self.sha256):
+            raise ImageError(f"images.lock: wheel {self.name}: sha256 {self.sha256!r} is not 64 hex digits")
+        if "/" in self.filename or not self.filename.endswith(".whl"):
+            raise ImageError(f"images.lock: wheel {self.name}: bad filename {self.filename!r}")
+
+    def __str__(self) -> str:
+        return f"{self.name}=={self.version}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version, "sha256": self.sha256, "filename": self.filename}
+
+    @classmethod
+    def from_json(cls, doc: object) -> LockedWheel:
+        return cls(**_fields(doc, ("name", "version", "sha256", "filename"), "wheel"))
 
 
 @dataclass(frozen=True)
@@ -190,7 +276,7 @@ class Lock:
 
     def with_entry(self, entry: LockEntry) -> Lock:
         rest = [e for e in self.entries if e.name != entry.name]
-        return replace(self, entries=tuple(rest) + (entry,))
+        return replace(self, entries=(*rest, entry))
 
     def to_bytes(self) -> bytes:
         doc = {"version": LOCK_VERSION, "images": {e.name: e.to_json() for e in self.entries}}
@@ -240,6 +326,38 @@ def load_lock(path: str | os.PathLike[str] | None = None, *, inherited: Lock | N
     return Lock.from_bytes(data, path, inherited)
 
 
+def has_image(client: DockerClient, image_id: str) -> bool:
+    """True only if the engine holds an image whose ID is exactly `image_id`.
+
+    `images.get` also resolves tags and ID prefixes, so the returned ID is compared: a name
+    that merely resolves to something is not the pinned image.
+    """
+    import docker.errors
+
+    try:
+        return client.images.get(image_id).id == image_id
+    except docker.errors.ImageNotFound:
+        return False
+    except docker.errors.APIError as e:
+        if getattr(e, "status_code", None) == 404:
+            return False
+        raise EngineError(f"engine failed to inspect {image_id}: {e}") from e
+    except docker.errors.DockerException as e:
+        raise EngineError(f"engine unreachable inspecting {image_id}: {e}") from e
+
+
+def resolve_pinned(client: DockerClient, name: str, lock: Lock | None = None) -> str:
+    """The locked image ID for `name`, only if the engine holds exactly that image.
+
+    Tags are never consulted: `ringfence/tool:latest` may point anywhere, the ID cannot.
+    """
+    lock = lock if lock is not None else load_lock()
+    image_id = lock.image_id(name)
+    if not has_image(client, image_id):
+        raise ImageError(f"pinned image {name} ({image_id}) is not in the Docker engine: {FIX}")
+    return image_id
+
+
 def is_builtin(images_dir: str | os.PathLike[str] | None) -> bool:
     """Whether `images_dir` is the built-in images dir (None means it too)."""
     return images_dir is None or Path(images_dir).resolve() == IMAGES_DIR.resolve()
@@ -268,18 +386,3 @@ def lock_for(images_dir: str | os.PathLike[str] | None = None, lock_path: str | 
     if missing_ok and not path.exists():
         return Lock(path=path, inherited=inherited)
     return load_lock(path, inherited=inherited)
-
-
-def package_diff(old: tuple[str, ...], new: tuple[str, ...]) -> list[str]:
-    """Human lines for how a package manifest changed: '+pkg=v', '-pkg=v', 'pkg a -> b'."""
-    o = dict(p.split("=", 1) for p in old)
-    n = dict(p.split("=", 1) for p in new)
-    lines = []
-    for pkg in sorted(set(o) | set(n)):
-        if pkg not in n:
-            lines.append(f"-{pkg}={o[pkg]}")
-        elif pkg not in o:
-            lines.append(f"+{pkg}={n[pkg]}")
-        elif o[pkg] != n[pkg]:
-            lines.append(f" {pkg} {o[pkg]} -> {n[pkg]}")
-    return lines

@@ -14,9 +14,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from imagebuild.archive import EPOCH
+from imagebuild.spec import Account, Debootstrap
 from sandbox.errors import ImageError
-from sandbox.images.archive import EPOCH
-from sandbox.images.spec import Account, Debootstrap
 
 # /etc/shadow's "last change" field is a day number: the build day, unless fixed.
 SHADOW_DAY = str(EPOCH // 86400)
@@ -49,8 +49,8 @@ def fetch_packages(spec: Debootstrap, tarball: Path, cache_dir: Path, log: Path)
     partial = tarball.with_name(tarball.name + ".partial")
     partial.unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="ringfence-fetch-") as scratch:
-        cmd = _debootstrap_cmd(spec) + [f"--cache-dir={cache_dir.resolve()}", f"--make-tarball={partial}",
-                                        spec.suite, str(Path(scratch) / "root"), spec.mirror]
+        cmd = [*_debootstrap_cmd(spec), f"--cache-dir={cache_dir.resolve()}", f"--make-tarball={partial}",
+               spec.suite, str(Path(scratch) / "root"), spec.mirror]
         _run(cmd, log, "debootstrap --make-tarball")
     os.replace(partial, tarball)
 
@@ -60,9 +60,9 @@ def debootstrap(spec: Debootstrap, target: Path, tarball: Path, log: Path) -> No
     its own (`unshare --net`) so that this step provably reaches nothing."""
     if not tarball.is_file():
         raise ImageError(f"no package tarball at {tarball}: build without --offline first")
-    cmd = _debootstrap_cmd(spec) + [f"--unpack-tarball={tarball.resolve()}", spec.suite, str(target), spec.mirror]
+    cmd = [*_debootstrap_cmd(spec), f"--unpack-tarball={tarball.resolve()}", spec.suite, str(target), spec.mirror]
     if shutil.which("unshare"):
-        cmd = ["unshare", "--net", "--"] + cmd
+        cmd = ["unshare", "--net", "--", *cmd]
     _run(cmd, log, "debootstrap --unpack-tarball")
 
 

@@ -1,10 +1,10 @@
 """`ringfence images fetch|build|verify|adopt`.
 
 `register(subparsers)` adds the `images` command to a parent argparse parser; each leaf sets
-`func(args) -> exit code`. Standalone: `python -m sandbox.images.cli build --update-lock`.
+`func(args) -> exit code`. Standalone: `python -m imagebuild.cli build --update-lock`.
 
 Every command takes `--images-dir DIR`: a user's images dir, layered over the built-in one
-(sandbox.images.spec says how names resolve), with its lock at DIR/images.lock and its build
+(imagebuild.spec says how names resolve), with its lock at DIR/images.lock and its build
 cache at DIR/.build. Without it, the built-in images (the checkout's images/) as before.
 """
 
@@ -33,7 +33,7 @@ def _progress_printer() -> Callable[[str], None]:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from sandbox.images.builder import build
+    from imagebuild.builder import build
 
     progress = _progress_printer()
     try:
@@ -55,7 +55,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    from sandbox.images.builder import fetch
+    from imagebuild.builder import fetch
 
     try:
         fetch(force=args.force, progress=_progress_printer(), images_dir=args.images_dir, lock_path=args.lock)
@@ -66,9 +66,9 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from sandbox.images import engine
-    from sandbox.images.lock import IMAGES_DIR, lock_for
-    from sandbox.images.pinned import verify
+    from imagebuild import engine
+    from imagebuild.pinned import verify
+    from sandbox.pinned_images import IMAGES_DIR, lock_for
 
     try:
         lock = lock_for(args.images_dir, args.lock)
@@ -86,8 +86,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_adopt(args: argparse.Namespace) -> int:
-    from sandbox.images import engine
-    from sandbox.images.adopt import adopt
+    from imagebuild import engine
+    from imagebuild.adopt import adopt
 
     try:
         inspection, written = adopt(engine.client_from_env(), args.name, args.image, tool=args.tool,
@@ -141,13 +141,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sandbox.images.cli")
+    parser = argparse.ArgumentParser(prog="python -m imagebuild.cli")
     sub = parser.add_subparsers(dest="command", required=True)
     images = register(sub)
-    # Standalone, `images` is implied: `python -m sandbox.images.cli build`.
+    # Standalone, `images` is implied: `python -m imagebuild.cli build`.
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] != "images":
-        argv = ["images"] + argv
+        argv = ["images", *argv]
     args = parser.parse_args(argv)
     del images
     func: Callable[[argparse.Namespace], int] = args.func  # set by each leaf (register)

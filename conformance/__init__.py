@@ -2,7 +2,7 @@
 
     run_conformance(client, lock, image="tool", runtime="runc", cases=None) -> Report
     Report.ok, .failed, .table(), .to_json()
-    CASES (sandbox.conformance.cases): each case's number and title as in ESCAPE-BATTERY.md,
+    CASES (conformance.cases): each case's number and title as in docs/escape-battery.md,
         the probes it reads and its check; NOT_INCLUDED: the cases that need the test harness
 
 The probes (probes/, attacks.py) are the battery's own: tests/escape runs the same scripts, with
@@ -10,8 +10,8 @@ a red check beside each; here they run in a sandbox made by the real DockerBacke
 user's pinned image, and each case's check says what the fail-closed outcome is.
 """
 
-from sandbox.conformance.cases import CASES, NOT_INCLUDED, TITLES, Case
-from sandbox.conformance.runner import FAIL, PASS, XFAIL, CaseResult, Report, run_conformance
+from conformance.cases import CASES, NOT_INCLUDED, TITLES, Case
+from conformance.runner import FAIL, PASS, XFAIL, CaseResult, Report, run_conformance
 
 __all__ = ["CASES", "FAIL", "NOT_INCLUDED", "PASS", "TITLES", "XFAIL", "Case", "CaseResult", "Report",
            "run_conformance"]

@@ -1,9 +1,9 @@
 """The ledger: a real receiver for effects, so "effects happen once" is counted where they land.
 
-    sandbox.ledger.server      the service itself (stdlib only; laid into images/ledger as
+    demo_services.ledger.server      the service itself (stdlib only; laid into images/ledger as
                                /opt/ringfence/ledger.py): POST /credits applies a credit once
                                per idempotency key, GET /credits/<key> looks one up
-    sandbox.ledger.container   Ledger: its container on a Docker network, queried from the
+    demo_services.ledger.container   Ledger: its container on a Docker network, queried from the
                                host through `docker exec` (no packet from the host)
 
 Tools reach it as LEDGER_HOST through the egress proxy, which pins the name to the ledger's
@@ -13,6 +13,6 @@ Errors: LedgerError (an EngineError) when the container cannot be started or ask
 message carries the container's status and recent logs.
 """
 
-from sandbox.ledger.container import LEDGER_HOST, LEDGER_PORT, Ledger, LedgerError, LedgerSettings
+from demo_services.ledger.container import LEDGER_HOST, LEDGER_PORT, Ledger, LedgerError, LedgerSettings
 
 __all__ = ["LEDGER_HOST", "LEDGER_PORT", "Ledger", "LedgerError", "LedgerSettings"]

@@ -1,4 +1,7 @@
-"""What dispatch asks before it starts a container: is this image pinned, and present?"""
+"""Whether every pinned image is present and matches its spec (`ringfence images verify`).
+
+What dispatch asks before it starts a container (is this image pinned, and present?) is the
+runtime's: sandbox.pinned_images.resolve_pinned."""
 
 from __future__ import annotations
 
@@ -6,17 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sandbox.errors import ImageError
-from sandbox.images import engine
-from sandbox.images.lock import IMAGES_DIR, Lock, LockEntry, is_builtin, load_lock
-from sandbox.images.pins import normalize_wheel_name, sha256_file
-from sandbox.images.spec import ImageSpec, load_specs
+from imagebuild import engine
+from imagebuild.pins import normalize_wheel_name, sha256_file
+from imagebuild.spec import ImageSpec, load_specs
+from sandbox.pinned_images import FIX, IMAGES_DIR, Lock, LockEntry, has_image, is_builtin, load_lock
 
 if TYPE_CHECKING:
     from docker import DockerClient
-
-FIX = "run `make images` (or `ringfence images build`)"
-
 
 @dataclass(frozen=True)
 class Problem:
@@ -26,18 +25,6 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.name}: {self.kind}: {self.message}"
-
-
-def resolve_pinned(client: DockerClient, name: str, lock: Lock | None = None) -> str:
-    """The locked image ID for `name`, only if the engine holds exactly that image.
-
-    Tags are never consulted: `ringfence/tool:latest` may point anywhere, the ID cannot.
-    """
-    lock = lock if lock is not None else load_lock()
-    image_id = lock.image_id(name)
-    if not engine.has_image(client, image_id):
-        raise ImageError(f"pinned image {name} ({image_id}) is not in the Docker engine: {FIX}")
-    return image_id
 
 
 def verify(
@@ -55,16 +42,16 @@ def verify(
     changed since the lock was written or has no entry in it; with each changed pin named (a
     package's version, a wheel's hash), and each cached .deb or wheel (`cache_dir`, default
     `images_dir`/.build) whose file is not the one the lock records. An adopted image is
-    inspected again (sandbox.images.adopt) and is "refused" when a check now fails.
+    inspected again (imagebuild.adopt) and is "refused" when a check now fails.
 
     Only the lock's own entries are checked (a user's lock: the user's images, whose parents
     are looked up in the built-in lock under it)."""
-    from sandbox.images import adopt
+    from imagebuild import adopt
 
     lock = lock if lock is not None else load_lock()
     problems: list[Problem] = []
     for e in lock.entries:
-        present = engine.has_image(client, e.id)
+        present = has_image(client, e.id)
         if not present:
             other = engine.tagged_id(client, f"{tag_prefix}{e.name}:latest")
             if other is not None:
