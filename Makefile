@@ -6,16 +6,16 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 export TESTCONTAINERS_RYUK_DISABLED := true
 
-.PHONY: help venv docker packages gvisor postgres images protos test test-unit demo bench lint clean gc
+.PHONY: help venv docker packages gvisor postgres images protos test test-unit demo bench lint clean gc dist
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml setup.py
+$(STAMP): pyproject.toml setup.py client/pyproject.toml
 	@echo "==> setting up $(VENV)" >&2
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e ./client -e '.[dev]'  # the client (ringfence) and the server it serves
 	@touch $@
 
 venv: $(STAMP) ## create .venv and install ringfence with its dev extra
@@ -38,7 +38,7 @@ images: venv docker packages ## build the pinned images (only what is missing or
 	$(VENV)/bin/ringfence images verify
 
 protos: venv ## regenerate the protobuf/gRPC modules from protos/
-	$(PY) -m control.api.protos_gen
+	$(PY) -m ringfence_server.control.api.protos_gen
 
 test: venv lint images gvisor postgres ## lint, then run every test: unit, integration, escape battery, end to end
 	$(VENV)/bin/pytest tests
@@ -55,8 +55,8 @@ demo: venv images ## build the images, then the sandbox showcase, the reference 
 
 BENCH_STAMP := $(VENV)/.bench-stamp
 
-$(BENCH_STAMP): $(STAMP) pyproject.toml setup.py
-	$(PY) -m pip install -q -e '.[dev,bench]'
+$(BENCH_STAMP): $(STAMP) pyproject.toml setup.py client/pyproject.toml
+	$(PY) -m pip install -q -e ./client -e '.[dev,bench]'
 	@touch $@
 
 bench: venv images postgres $(BENCH_STAMP) ## run the benchmarks in bench/ (ratios against an in-run baseline; results in bench/results/)
@@ -65,15 +65,18 @@ bench: venv images postgres $(BENCH_STAMP) ## run the benchmarks in bench/ (rati
 # mypy runs twice over tests/ (tests/mypy.ini says why): tests/ and tests/escape/ each have a
 # conftest.py, and a single run would see two modules named conftest. The second run, over the
 # escape battery's files, keeps a cache of its own so that neither conftest evicts the other.
-lint: venv ## ruff (lint, import order) on everything, mypy --strict on the product (control/, sandbox/, imagebuild/, conformance/, demo_services/) and mypy on tests/, the import rules
-	$(VENV)/bin/ruff check control sandbox imagebuild conformance demo_services tests bench
+lint: venv ## ruff (lint, import order) on everything, mypy --strict on the product (ringfence_server/control/, ringfence_server/sandbox/, ringfence_server/imagebuild/, ringfence_server/conformance/, ringfence_server/demo_services/) and mypy on tests/, the import rules
+	$(VENV)/bin/ruff check client/ringfence ringfence_server tests bench
 	$(VENV)/bin/mypy
 	$(VENV)/bin/mypy --config-file tests/mypy.ini
 	$(VENV)/bin/mypy --config-file tests/mypy.ini --cache-dir .mypy_cache/tests-escape tests/escape/*.py
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit/test_architecture.py
 
+dist: venv packages ## build both wheels into dist/: ringfence (the client, client/) and ringfence-server (this folder)
+	$(PY) -m pip wheel -q --no-deps -w dist ./client .
+
 gc: venv ## remove containers and networks left by dead ringfence instances
 	$(VENV)/bin/ringfence sandbox gc
 
 clean: ## remove the venv and build outputs (not the Docker images)
-	rm -rf $(VENV) images/.build .pytest_cache
+	rm -rf $(VENV) images/.build .pytest_cache dist build/lib client/build

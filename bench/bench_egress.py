@@ -23,11 +23,11 @@ from pathlib import Path
 
 import docker
 
-from sandbox.backend import SandboxRequest
-from sandbox.docker_backend import DockerBackend
-from sandbox.egress.grant import EgressGrant, GiB, MiB
-from sandbox.pinned_images import load_lock
-from sandbox.profile import SandboxProfile
+from ringfence_server.sandbox.backend import SandboxRequest
+from ringfence_server.sandbox.docker_backend import DockerBackend
+from ringfence_server.sandbox.egress.grant import EgressGrant, GiB, MiB
+from ringfence_server.sandbox.pinned_images import load_lock
+from ringfence_server.sandbox.profile import SandboxProfile
 
 # The egress testbed (decoys on the bench's own networks) is test harness: it lives in tests/.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))

@@ -65,7 +65,7 @@ class Server:
 
     def __init__(self, config: Path, state: Path) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "control.cli", "serve", "--listen", "127.0.0.1:0", "--config", str(config),
+            [sys.executable, "-m", "ringfence.cli", "serve", "--listen", "127.0.0.1:0", "--config", str(config),
              "--state-dir", str(state)],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -106,7 +106,7 @@ def _pause(mode: str, refusals: int) -> float:
 async def _burst(address: str, count: int, seconds: float, mode: str) -> dict[str, Any]:
     import grpc
 
-    from control.api.gen.ringfence.v1 import runs_pb2, runs_pb2_grpc
+    from ringfence.v1 import runs_pb2, runs_pb2_grpc
 
     outcomes: Counter[str] = Counter()
     md = (("authorization", f"Bearer {A_TOKEN}"),)
@@ -225,7 +225,7 @@ def run(burst: int, idle_samples: int, seconds: float, modes: tuple[str, ...]) -
     """The idle baseline, then one burst per mode, on one server."""
     import grpc
 
-    from control.api.gen.ringfence.v1 import runs_pb2, runs_pb2_grpc
+    from ringfence.v1 import runs_pb2, runs_pb2_grpc
 
     with tempfile.TemporaryDirectory(prefix="rf-bench-fair-") as tmp:
         config = Path(tmp) / "ringfence.toml"

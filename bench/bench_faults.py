@@ -40,14 +40,14 @@ ROOT = Path(__file__).resolve().parents[1]
 # The test harness's process and cluster helpers (a real `ringfence serve`, a real PostgreSQL).
 sys.path.insert(0, str(ROOT / "tests"))
 
-from control.api.client import RingfenceClient  # noqa: E402 - importable only after the sys.path insert above
-from control.config import token_digest  # noqa: E402 - importable only after the sys.path insert above
-from control.errors import ControlError  # noqa: E402 - importable only after the sys.path insert above
-from control.model import ApprovalStatus, ObservationStatus  # noqa: E402 - importable only after the sys.path insert above
-from control.state import fold  # noqa: E402 - importable only after the sys.path insert above
-from control.store import open_store  # noqa: E402 - importable only after the sys.path insert above
-from demo_services.ledger.container import LEDGER_HOST, Ledger  # noqa: E402 - importable only after the sys.path insert above
-from sandbox.pinned_images import load_lock  # noqa: E402 - importable only after the sys.path insert above
+from ringfence import Client as RingfenceClient  # noqa: E402 - importable only after the sys.path insert above
+from ringfence.errors import ControlError  # noqa: E402 - importable only after the sys.path insert above
+from ringfence.model import ApprovalStatus, ObservationStatus  # noqa: E402 - importable only after the sys.path insert above
+from ringfence_server.control.config import token_digest  # noqa: E402 - importable only after the sys.path insert above
+from ringfence_server.control.state import fold  # noqa: E402 - importable only after the sys.path insert above
+from ringfence_server.control.store import open_store  # noqa: E402 - importable only after the sys.path insert above
+from ringfence_server.demo_services.ledger.container import LEDGER_HOST, Ledger  # noqa: E402 - importable only after the sys.path insert above
+from ringfence_server.sandbox.pinned_images import load_lock  # noqa: E402 - importable only after the sys.path insert above
 
 AGENT, APPROVER = "bench-agent-token", "bench-approver-token"
 

@@ -13,11 +13,11 @@ import time
 
 import docker
 
-from sandbox import labels as L
-from sandbox.backend import SandboxRequest
-from sandbox.docker_backend import DockerBackend
-from sandbox.pinned_images import load_lock
-from sandbox.profile import SandboxProfile
+from ringfence_server.sandbox import labels as L
+from ringfence_server.sandbox.backend import SandboxRequest
+from ringfence_server.sandbox.docker_backend import DockerBackend
+from ringfence_server.sandbox.pinned_images import load_lock
+from ringfence_server.sandbox.profile import SandboxProfile
 
 
 def _timed(fn, calls: int) -> list[float]:

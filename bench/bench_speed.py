@@ -71,7 +71,7 @@ ROOT = Path(__file__).resolve().parents[1]
 AGENT_TOKEN = "demo-agent-token"  # the embedded demo tenant's public dev token (loopback only)
 ECHO_ARGUMENTS = {"text": "hi"}
 CALL_ID = "b1"
-# The dispatcher's request body for that call (control.orchestration.dispatch), byte for byte:
+# The dispatcher's request body for that call (ringfence_server.control.orchestration.dispatch), byte for byte:
 # bare feeds the same bytes to the same runner.
 ECHO_BODY = json.dumps({"tool": "echo", "arguments": ECHO_ARGUMENTS, "call_id": CALL_ID, "idempotency_key": None},
                        separators=(",", ":")).encode()
@@ -398,9 +398,9 @@ def _rss() -> dict[str, float]:
 def _echo_manifest_profile():
     """The SandboxProfile dispatch gives `echo` (its manifest's limits): bare and the pool's
     pre-warmed key use exactly this shape."""
-    from control.config import load_config
-    from control.registry import Registry
-    from sandbox.profile import SandboxProfile
+    from ringfence_server.control.config import load_config
+    from ringfence_server.control.registry import Registry
+    from ringfence_server.sandbox.profile import SandboxProfile
 
     config = load_config()
     manifest = Registry.from_dir(config.tools_dir).get("echo")
@@ -416,9 +416,9 @@ class BareRunner:
     def __init__(self, client, image_id: str, profile) -> None:
         from docker.models.containers import _create_container_args
 
-        from sandbox import labels as L
-        from sandbox import seccomp
-        from sandbox.host_config import host_config_kwargs
+        from ringfence_server.sandbox import labels as L
+        from ringfence_server.sandbox import seccomp
+        from ringfence_server.sandbox.host_config import host_config_kwargs
 
         self.api = client.api
         settings = host_config_kwargs(profile, seccomp.profile_json(profile.runtime))
@@ -464,10 +464,10 @@ class ControlPlane:
     """The real server in-process: Orchestrator + SQLite event log + gRPC on a loopback port."""
 
     def __init__(self, backend, limits: dict[str, Any] | None = None) -> None:
-        from control.api.background import BackgroundServer
-        from control.config import load_config
-        from control.orchestration import Orchestrator
-        from control.store import SqliteEventStore
+        from ringfence_server.control.api.background import BackgroundServer
+        from ringfence_server.control.config import load_config
+        from ringfence_server.control.orchestration import Orchestrator
+        from ringfence_server.control.store import SqliteEventStore
 
         self.tmp = tempfile.mkdtemp(prefix="rf-bench-speed-")
         overrides: dict[str, Any] = {"state_dir": self.tmp}
@@ -480,7 +480,7 @@ class ControlPlane:
         self._runs = 0
 
     def client(self):
-        from control.client import Client
+        from ringfence import Client
 
         return Client(self.server.address, AGENT_TOKEN, timeout=300)
 
@@ -501,7 +501,7 @@ class ControlPlane:
 
 
 def submit_echo(client, run_id: str) -> None:
-    from control.model import ObservationStatus
+    from ringfence.model import ObservationStatus
 
     observations = client.submit_batch(run_id, [{"call_id": CALL_ID, "tool": "echo", "arguments": ECHO_ARGUMENTS}])
     o = observations[0]
@@ -579,10 +579,10 @@ def timed_concurrent(total: int, workers: int,
 def pool_api() -> tuple[Any, str]:
     """(PoolSettings, "") when the warm pool exists, else (None, why not)."""
     try:
-        from sandbox.pool import PoolSettings
+        from ringfence_server.sandbox.pool import PoolSettings
     except ImportError as e:
-        return None, f"pool not available: cannot import sandbox.pool.PoolSettings ({e})"
-    from sandbox.docker_backend import DockerBackend
+        return None, f"pool not available: cannot import ringfence_server.sandbox.pool.PoolSettings ({e})"
+    from ringfence_server.sandbox.docker_backend import DockerBackend
 
     if "pool" not in inspect.signature(DockerBackend.__init__).parameters:
         return None, "pool not available: DockerBackend takes no pool= argument yet"
@@ -613,7 +613,7 @@ class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         import docker
 
-        from sandbox.pinned_images import load_lock
+        from ringfence_server.sandbox.pinned_images import load_lock
 
         self.args = args
         self.client = docker.from_env(timeout=120)
@@ -655,7 +655,7 @@ class Bench:
         self.record("bare", timed_sequence(self.args.calls, lambda i: self.bare.run()))
 
     def run_cold(self) -> None:
-        from sandbox.docker_backend import DockerBackend
+        from ringfence_server.sandbox.docker_backend import DockerBackend
 
         backend = DockerBackend()
         cp = None
@@ -701,14 +701,14 @@ class Bench:
         self.log(f"{name} throughput: {n} calls, {workers} clients, {wall:.2f}s -> {n / wall:.2f}/s")
 
     def run_concurrency(self) -> None:
-        from sandbox.docker_backend import DockerBackend
+        from ringfence_server.sandbox.docker_backend import DockerBackend
 
         k = self.args.concurrency
         self.results["concurrency_clients"] = k
         _, lat = timed_concurrent(k, k, lambda w: (lambda i: self.bare.run()))
         self._record_concurrency("concurrency_bare", lat)
         width = self.limits.get("max_parallel_reads")
-        from control.config import Limits
+        from ringfence_server.control.config import Limits
 
         self.results["concurrency_dispatch_width"] = width or Limits().max_parallel_reads
         for name, extra in (("concurrency_ours", {}), ("concurrency_wide", {"max_parallel_reads": k})):
@@ -748,8 +748,8 @@ class Bench:
             self.notes.append(why + "; warm, warm_busy and warm throughput skipped")
             print(f"   {why}: warm variants skipped", flush=True)
             return
-        from sandbox.backend import SandboxRequest
-        from sandbox.docker_backend import DockerBackend
+        from ringfence_server.sandbox.backend import SandboxRequest
+        from ringfence_server.sandbox.docker_backend import DockerBackend
 
         key_request = SandboxRequest(profile=self.profile, argv=(), stdin=b"", run_id="bench")
         backend = DockerBackend(pool=PoolSettings(size=self.args.pool_size, idle_s=600))
@@ -807,7 +807,7 @@ class Bench:
 
     # -- overhead: the fake backend
     def run_overhead(self) -> None:
-        from sandbox.fake import FakeBackend, ok_result
+        from ringfence_server.sandbox.fake import FakeBackend, ok_result
 
         backend = FakeBackend(lambda request: ok_result(ECHO_STDOUT))
         cp = ControlPlane(backend, self.limits)
@@ -825,7 +825,7 @@ class Bench:
             cp.close()
         # One durable append alone (SQLite, WAL, synchronous=FULL: an fsync each), on the same
         # disk, in a scratch store: what each of those events costs at least.
-        from control.store import SqliteEventStore
+        from ringfence_server.control.store import SqliteEventStore
 
         tmp = tempfile.mkdtemp(prefix="rf-bench-append-")
         store = SqliteEventStore(Path(tmp) / "scratch.sqlite3")
@@ -850,7 +850,7 @@ class Bench:
                  f"{RSS_RUNS} live runs (peak {report['rss_mb_peak']:.1f} MB)")
 
     def leftovers(self) -> int:
-        from sandbox import labels as L
+        from ringfence_server.sandbox import labels as L
 
         found = self.client.containers.list(all=True, filters={"label": [
             f"{L.PRODUCT_LABEL}={L.PRODUCT}", f"{L.INSTANCE_LABEL}={L.instance_id()}"]})
@@ -861,7 +861,7 @@ class Bench:
         return len(ours)
 
     def machine(self) -> dict:
-        from sandbox import labels as L
+        from ringfence_server.sandbox import labels as L
 
         try:
             version = self.client.version().get("Version")
@@ -880,8 +880,8 @@ class Bench:
 def memory_child(runs: int) -> dict:
     """In a fresh process: the control plane on the fake backend, RSS before and after `runs`
     live runs with one batch each (submitted by 8 client threads)."""
-    from control.telemetry import configure_tracing
-    from sandbox.fake import FakeBackend, ok_result
+    from ringfence_server.control.telemetry import configure_tracing
+    from ringfence_server.sandbox.fake import FakeBackend, ok_result
 
     configure_tracing(None, False, record=True)  # as `ringfence serve` does
     backend = FakeBackend(lambda request: ok_result(ECHO_STDOUT))
@@ -938,7 +938,7 @@ def main(argv: list[str] | None = None) -> int:
         args.calls, args.throughput_calls, args.overhead_calls = min(args.calls, 5), min(args.throughput_calls, 16), 30
         args.concurrency = min(args.concurrency, 6)
 
-    from control.telemetry import configure_tracing, shutdown_tracing
+    from ringfence_server.control.telemetry import configure_tracing, shutdown_tracing
 
     # As `ringfence serve` does: spans always recorded (exported nowhere).
     tracing = configure_tracing(None, False, record=True)

@@ -4,7 +4,7 @@
 # - openssl, for the test certificates;
 # - Docker's own default seccomp profile (shipped by golang-github-docker-docker-dev, the same
 #   Debian source as docker.io). Only that one file is extracted; the package is not installed
-#   (it would pull in a Go source tree). sandbox/seccomp.py derives our profile from it.
+#   (it would pull in a Go source tree). ringfence_server/sandbox/seccomp.py derives our profile from it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -1,7 +1,7 @@
 """Shared fixtures: the real Docker engine, the pinned images, and cleanup by label.
 
 Every Docker object a test run creates carries `ringfence.test-session=<uuid>` (see
-sandbox.labels); the session fixture removes whatever still carries it at the end, and fails
+ringfence_server.sandbox.labels); the session fixture removes whatever still carries it at the end, and fails
 the run if a test left something behind, so leaks are found rather than hidden.
 """
 
@@ -16,8 +16,8 @@ import docker.errors
 import pytest
 from pg_support import own_pg_cluster, pg_cluster, pg_url  # noqa: F401 - the PostgreSQL fixtures
 
-from sandbox import labels as L
-from sandbox import listing
+from ringfence_server.sandbox import labels as L
+from ringfence_server.sandbox import listing
 
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 SESSION = os.environ.setdefault(L.TEST_SESSION_ENV, uuid.uuid4().hex[:12])
@@ -85,8 +85,8 @@ def remove_session_objects(client) -> list[str]:
 @pytest.fixture(scope="session")
 def pinned_images(docker_client):
     """The images of images/images.lock, present with their locked IDs (`make images`)."""
-    from imagebuild import verify
-    from sandbox.pinned_images import load_lock
+    from ringfence_server.imagebuild import verify
+    from ringfence_server.sandbox.pinned_images import load_lock
 
     lock = load_lock()
     problems = verify(docker_client, lock)
@@ -97,7 +97,7 @@ def pinned_images(docker_client):
 
 @pytest.fixture(scope="session")
 def backend(docker_client, pinned_images):
-    from sandbox.docker_backend import DockerBackend
+    from ringfence_server.sandbox.docker_backend import DockerBackend
 
     b = DockerBackend(docker_client, lock=pinned_images)
     yield b
@@ -138,9 +138,9 @@ def proxy(testbed):
 def ledger_backend(docker_client, pinned_images):
     """(ledger, backend): the ledger service on its own network, and a DockerBackend whose egress
     proxy may reach it as ledger.ringfence.internal (policy must still grant it to the tool)."""
-    from demo_services.ledger.container import Ledger
-    from sandbox.docker_backend import DockerBackend
-    from sandbox.egress.proxy import EgressProxy, ProxySettings
+    from ringfence_server.demo_services.ledger.container import Ledger
+    from ringfence_server.sandbox.docker_backend import DockerBackend
+    from ringfence_server.sandbox.egress.proxy import EgressProxy, ProxySettings
 
     with Ledger(docker_client, lock=pinned_images) as ledger:
         settings = ProxySettings(services=ledger.services(), service_networks=(ledger.network,))

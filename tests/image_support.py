@@ -13,7 +13,7 @@ import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from sandbox import labels as L
+from ringfence_server.sandbox import labels as L
 
 TEST_LABELS = {L.PRODUCT_LABEL: L.PRODUCT, L.PURPOSE_LABEL: "test",
                L.TEST_SESSION_LABEL: os.environ.get(L.TEST_SESSION_ENV, "")}

@@ -15,7 +15,7 @@ from typing import Any
 class RecordingBackend:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
-        self.requests: list[Any] = []  # sandbox.backend.SandboxRequest, in the order handed over
+        self.requests: list[Any] = []  # ringfence_server.sandbox.backend.SandboxRequest, in the order handed over
         self._lock = threading.Lock()
 
     def run(self, request):

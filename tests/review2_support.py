@@ -13,12 +13,12 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from control.api.background import BackgroundServer
-from control.config import load_config, token_digest
-from control.model import Event
-from control.orchestration import Orchestrator
-from control.store import SqliteEventStore
-from sandbox import labels as L
+from ringfence.model import Event
+from ringfence_server.control.api.background import BackgroundServer
+from ringfence_server.control.config import load_config, token_digest
+from ringfence_server.control.orchestration import Orchestrator
+from ringfence_server.control.store import SqliteEventStore
+from ringfence_server.sandbox import labels as L
 
 AGENT = "review2-agent-token"
 TENANT = "acme"

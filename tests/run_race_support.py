@@ -11,7 +11,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
-from control.model import Event, RunOutcome, RunStatus, RunView
+from ringfence.model import Event, RunOutcome, RunStatus, RunView
 
 HANG_GUARD_S = 60.0  # only so that a broken server fails instead of hanging; never a time assertion
 
@@ -25,7 +25,7 @@ class RunLog(Protocol):
 
 
 class Starter(Protocol):
-    """What starts a run: a RingfenceClient, or a test's adapter over the core."""
+    """What starts a run: a Client, or a test's adapter over the core."""
 
     def start_run(self, goal: str, run_id: str) -> RunView: ...
 

@@ -19,9 +19,9 @@ class Served:
                  command: Sequence[str] | None = None, cwd: Path | None = None,
                  base_env: Mapping[str, str] | None = None) -> None:
         """`config` None: the embedded defaults (no --config). `command` replaces
-        `python -m control.cli` (e.g. an installed `ringfence` script), `cwd` the checkout, and
+        `python -m ringfence.cli` (e.g. an installed `ringfence` script), `cwd` the checkout, and
         `base_env` os.environ as what `env` is laid over."""
-        argv = list(command) if command is not None else [sys.executable, "-m", "control.cli"]
+        argv = list(command) if command is not None else [sys.executable, "-m", "ringfence.cli"]
         self.proc = subprocess.Popen(
             [*argv, "serve", "--listen", "127.0.0.1:0",
              *(["--config", str(config)] if config is not None else []), "--state-dir", str(state), *extra],

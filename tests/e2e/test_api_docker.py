@@ -15,13 +15,13 @@ from collections import Counter
 import pytest
 from recording_backend import RecordingBackend
 
-from control.api.background import BackgroundServer
-from control.api.client import RingfenceClient
-from control.config import load_config, token_digest
-from control.model import ApprovalStatus, ObservationStatus, RunOutcome
-from control.orchestration import Orchestrator
-from control.store import SqliteEventStore
-from demo_services.ledger.container import LEDGER_HOST
+from ringfence import Client
+from ringfence.model import ApprovalStatus, ObservationStatus, RunOutcome
+from ringfence_server.control.api.background import BackgroundServer
+from ringfence_server.control.config import load_config, token_digest
+from ringfence_server.control.orchestration import Orchestrator
+from ringfence_server.control.store import SqliteEventStore
+from ringfence_server.demo_services.ledger.container import LEDGER_HOST
 
 pytestmark = pytest.mark.docker
 
@@ -64,7 +64,7 @@ def stack(tmp_path, ledger_backend):
 
 def approve_as_they_come(address: str, expected: int, seen: list, stop: threading.Event) -> None:
     """An approver client: watch approvals, approve each pending one."""
-    with RingfenceClient(address, APPROVER) as approver:
+    with Client(address, APPROVER) as approver:
         stream = approver.watch_approvals()
         try:
             for approval in stream:
@@ -78,7 +78,7 @@ def approve_as_they_come(address: str, expected: int, seen: list, stop: threadin
 
 def test_a_run_through_the_real_server_and_real_containers(stack):
     server, recording, ledger = stack
-    with RingfenceClient(server.address, AGENT) as agent:
+    with Client(server.address, AGENT) as agent:
         run = agent.start_run("read the greeting and credit acme-9 with 50", "e2e-run")
 
         # Turn 1: a denied path, two reads (parallel), one ASK.

@@ -13,9 +13,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from serve_support import Served
 
-from control.api.client import RingfenceClient
-from control.config import token_digest
-from control.model import ObservationStatus, RunStatus
+from ringfence import Client
+from ringfence.model import ObservationStatus, RunStatus
+from ringfence_server.control.config import token_digest
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "serve-agent-token"
@@ -40,7 +40,7 @@ def test_serve_prints_serves_stops_and_recovers_its_runs(pinned_images, config_f
         with grpc.insecure_channel(served.address) as channel:
             health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
             assert health.status == health_pb2.HealthCheckResponse.SERVING
-        with RingfenceClient(served.address, TOKEN) as agent:
+        with Client(served.address, TOKEN) as agent:
             run = agent.start_run("say hello", "served-run")
             [obs] = agent.submit_batch(run.run_id, [{"call_id": "c1", "tool": "echo", "arguments": {"text": "hi"}}])
             assert obs.status is ObservationStatus.EXECUTED and obs.content == {"text": "hi"}
@@ -51,7 +51,7 @@ def test_serve_prints_serves_stops_and_recovers_its_runs(pinned_images, config_f
 
     again = Served(config_file, state)
     try:
-        with RingfenceClient(again.address, TOKEN) as agent:
+        with Client(again.address, TOKEN) as agent:
             view = agent.get_run("served-run")
             assert view.status is RunStatus.RUNNING
             assert [(o.call_id, o.content) for o in view.trajectory] == [("c1", {"text": "hi"})]
@@ -71,7 +71,7 @@ def test_serve_refuses_a_bad_config_with_exit_2(tmp_path, setting):
     bad = tmp_path / "bad.toml"
     bad.write_text(f"[limits]\n{setting}\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "control.cli", "serve", "--config", str(bad), "--listen", "127.0.0.1:0",
+        [sys.executable, "-m", "ringfence.cli", "serve", "--config", str(bad), "--listen", "127.0.0.1:0",
          "--state-dir", str(tmp_path / "state")],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )
@@ -81,7 +81,7 @@ def test_serve_refuses_a_bad_config_with_exit_2(tmp_path, setting):
 
 def test_serve_refuses_the_public_demo_tokens_off_loopback(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "control.cli", "serve", "--listen", "0.0.0.0:0", "--state-dir", str(tmp_path)],
+        [sys.executable, "-m", "ringfence.cli", "serve", "--listen", "0.0.0.0:0", "--state-dir", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )
     assert proc.returncode == 2
@@ -97,7 +97,7 @@ def test_serve_exposes_prometheus_metrics_of_what_it_did(pinned_images, config_f
         [metrics_line] = [line for line in served.lines if line.startswith("ringfence: metrics on ")]
         url = metrics_line.split(" on ", 1)[1]
         assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics")
-        with RingfenceClient(served.address, TOKEN) as agent:
+        with Client(served.address, TOKEN) as agent:
             run = agent.start_run("count me")
             agent.submit_batch(run.run_id, [{"call_id": "c1", "tool": "echo", "arguments": {"text": "hi"}}])
         body = urllib.request.urlopen(url, timeout=10).read().decode()
@@ -109,7 +109,7 @@ def test_serve_exposes_prometheus_metrics_of_what_it_did(pinned_images, config_f
 
 
 def test_serve_refuses_a_bad_metrics_address_with_exit_2(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "control.cli", "serve", "--metrics-listen", "nowhere"],
+    proc = subprocess.run([sys.executable, "-m", "ringfence.cli", "serve", "--metrics-listen", "nowhere"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--metrics-listen must be HOST:PORT" in proc.stderr
 
@@ -127,7 +127,7 @@ def _start_a_nap(served: Served) -> tuple[threading.Thread, dict]:
 
     def submit() -> None:
         try:
-            with RingfenceClient(served.address, TOKEN) as agent:
+            with Client(served.address, TOKEN) as agent:
                 agent.start_run("nap", "nap-run")
                 outcome["obs"] = agent.submit_batch("nap-run", [{"call_id": "nap", "tool": "sleep",
                                                                   "arguments": {"seconds": 5}}])
@@ -161,7 +161,7 @@ def test_sigterm_kills_the_servers_running_calls_and_records_them(pinned_images,
     assert _containers_of(docker_client, served.proc.pid) == []
     again = Served(config_file, state)
     try:
-        with RingfenceClient(again.address, TOKEN) as agent:
+        with Client(again.address, TOKEN) as agent:
             [nap] = agent.get_run("nap-run").trajectory
         assert nap.executed and nap.error_class == "killed" and "shutting down" in nap.error
     finally:
@@ -185,7 +185,7 @@ def test_a_restarted_server_removes_a_killed_instances_containers(pinned_images,
     again = Served(config_file, state)
     try:
         assert _containers_of(docker_client, served.proc.pid) == []  # reaped before serving
-        with RingfenceClient(again.address, TOKEN) as agent:
+        with Client(again.address, TOKEN) as agent:
             [nap] = agent.get_run("nap-run").trajectory
         assert nap.error_class == "interrupted"
     finally:

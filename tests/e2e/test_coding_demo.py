@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from control.demo.coding import BUGGY, FIXED, TESTS
-from control.store import SqliteEventStore
+from ringfence_server.control.demo.coding import BUGGY, FIXED, TESTS
+from ringfence_server.control.store import SqliteEventStore
 
 pytestmark = pytest.mark.docker
 

@@ -19,13 +19,13 @@ import threading
 import pytest
 from serve_support import Served
 
-from control.api.client import RingfenceClient
-from control.config import token_digest
-from control.errors import ControlError
-from control.model import ApprovalStatus, ObservationStatus, RunOutcome
-from control.orchestration.crashpoints import ENV, POINTS
-from control.store import open_store, verify
-from demo_services.ledger.container import LEDGER_HOST
+from ringfence import Client
+from ringfence.errors import ControlError
+from ringfence.model import ApprovalStatus, ObservationStatus, RunOutcome
+from ringfence_server.control.config import token_digest
+from ringfence_server.control.orchestration.crashpoints import ENV, POINTS
+from ringfence_server.control.store import open_store, verify
+from ringfence_server.demo_services.ledger.container import LEDGER_HOST
 
 pytestmark = pytest.mark.docker
 
@@ -68,7 +68,7 @@ class Watcher(threading.Thread):
 
     def run(self) -> None:
         try:
-            with RingfenceClient(self.address, AGENT) as c:
+            with Client(self.address, AGENT) as c:
                 for event in c.watch_run(RUN, 0):
                     self.seen.append(event)
         except Exception:  # noqa: BLE001 - the server died under it: what it saw stays recorded
@@ -77,7 +77,7 @@ class Watcher(threading.Thread):
 
 def drive(address: str, watchers: list) -> None:
     """The client's whole job, idempotent: safe to run again from the top after a crash."""
-    with RingfenceClient(address, AGENT) as agent, RingfenceClient(address, APPROVER) as approver:
+    with Client(address, AGENT) as agent, Client(address, APPROVER) as approver:
         agent.start_run("one credit, exactly once", RUN)
         watcher = Watcher(address)
         watcher.start()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from control.store import SqliteEventStore
+from ringfence_server.control.store import SqliteEventStore
 
 pytestmark = pytest.mark.docker
 

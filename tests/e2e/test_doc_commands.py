@@ -17,8 +17,9 @@ untested. What is changed, and why:
 - `ringfence conformance` (runc and gVisor, table and JSON) is what
   tests/integration/test_conformance.py runs, with its cases checked;
 - grpcurl is not part of ringfence: its lines run only where it is installed;
-- the wheel's two lines are what tests/e2e/test_wheel.py does offline (the build without
-  isolation, the install without the index, the dependencies from this venv);
+- the lines that build the two wheels and install them into venvs of their own (the README's
+  client venv, docs/operations.md's `make dist` and install) are what tests/e2e/test_distributions.py
+  does, into fresh venvs in tmp, with normal resolution from the package index;
 - the lines of "Your own tools" (docs/tools-and-images.md) run, as written and in their order, in a project folder of
   their own in tests/e2e/test_own_tools.py (which fetches from the Debian mirror and PyPI and
   builds an image twice): they are accounted for here, run there.
@@ -39,7 +40,7 @@ import pytest
 from docs_support import DOCS, doc_commands, section, sh_lines
 from serve_support import ROOT, Served
 
-from control.client import Client
+from ringfence import Client
 
 pytestmark = pytest.mark.docker
 
@@ -112,7 +113,8 @@ def test_every_command_of_every_page_works_as_written(pinned_images, tmp_path):
     assert len(take(r"ringfence eval contract")) == 2 and (ROOT / "tests/e2e/test_eval_contract.py").is_file()
     # Both runtimes, table and JSON, and its failures against bad images: that test runs them.
     assert len(take(r"ringfence conformance")) == 2 and (ROOT / "tests/integration/test_conformance.py").is_file()
-    assert len(take(r"^python3 -m pip (wheel|install) ")) == 2 and (ROOT / "tests/e2e/test_wheel.py").is_file()
+    installs = take(r"^python3 -m venv \.agent-venv && |^make dist$|^python3 -m pip install dist/")
+    assert len(installs) == 3 and (ROOT / "tests/e2e/test_distributions.py").is_file(), installs
     # The other ways to serve, one at a time (as a user would: they share ./.state).
     for line in take(r"^\.venv/bin/ringfence serve "):
         serve_line(line, tmp_path)

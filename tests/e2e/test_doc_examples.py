@@ -7,7 +7,6 @@ project of its own: tests/e2e/test_own_tools.py runs it."""
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,10 +37,7 @@ def run_against_serve(code: str, tmp_path: Path) -> subprocess.CompletedProcess:
 def test_the_readme_agent_runs_as_written(pinned_images, tmp_path):
     proc = run_against_serve(python_block(README, "A first agent"), tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    first, tokens = proc.stdout.splitlines()
-    assert first == "completed [('echo', 'executed'), ('read_file', 'denied')]"
-    counts = [int(n) for n in re.findall(r"\d+", tokens)]
-    assert len(counts) == 2 and counts[1] > counts[0]  # the second turn's context holds the results
+    assert proc.stdout == "completed [('echo', 'executed'), ('read_file', 'denied')]\n"
 
 
 @pytest.mark.parametrize("heading, printed", [

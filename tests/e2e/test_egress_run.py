@@ -15,14 +15,14 @@ from __future__ import annotations
 import pytest
 from egress_support import EgressTestbed
 
-from control.api.background import BackgroundServer
-from control.api.client import RingfenceClient
-from control.config import load_config, token_digest
-from control.model import ObservationStatus
-from control.orchestration import Orchestrator
-from control.registry import Registry, ToolManifest
-from control.store import SqliteEventStore
-from sandbox.docker_backend import DockerBackend
+from ringfence import Client
+from ringfence.model import ObservationStatus
+from ringfence_server.control.api.background import BackgroundServer
+from ringfence_server.control.config import load_config, token_digest
+from ringfence_server.control.orchestration import Orchestrator
+from ringfence_server.control.registry import Registry, ToolManifest
+from ringfence_server.control.store import SqliteEventStore
+from ringfence_server.sandbox.docker_backend import DockerBackend
 
 pytestmark = pytest.mark.docker
 
@@ -62,7 +62,7 @@ def test_a_calls_allowlist_is_the_tools_hosts_and_the_policy_grant(stack):
     server, testbed = stack
     allowed_before = len(testbed.decoys["allowed"].connections())
     denied_before = len(testbed.decoys["denied"].connections())
-    with RingfenceClient(server.address, AGENT) as agent:
+    with Client(server.address, AGENT) as agent:
         run = agent.start_run("fetch two pages").run_id
         ok, refused = agent.submit_batch(run, [
             {"call_id": "ok", "tool": "fetch", "arguments": {"url": "http://allowed.test/"}},
@@ -92,7 +92,7 @@ def test_red_check_with_both_hosts_granted_the_second_fetch_reaches_its_decoy(st
     admitted, dispatched, let through by the proxy, and the decoy sees it."""
     server, testbed = stack
     denied_before = len(testbed.decoys["denied"].connections())
-    with RingfenceClient(server.address, AGENT) as agent:
+    with Client(server.address, AGENT) as agent:
         run = agent.start_run("fetch").run_id
         [obs] = agent.submit_batch(run, [{"call_id": "no", "tool": "fetch", "arguments": {"url": "http://denied.test/"}}])
     assert obs.status is ObservationStatus.EXECUTED and obs.content["status"] == 200

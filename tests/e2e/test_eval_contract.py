@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from control.evals.cli import CONTRACT_BASELINE
-from control.evals.contract import CASES
+from ringfence_server.control.evals.cli import CONTRACT_BASELINE
+from ringfence_server.control.evals.contract import CASES
 
 pytestmark = pytest.mark.docker
 

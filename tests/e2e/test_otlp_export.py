@@ -23,8 +23,8 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 from opentelemetry.sdk.trace import TracerProvider
 from serve_support import Served
 
-from control.client import Client
-from control.model import ObservationStatus
+from ringfence import Client
+from ringfence.model import ObservationStatus
 
 pytestmark = pytest.mark.docker
 

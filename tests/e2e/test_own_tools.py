@@ -35,8 +35,8 @@ import pytest
 from docs_support import DOCS, blocks, section, sh_lines
 from serve_support import ROOT, Served
 
-from sandbox import labels as L
-from sandbox.pinned_images import lock_for
+from ringfence_server.sandbox import labels as L
+from ringfence_server.sandbox.pinned_images import lock_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

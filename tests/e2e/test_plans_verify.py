@@ -16,13 +16,13 @@ import grpc
 import pytest
 from recording_backend import RecordingBackend
 
-from control.api.background import BackgroundServer
-from control.client import Client
-from control.config import load_config
-from control.errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied
-from control.model import ObservationStatus
-from control.orchestration import Orchestrator
-from control.store import SqliteEventStore
+from ringfence import Client
+from ringfence.errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied
+from ringfence.model import ObservationStatus
+from ringfence_server.control.api.background import BackgroundServer
+from ringfence_server.control.config import load_config
+from ringfence_server.control.orchestration import Orchestrator
+from ringfence_server.control.store import SqliteEventStore
 
 pytestmark = pytest.mark.docker
 

@@ -17,10 +17,10 @@ import pytest
 from run_race_support import one_tenant_round, start_at_once, started_events
 from serve_support import Served
 
-from control.api.client import RingfenceClient
-from control.config import token_digest
-from control.model import RunOutcome, RunView
-from control.store import open_store
+from ringfence import Client
+from ringfence.model import RunOutcome, RunView
+from ringfence_server.control.config import token_digest
+from ringfence_server.control.store import open_store
 
 pytestmark = pytest.mark.docker
 
@@ -65,7 +65,7 @@ def log(two_instances):
 
 
 def clients_for(pairs):
-    clients = [RingfenceClient(address, TOKENS[tenant]) for address, tenant in pairs]
+    clients = [Client(address, TOKENS[tenant]) for address, tenant in pairs]
     for client in clients:
         client.list_runs()  # connected before the race: the barrier is the only start signal
     return clients

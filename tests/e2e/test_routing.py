@@ -20,14 +20,14 @@ from typing import Any
 import pytest
 from recording_backend import RecordingBackend
 
-from control.api.background import BackgroundServer
-from control.client import Client
-from control.config import DEFAULT_CONFIG_PATH, load_config
-from control.errors import AlreadyExists, InvalidArgument, ResourceExhausted
-from control.model import RunOutcome
-from control.orchestration import Orchestrator
-from control.store import SqliteEventStore
-from sandbox import labels as L
+from ringfence import Client
+from ringfence.errors import AlreadyExists, InvalidArgument, ResourceExhausted
+from ringfence.model import RunOutcome
+from ringfence_server.control.api.background import BackgroundServer
+from ringfence_server.control.config import DEFAULT_CONFIG_PATH, load_config
+from ringfence_server.control.orchestration import Orchestrator
+from ringfence_server.control.store import SqliteEventStore
+from ringfence_server.sandbox import labels as L
 
 pytestmark = pytest.mark.docker
 

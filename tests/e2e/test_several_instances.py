@@ -17,12 +17,12 @@ import threading
 import pytest
 from serve_support import Served
 
-from control.api.client import RingfenceClient
-from control.config import token_digest
-from control.errors import ControlError
-from control.model import ApprovalStatus, ObservationStatus, RunOutcome
-from control.store import open_store, verify
-from demo_services.ledger.container import LEDGER_HOST
+from ringfence import Client
+from ringfence.errors import ControlError
+from ringfence.model import ApprovalStatus, ObservationStatus, RunOutcome
+from ringfence_server.control.config import token_digest
+from ringfence_server.control.store import open_store, verify
+from ringfence_server.demo_services.ledger.container import LEDGER_HOST
 
 pytestmark = pytest.mark.docker
 
@@ -70,14 +70,14 @@ def test_three_instances_share_runs_and_survive_losing_one(pg_url, ledger_backen
 
     def watch() -> None:
         try:
-            with RingfenceClient(c.address, AGENT) as client:
+            with Client(c.address, AGENT) as client:
                 for event in client.watch_run(RUN, 0):
                     seen.append(event)
         except ControlError:
             pass
 
     try:
-        with RingfenceClient(a.address, AGENT) as on_a:
+        with Client(a.address, AGENT) as on_a:
             on_a.start_run("shared by three instances", RUN)
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
@@ -86,7 +86,7 @@ def test_three_instances_share_runs_and_survive_losing_one(pg_url, ledger_backen
         results: dict = {}
 
         def submit(server, batch_id, call_id) -> None:
-            with RingfenceClient(server.address, AGENT) as client:
+            with Client(server.address, AGENT) as client:
                 results[batch_id] = client.submit_batch(
                     RUN, [{"call_id": call_id, "tool": "sleep", "arguments": {"seconds": 1}}], batch_id=batch_id)
 
@@ -103,7 +103,7 @@ def test_three_instances_share_runs_and_survive_losing_one(pg_url, ledger_backen
 
         def doomed() -> None:
             try:
-                with RingfenceClient(a.address, AGENT) as client:
+                with Client(a.address, AGENT) as client:
                     client.submit_batch(RUN, [{"call_id": "long", "tool": "sleep", "arguments": {"seconds": 5}}],
                                         batch_id="on-a")
             except ControlError as e:
@@ -120,7 +120,7 @@ def test_three_instances_share_runs_and_survive_losing_one(pg_url, ledger_backen
         a.proc.wait(30)
         t.join(30)
         assert "error" in lost
-        with RingfenceClient(b.address, AGENT) as on_b:
+        with Client(b.address, AGENT) as on_b:
             [long] = on_b.submit_batch(RUN, [{"call_id": "long", "tool": "sleep", "arguments": {"seconds": 5}}],
                                       batch_id="on-a")
             assert long.error_class == "interrupted"  # recovered by b, reported, not lost
@@ -129,10 +129,10 @@ def test_three_instances_share_runs_and_survive_losing_one(pg_url, ledger_backen
             [pay] = on_b.submit_batch(RUN, [{"call_id": "pay", "tool": "credit",
                                              "arguments": {"account": "acme-3", "amount": 30}}], batch_id="pay")
             assert pay.status is ObservationStatus.PENDING_APPROVAL
-        with RingfenceClient(c.address, APPROVER) as approver:
+        with Client(c.address, APPROVER) as approver:
             [approval] = [x for x in approver.list_approvals(RUN) if x.status is ApprovalStatus.PENDING]
             approver.decide_approval(approval.approval_id, True, "expected")
-        with RingfenceClient(c.address, AGENT) as on_c:
+        with Client(c.address, AGENT) as on_c:
             paid = {o.call_id: o for o in on_c.get_run(RUN).trajectory}["pay"]
             assert paid.status is ObservationStatus.EXECUTED and paid.content["applied"] is True
             assert on_c.finish_run(RUN).outcome is RunOutcome.COMPLETED

@@ -10,13 +10,13 @@ from __future__ import annotations
 import pytest
 from recording_backend import RecordingBackend
 
-from control.api.background import BackgroundServer
-from control.client import Client
-from control.client.skills import Fixture, Skill, SkillEventKind, SkillLibrary, SkillStatus, SkillStep, SkillTrials
-from control.config import load_config
-from control.demo.skills_scene import run_skill_scene
-from control.orchestration import Orchestrator
-from control.store import SqliteEventStore
+from ringfence import Client
+from ringfence.skills import Fixture, Skill, SkillEventKind, SkillLibrary, SkillStatus, SkillStep, SkillTrials
+from ringfence_server.control.api.background import BackgroundServer
+from ringfence_server.control.config import load_config
+from ringfence_server.control.demo.skills_scene import run_skill_scene
+from ringfence_server.control.orchestration import Orchestrator
+from ringfence_server.control.store import SqliteEventStore
 
 pytestmark = pytest.mark.docker
 

@@ -1,4 +1,4 @@
-"""Test support for the egress proxy (tests only; was sandbox.egress.testing). Import as
+"""Test support for the egress proxy (tests only; was ringfence_server.sandbox.egress.testing). Import as
 `egress_support` (tests/ is on sys.path, like serve_support).
 
 - ProxyHarness: the real proxy in a thread, each grant with its own unix socket in a temp
@@ -34,11 +34,11 @@ from pathlib import Path
 from docker.models.containers import Container
 from docker.models.networks import Network
 
-from sandbox import labels as L
-from sandbox.egress.channel import ControlChannel
-from sandbox.egress.config import ProxyConfig
-from sandbox.egress.grant_table import SOCKET_NAME
-from sandbox.egress.server import EgressProxyServer
+from ringfence_server.sandbox import labels as L
+from ringfence_server.sandbox.egress.channel import ControlChannel
+from ringfence_server.sandbox.egress.config import ProxyConfig
+from ringfence_server.sandbox.egress.grant_table import SOCKET_NAME
+from ringfence_server.sandbox.egress.server import EgressProxyServer
 
 from . import decoy as _decoy_module
 
@@ -287,7 +287,7 @@ class EgressTestbed:
     """
 
     def __init__(self, client, lock, workdir: str) -> None:
-        from sandbox.pinned_images import resolve_pinned
+        from ringfence_server.sandbox.pinned_images import resolve_pinned
 
         self.client, self.lock = client, lock
         self.tag = _uuid.uuid4().hex[:6]
@@ -366,7 +366,7 @@ class EgressTestbed:
         return hosts
 
     def proxy_settings(self, disabled_checks=(), **overrides):
-        from sandbox.egress.proxy import ProxySettings
+        from ringfence_server.sandbox.egress.proxy import ProxySettings
 
         settings = dict(
             outside_networks=tuple(n.name for n in self.networks.values()),
@@ -376,7 +376,7 @@ class EgressTestbed:
         return ProxySettings(**settings)
 
     def proxy(self, disabled_checks=(), proxy_class=None, **overrides):
-        from sandbox.egress.proxy import EgressProxy
+        from ringfence_server.sandbox.egress.proxy import EgressProxy
 
         cls = proxy_class or EgressProxy
         p = cls(self.client, lock=self.lock, settings=self.proxy_settings(disabled_checks, **overrides))

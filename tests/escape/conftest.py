@@ -3,7 +3,7 @@
 `attack(argv, runtime=..., **limits)` runs an attack inside a real sandbox, through the same
 DockerBackend the control plane uses, with the pinned tool image. It is parametrized: `[cold]`
 runs the attack in a container created for the call; `[warm]` runs it in a container of a warm
-pool (sandbox.pool), created and started before the call, and proves that it did (the pool's
+pool (ringfence_server.sandbox.pool), created and started before the call, and proves that it did (the pool's
 claim count grew by exactly one, else the test fails): everything a cold call guarantees must
 hold for a pooled one.
 
@@ -12,7 +12,7 @@ hold for a pooled one.
 protection matters, by removing exactly that protection and showing the attack then succeeds.
 
 `cold` runs like `attack[cold]` only (calls with a workspace are never pooled); `make_workspace`
-makes a real run workspace (sandbox.workspace), optionally with its volume options changed, and
+makes a real run workspace (ringfence_server.sandbox.workspace), optionally with its volume options changed, and
 removes it after the test (cases 48-53, test_workspace.py).
 """
 
@@ -27,11 +27,11 @@ from collections.abc import Callable
 import pytest
 from weaken import Settings, WeakenedBackend
 
-from sandbox.backend import SandboxRequest
-from sandbox.docker_backend import DockerBackend
-from sandbox.pool import PoolSettings
-from sandbox.profile import SandboxProfile
-from sandbox.result import SandboxResult
+from ringfence_server.sandbox.backend import SandboxRequest
+from ringfence_server.sandbox.docker_backend import DockerBackend
+from ringfence_server.sandbox.pool import PoolSettings
+from ringfence_server.sandbox.profile import SandboxProfile
+from ringfence_server.sandbox.result import SandboxResult
 
 pytestmark = pytest.mark.docker
 
@@ -106,8 +106,8 @@ def weakened(docker_client, pinned_images):
 def readable_tini(docker_client, pinned_images, tmp_path_factory) -> str:
     """/usr/bin/tini of the pinned tool image, copied to the host with mode 0755 (the image
     ships it execute-only): the red checks of cases 19 and 41 bind it over the image's."""
-    from sandbox import labels as L
-    from sandbox.pinned_images import resolve_pinned
+    from ringfence_server.sandbox import labels as L
+    from ringfence_server.sandbox.pinned_images import resolve_pinned
 
     container = docker_client.containers.create(resolve_pinned(docker_client, "tool", pinned_images),
                                                 command=["true"], labels=L.base_labels("test"))
@@ -135,10 +135,10 @@ def cold(backend):
 
 @pytest.fixture
 def make_workspace(docker_client, pinned_images):
-    """make_workspace(spec, options=None) -> (run_key, volume): a real workspace (sandbox.workspace),
+    """make_workspace(spec, options=None) -> (run_key, volume): a real workspace (ringfence_server.sandbox.workspace),
     removed after the test whatever happens. `options` changes the volume's driver options (a
     function from the options dict to a new dict): the red checks' way to remove one of them."""
-    from sandbox.workspace import DockerWorkspaces, WorkspaceSpec
+    from ringfence_server.sandbox.workspace import DockerWorkspaces, WorkspaceSpec
 
     class Weakened(DockerWorkspaces):
         def __init__(self, change: Callable[[dict[str, str]], dict[str, str]]) -> None:

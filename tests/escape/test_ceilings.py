@@ -10,7 +10,7 @@ Some evidence is read from the host side, from the container's own cgroup while 
 ground truth for "the limit held", and they are the same for runc and gVisor (runsc puts the
 whole sandbox in the container's cgroup). No assertion is about time.
 
-The attack scripts live in the product (conformance.attacks): `ringfence conformance`
+The attack scripts live in the product (ringfence_server.conformance.attacks): `ringfence conformance`
 runs the same ones against a user's engine and image.
 """
 
@@ -30,7 +30,7 @@ import docker
 import pytest
 from weaken import Settings, WeakenedBackend
 
-from conformance.attacks import (
+from ringfence_server.conformance.attacks import (
     BINARY_FLOOD,
     CPU_BURN,
     FD_OPENER,
@@ -42,12 +42,12 @@ from conformance.attacks import (
     ORPHANS,
     WRITER,
 )
-from sandbox import labels as L
-from sandbox.backend import SandboxRequest
-from sandbox.docker_backend import DockerBackend
-from sandbox.hardening import engine_pids_limit
-from sandbox.profile import KiB, MiB, SandboxProfile
-from sandbox.result import Outcome, SandboxResult
+from ringfence_server.sandbox import labels as L
+from ringfence_server.sandbox.backend import SandboxRequest
+from ringfence_server.sandbox.docker_backend import DockerBackend
+from ringfence_server.sandbox.hardening import engine_pids_limit
+from ringfence_server.sandbox.profile import KiB, MiB, SandboxProfile
+from ringfence_server.sandbox.result import Outcome, SandboxResult
 
 pytestmark = pytest.mark.docker
 

@@ -32,11 +32,11 @@ import pytest
 from docker.types import Mount
 from egress_support import SANDBOX_CLIENT, connect, http_get
 
-from sandbox.backend import SandboxRequest
-from sandbox.docker_backend import DockerBackend
-from sandbox.egress.grant import EgressGrant, MiB
-from sandbox.profile import SandboxProfile
-from sandbox.result import Outcome
+from ringfence_server.sandbox.backend import SandboxRequest
+from ringfence_server.sandbox.docker_backend import DockerBackend
+from ringfence_server.sandbox.egress.grant import EgressGrant, MiB
+from ringfence_server.sandbox.profile import SandboxProfile
+from ringfence_server.sandbox.result import Outcome
 
 pytestmark = pytest.mark.docker
 

@@ -26,12 +26,12 @@ from pathlib import Path
 import pytest
 from docker.types import Mount
 
-from sandbox import labels as L
-from sandbox.archive import OutputLink, extract_output, stage_archive, stage_files
-from sandbox.backend import SandboxRequest
-from sandbox.errors import ArchiveError
-from sandbox.profile import InputMount, MiB, SandboxProfile
-from sandbox.result import Outcome, SandboxResult
+from ringfence_server.sandbox import labels as L
+from ringfence_server.sandbox.archive import OutputLink, extract_output, stage_archive, stage_files
+from ringfence_server.sandbox.backend import SandboxRequest
+from ringfence_server.sandbox.errors import ArchiveError
+from ringfence_server.sandbox.profile import InputMount, MiB, SandboxProfile
+from ringfence_server.sandbox.result import Outcome, SandboxResult
 
 pytestmark = pytest.mark.docker
 

@@ -29,10 +29,10 @@ import pytest
 from testcontainers.core.container import DockerContainer
 from testcontainers.core.wait_strategies import LogMessageWaitStrategy
 
-from conformance.attacks import DNS_PROBE, VIEW_PROBE
-from sandbox.labels import base_labels
-from sandbox.pinned_images import load_lock
-from sandbox.result import SandboxResult
+from ringfence_server.conformance.attacks import DNS_PROBE, VIEW_PROBE
+from ringfence_server.sandbox.labels import base_labels
+from ringfence_server.sandbox.pinned_images import load_lock
+from ringfence_server.sandbox.result import SandboxResult
 
 pytestmark = pytest.mark.docker
 

@@ -25,9 +25,9 @@ import probes
 import pytest
 from docker.types import Mount
 
-from sandbox import labels as L
-from sandbox.hardening import GVISOR_HIDDEN_DEVICES
-from sandbox.profile import InputMount
+from ringfence_server.sandbox import labels as L
+from ringfence_server.sandbox.hardening import GVISOR_HIDDEN_DEVICES
+from ringfence_server.sandbox.profile import InputMount
 
 pytestmark = pytest.mark.docker
 

@@ -19,7 +19,7 @@ import probes
 import pytest
 from weaken import without_security_opt
 
-from sandbox.profile import InputMount
+from ringfence_server.sandbox.profile import InputMount
 
 pytestmark = pytest.mark.docker
 

@@ -20,10 +20,10 @@ import probes
 import pytest
 from weaken import with_readable_init, without_security_opt
 
-from sandbox import labels as L
-from sandbox.errors import ProfileError
-from sandbox.hardening import INIT
-from sandbox.profile import SandboxProfile
+from ringfence_server.sandbox import labels as L
+from ringfence_server.sandbox.errors import ProfileError
+from ringfence_server.sandbox.hardening import INIT
+from ringfence_server.sandbox.profile import SandboxProfile
 
 pytestmark = pytest.mark.docker
 

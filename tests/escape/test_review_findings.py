@@ -15,11 +15,11 @@ import probes
 import pytest
 from weaken import WeakenedBackend, with_readable_init
 
-from sandbox import seccomp
-from sandbox.backend import SandboxRequest
-from sandbox.hardening import DOCKER_DEFAULT_MASKED_PATHS
-from sandbox.profile import KiB, SandboxProfile
-from sandbox.result import Outcome
+from ringfence_server.sandbox import seccomp
+from ringfence_server.sandbox.backend import SandboxRequest
+from ringfence_server.sandbox.hardening import DOCKER_DEFAULT_MASKED_PATHS
+from ringfence_server.sandbox.profile import KiB, SandboxProfile
+from ringfence_server.sandbox.result import Outcome
 
 pytestmark = pytest.mark.docker
 

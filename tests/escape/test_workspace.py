@@ -1,4 +1,4 @@
-"""Escape battery, cases 48-53: a run's workspace (sandbox.workspace), the one filesystem whose
+"""Escape battery, cases 48-53: a run's workspace (ringfence_server.sandbox.workspace), the one filesystem whose
 files outlive a call. Every case is a real pair of calls on a real workspace (a capped tmpfs
 volume held by its keeper): call 1 plants something, call 2, in a fresh container, tries to use
 it. Under runc and gVisor, cold only (a call with a workspace is never pooled).
@@ -16,9 +16,9 @@ import probes
 import pytest
 from docker.types import Mount
 
-from sandbox import seccomp
-from sandbox.profile import KiB, MiB, WorkspaceMount
-from sandbox.workspace import WorkspaceSpec, keeper_name
+from ringfence_server.sandbox import seccomp
+from ringfence_server.sandbox.profile import KiB, MiB, WorkspaceMount
+from ringfence_server.sandbox.workspace import WorkspaceSpec, keeper_name
 
 pytestmark = pytest.mark.docker
 

@@ -11,8 +11,8 @@ from typing import Any
 
 from docker.types import Mount
 
-from sandbox.docker_backend import DockerBackend
-from sandbox.profile import SandboxProfile
+from ringfence_server.sandbox.docker_backend import DockerBackend
+from ringfence_server.sandbox.profile import SandboxProfile
 
 Settings = dict[str, Any]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import labels as L
+from ringfence_server.sandbox import labels as L
 
 pytestmark = pytest.mark.docker
 RINGFENCE = [str(Path(sys.executable).with_name("ringfence"))]

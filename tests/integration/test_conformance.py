@@ -5,7 +5,7 @@ one whose default user is root (1.image). `images adopt` refuses both, so their 
 written by hand into a temporary images dir, as a lock edited by hand (or an image whose checks
 changed meaning) would pin them.
 
-The command runs as the CLI (`python -m control.cli conformance`, this checkout's code) in a
+The command runs as the CLI (`python -m ringfence.cli conformance`, this checkout's code) in a
 subprocess, as a user or CI would run it. Every image made here carries the product labels and
 this session's label and is removed at the end; the calls' containers are the backend's own,
 labelled too, and gone when each call ends (a case checks that).
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from image_support import docker_built
 
-from conformance.cases import CASES, NOT_INCLUDED, TITLES
+from ringfence_server.conformance.cases import CASES, NOT_INCLUDED, TITLES
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -33,7 +33,7 @@ GVISOR_FINDINGS = {"13", "30", "42"}
 
 def conformance(*args: str, timeout: float = 600) -> tuple[subprocess.CompletedProcess[str], float]:
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "control.cli", "conformance", *args], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "ringfence.cli", "conformance", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=timeout)
     return proc, time.monotonic() - t0
 

@@ -25,18 +25,18 @@ from dataclasses import dataclass
 import pytest
 from egress_support import INHIBIT
 
-from control.registry import ToolManifest
-from control.resource_policy import call_allowlist
-from control.tools import load_builtin
-from demo_services.ledger import LEDGER_HOST, Ledger
-from demo_services.runbooks import RUNBOOKS_HOST, Runbooks, RunbooksError, RunbooksSettings
-from sandbox import labels as L
-from sandbox.backend import SandboxRequest
-from sandbox.docker_backend import DockerBackend
-from sandbox.egress.grant import EgressGrant
-from sandbox.egress.proxy import EgressProxy, ProxySettings
-from sandbox.profile import SandboxProfile
-from sandbox.result import Outcome, ToolErrorClass
+from ringfence_server.control.registry import ToolManifest
+from ringfence_server.control.resource_policy import call_allowlist
+from ringfence_server.control.tools import load_builtin
+from ringfence_server.demo_services.ledger import LEDGER_HOST, Ledger
+from ringfence_server.demo_services.runbooks import RUNBOOKS_HOST, Runbooks, RunbooksError, RunbooksSettings
+from ringfence_server.sandbox import labels as L
+from ringfence_server.sandbox.backend import SandboxRequest
+from ringfence_server.sandbox.docker_backend import DockerBackend
+from ringfence_server.sandbox.egress.grant import EgressGrant
+from ringfence_server.sandbox.egress.proxy import EgressProxy, ProxySettings
+from ringfence_server.sandbox.profile import SandboxProfile
+from ringfence_server.sandbox.result import Outcome, ToolErrorClass
 
 pytestmark = pytest.mark.docker
 

@@ -20,15 +20,15 @@ from pathlib import Path
 import pytest
 from egress_support import SANDBOX_CLIENT, connect
 
-from sandbox import labels as L
-from sandbox.backend import SandboxRequest
-from sandbox.docker_backend import DockerBackend
-from sandbox.egress.grant import EgressGrant
-from sandbox.egress.proxy import CALLS, CONTROL_DIR, SANDBOX_EGRESS_DIR, STATE_PREFIX, ProxySettings
-from sandbox.egress.server import SOCKET_NAME
-from sandbox.profile import SandboxProfile
-from sandbox.reaper import reap
-from sandbox.result import Outcome
+from ringfence_server.sandbox import labels as L
+from ringfence_server.sandbox.backend import SandboxRequest
+from ringfence_server.sandbox.docker_backend import DockerBackend
+from ringfence_server.sandbox.egress.grant import EgressGrant
+from ringfence_server.sandbox.egress.proxy import CALLS, CONTROL_DIR, SANDBOX_EGRESS_DIR, STATE_PREFIX, ProxySettings
+from ringfence_server.sandbox.egress.server import SOCKET_NAME
+from ringfence_server.sandbox.profile import SandboxProfile
+from ringfence_server.sandbox.reaper import reap
+from ringfence_server.sandbox.result import Outcome
 
 pytestmark = pytest.mark.docker
 
@@ -119,8 +119,8 @@ def test_the_reaper_removes_a_dead_processs_proxy_with_its_call_directories(dock
     three once the owning process is gone."""
     script = ("import json, time\n"
               "import docker\n"
-              "from sandbox.egress.grant import EgressGrant\n"
-              "from sandbox.egress.proxy import EgressProxy\n"
+              "from ringfence_server.sandbox.egress.grant import EgressGrant\n"
+              "from ringfence_server.sandbox.egress.proxy import EgressProxy\n"
               "p = EgressProxy(docker.from_env())\n"
               "c = p.open_call('doomed-call', EgressGrant(allow=('example.test',)))\n"
               "print(json.dumps({'state': p.state_dir, 'call': c.socket_dir, 'name': p.name}), flush=True)\n"

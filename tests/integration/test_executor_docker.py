@@ -12,11 +12,11 @@ import threading
 
 import pytest
 
-from control.config import load_config
-from control.model import ObservationStatus as S
-from control.model import Principal, ProposedCall, Role
-from control.orchestration import Orchestrator
-from control.store.sqlite import SqliteEventStore
+from ringfence.model import ObservationStatus as S
+from ringfence.model import Principal, ProposedCall, Role
+from ringfence_server.control.config import load_config
+from ringfence_server.control.orchestration import Orchestrator
+from ringfence_server.control.store.sqlite import SqliteEventStore
 
 pytestmark = pytest.mark.docker
 
@@ -75,7 +75,7 @@ def test_a_batch_through_the_real_sandbox(tmp_path, backend):
 
 
 def test_a_mutation_gets_its_idempotency_key_and_is_not_repeated(tmp_path, backend):
-    from control.idempotency import idempotency_key
+    from ringfence_server.control.idempotency import idempotency_key
 
     config = load_config(overrides={
         "state_dir": str(tmp_path),

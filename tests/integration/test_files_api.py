@@ -32,17 +32,17 @@ import pytest
 from module_support import load_module
 from recording_backend import RecordingBackend
 
-from control.api.background import BackgroundServer
-from control.api.gen.ringfence.v1 import files_pb2, files_pb2_grpc
-from control.client import AsyncClient, Client, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
-from control.config import load_config, token_digest
-from control.orchestration import Orchestrator
-from control.state import EventType
-from control.store import SqliteEventStore
-from sandbox.backend import SandboxRequest
-from sandbox.profile import SandboxProfile, WorkspaceMount
-from sandbox.result import Outcome
-from sandbox.workspace import DockerWorkspaces
+from ringfence import AsyncClient, Client, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from ringfence.v1 import files_pb2, files_pb2_grpc
+from ringfence_server.control.api.background import BackgroundServer
+from ringfence_server.control.config import load_config, token_digest
+from ringfence_server.control.orchestration import Orchestrator
+from ringfence_server.control.state import EventType
+from ringfence_server.control.store import SqliteEventStore
+from ringfence_server.sandbox.backend import SandboxRequest
+from ringfence_server.sandbox.profile import SandboxProfile, WorkspaceMount
+from ringfence_server.sandbox.result import Outcome
+from ringfence_server.sandbox.workspace import DockerWorkspaces
 
 pytestmark = pytest.mark.docker
 
@@ -311,7 +311,7 @@ def test_links_a_tool_made_in_the_workspace_are_skipped_never_followed(stack, ba
 def cli(stack: Stack, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RINGFENCE_") or k == "RINGFENCE_TEST_SESSION"}
     env.update(RINGFENCE_SERVER=stack.server.address, RINGFENCE_TOKEN=AGENT, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "control.cli", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "ringfence.cli", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=180)
 
 

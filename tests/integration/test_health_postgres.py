@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from health_support import NOT_SERVING, SERVING, wait_for
 
-from control.api.background import BackgroundServer
-from control.config import load_config
-from control.orchestration import Orchestrator
-from control.store.postgres import PostgresEventStore
-from sandbox.fake import FakeBackend
+from ringfence_server.control.api.background import BackgroundServer
+from ringfence_server.control.config import load_config
+from ringfence_server.control.orchestration import Orchestrator
+from ringfence_server.control.store.postgres import PostgresEventStore
+from ringfence_server.sandbox.fake import FakeBackend
 
 
 def test_health_follows_the_postgres_event_store(own_pg_cluster, tmp_path):

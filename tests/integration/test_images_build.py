@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from imagebuild import Lock, LockEntry, build, engine, load_lock, resolve_pinned, verify
-from imagebuild.archive import (
+from ringfence_server.imagebuild import Lock, LockEntry, build, engine, load_lock, resolve_pinned, verify
+from ringfence_server.imagebuild.archive import (
     ContainerConfig,
     digest_of,
     image_config,
@@ -24,8 +24,8 @@ from imagebuild.archive import (
     write_docker_archive,
     write_layer_file,
 )
-from sandbox.errors import ImageError
-from sandbox.pinned_images import IMAGES_DIR
+from ringfence_server.sandbox.errors import ImageError
+from ringfence_server.sandbox.pinned_images import IMAGES_DIR
 
 pytestmark = pytest.mark.docker
 

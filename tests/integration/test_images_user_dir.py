@@ -7,7 +7,7 @@ is named by `verify` and refused by `build`. Then `images adopt` of images made 
 `docker build` FROM the pinned tool image's ID: a clean one is pinned (not reproducible), one
 with a setuid-root shell and one whose default user is root are refused, naming the check.
 
-The commands run as the CLI (`python -m control.cli images ...`, this checkout's code) in a
+The commands run as the CLI (`python -m ringfence.cli images ...`, this checkout's code) in a
 subprocess, as a user would run them. Every image made here carries the product labels and
 this session's label, and is removed at the end; the built-in images are only read.
 """
@@ -27,14 +27,14 @@ from pathlib import Path
 import pytest
 from image_support import TEST_LABELS, docker_built, remove_image
 
-from imagebuild import engine
-from imagebuild.archive import digest_of, file_digest
-from sandbox import labels as L
-from sandbox.backend import SandboxRequest
-from sandbox.docker_backend import DockerBackend
-from sandbox.pinned_images import lock_for
-from sandbox.profile import SandboxProfile
-from sandbox.result import Outcome
+from ringfence_server.imagebuild import engine
+from ringfence_server.imagebuild.archive import digest_of, file_digest
+from ringfence_server.sandbox import labels as L
+from ringfence_server.sandbox.backend import SandboxRequest
+from ringfence_server.sandbox.docker_backend import DockerBackend
+from ringfence_server.sandbox.pinned_images import lock_for
+from ringfence_server.sandbox.profile import SandboxProfile
+from ringfence_server.sandbox.result import Outcome
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -61,7 +61,7 @@ def run(args, context):
 
 
 def cli(*args: str, netns: bool = False, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "control.cli", "images", *args]
+    cmd = [sys.executable, "-m", "ringfence.cli", "images", *args]
     if netns:
         cmd = ["unshare", "--net", "--", *cmd]
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,

@@ -24,15 +24,15 @@ import uuid
 import pytest
 from egress_support import INHIBIT, SANDBOX_CLIENT
 
-from demo_services.ledger import LEDGER_HOST, Ledger, LedgerError, LedgerSettings
-from sandbox import labels as L
-from sandbox.backend import SandboxRequest
-from sandbox.docker_backend import DockerBackend
-from sandbox.egress.channel import EgressError
-from sandbox.egress.grant import EgressGrant
-from sandbox.egress.proxy import EgressProxy, ProxySettings
-from sandbox.profile import SandboxProfile
-from sandbox.result import Outcome, ToolErrorClass
+from ringfence_server.demo_services.ledger import LEDGER_HOST, Ledger, LedgerError, LedgerSettings
+from ringfence_server.sandbox import labels as L
+from ringfence_server.sandbox.backend import SandboxRequest
+from ringfence_server.sandbox.docker_backend import DockerBackend
+from ringfence_server.sandbox.egress.channel import EgressError
+from ringfence_server.sandbox.egress.grant import EgressGrant
+from ringfence_server.sandbox.egress.proxy import EgressProxy, ProxySettings
+from ringfence_server.sandbox.profile import SandboxProfile
+from ringfence_server.sandbox.result import Outcome, ToolErrorClass
 
 pytestmark = pytest.mark.docker
 

@@ -1,4 +1,4 @@
-"""The warm pool (sandbox.pool) on the real engine: a pooled call keeps every guarantee of a cold one.
+"""The warm pool (ringfence_server.sandbox.pool) on the real engine: a pooled call keeps every guarantee of a cold one.
 
 Each test proves that the calls it means to be pooled were (the pool's claim count grew by one
 per call, and the container that ran it is one the pool made), then asserts what the pool
@@ -31,20 +31,20 @@ import docker.errors
 import pytest
 from egress_support import SANDBOX_CLIENT
 
-from sandbox import labels as L
-from sandbox.backend import SandboxRequest
-from sandbox.docker_backend import DockerBackend
-from sandbox.egress.grant import EgressGrant
-from sandbox.pool import PoolSettings, claimed_prefix
-from sandbox.profile import SandboxProfile
-from sandbox.reaper import reap
-from sandbox.result import Outcome
+from ringfence_server.sandbox import labels as L
+from ringfence_server.sandbox.backend import SandboxRequest
+from ringfence_server.sandbox.docker_backend import DockerBackend
+from ringfence_server.sandbox.egress.grant import EgressGrant
+from ringfence_server.sandbox.pool import PoolSettings, claimed_prefix
+from ringfence_server.sandbox.profile import SandboxProfile
+from ringfence_server.sandbox.reaper import reap
+from ringfence_server.sandbox.result import Outcome
 
 pytestmark = pytest.mark.docker
 
 ROOT = Path(__file__).resolve().parents[2]
 EGRESS_CLIENT = ("python3", "-I", "-S", "-B", "-c", SANDBOX_CLIENT)
-# What an egress call adds to its tool's environment (sandbox.egress.proxy.EgressProxy.open_call).
+# What an egress call adds to its tool's environment (ringfence_server.sandbox.egress.proxy.EgressProxy.open_call).
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "NO_PROXY", "no_proxy")
 
 
@@ -256,7 +256,7 @@ def test_no_file_or_process_of_one_call_reaches_the_next(pooled):
 
 
 def test_egress_credentials_are_bound_at_the_claim(pooled, docker_client, proxy, testbed):
-    from sandbox.egress.proxy import SANDBOX_EGRESS_DIR
+    from ringfence_server.sandbox.egress.proxy import SANDBOX_EGRESS_DIR
 
     reports: dict[str, object] = {}
     b = pooled(size=2, egress_proxy=proxy, on_egress_report=lambda req, rep: reports.__setitem__(req.call_id, rep))
@@ -391,11 +391,11 @@ def test_close_while_the_pool_is_filling_leaves_nothing(pooled, docker_client):
 DEAD_POOL = r"""
 import sys
 import docker
-from sandbox import etc_files, labels as L
-from sandbox.backend import SandboxRequest
-from sandbox.docker_backend import DockerBackend
-from sandbox.pool import PoolSettings
-from sandbox.profile import SandboxProfile
+from ringfence_server.sandbox import etc_files, labels as L
+from ringfence_server.sandbox.backend import SandboxRequest
+from ringfence_server.sandbox.docker_backend import DockerBackend
+from ringfence_server.sandbox.pool import PoolSettings
+from ringfence_server.sandbox.profile import SandboxProfile
 
 b = DockerBackend(docker.from_env(timeout=120), pool=PoolSettings(size=2, idle_s=600))
 for argv in ((), ("true",)):

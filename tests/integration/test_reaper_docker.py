@@ -11,8 +11,8 @@ import docker.errors
 import pytest
 from testcontainers.core.container import DockerContainer
 
-from sandbox import labels as L
-from sandbox.reaper import reap
+from ringfence_server.sandbox import labels as L
+from ringfence_server.sandbox.reaper import reap
 
 pytestmark = pytest.mark.docker
 

@@ -15,9 +15,9 @@ import pytest
 from recording_backend import RecordingBackend
 from review2_support import AGENT, served, started_containers
 
-from control.api.client import RingfenceClient
-from control.model import ObservationStatus as S
-from control.model import RunOutcome
+from ringfence import Client
+from ringfence.model import ObservationStatus as S
+from ringfence.model import RunOutcome
 
 pytestmark = pytest.mark.docker
 
@@ -34,7 +34,7 @@ def test_a_client_key_with_other_arguments_in_the_same_run_is_refused_never_run(
         tmp_path, docker_client, backend):
     recording = RecordingBackend(backend)
     since = time.time()
-    with served(tmp_path, recording, rules=RULES) as stack, RingfenceClient(stack.address, AGENT) as agent:
+    with served(tmp_path, recording, rules=RULES) as stack, Client(stack.address, AGENT) as agent:
         run = agent.start_run("write one note, then try to overwrite it under the same key", "same-run-key")
         [v1] = agent.submit_batch(run.run_id, [note("w1", "v1")])
         assert (v1.status, v1.executed) == (S.EXECUTED, True), v1
@@ -66,7 +66,7 @@ def test_the_same_refusal_in_a_later_run(tmp_path, docker_client, backend):
     """The rule the same run now follows: a later run refuses the key with other arguments,
     and deduplicates it with the same ones (held equal to the first test's answers)."""
     recording = RecordingBackend(backend)
-    with served(tmp_path, recording, rules=RULES) as stack, RingfenceClient(stack.address, AGENT) as agent:
+    with served(tmp_path, recording, rules=RULES) as stack, Client(stack.address, AGENT) as agent:
         first = agent.start_run("write the note", "first-run")
         [v1] = agent.submit_batch(first.run_id, [note("w1", "v1")])
         assert v1.status is S.EXECUTED

@@ -3,7 +3,7 @@
 Two control planes with different state directories (so different event stores) run on the one
 engine, each behind a real gRPC server on a loopback port, each with the real Orchestrator, the
 shared DockerBackend and its workspaces as `ringfence serve` makes them
-(`control.api.serve.workspaces`: scoped by the store's address). Both have a tenant `acme` and
+(`ringfence_server.control.api.serve.workspaces`: scoped by the store's address). Both have a tenant `acme` and
 both start run X with a workspace, so the run's store key is the same in both. What is pinned:
 deployment 2's workspace is another volume and keeper; its DownloadFiles does not see
 deployment 1's file; its FinishRun removes only its own workspace (deployment 1's volume, view and
@@ -24,15 +24,15 @@ from pathlib import Path
 import docker.errors
 import pytest
 
-from control.api.background import BackgroundServer
-from control.api.serve import workspaces as served_workspaces
-from control.client import Client, NotFound
-from control.config import load_config, token_digest
-from control.orchestration import Orchestrator
-from control.state import EventType
-from control.store import SqliteEventStore
-from sandbox import labels as L
-from sandbox.workspace import (
+from ringfence import Client, NotFound
+from ringfence_server.control.api.background import BackgroundServer
+from ringfence_server.control.api.serve import workspaces as served_workspaces
+from ringfence_server.control.config import load_config, token_digest
+from ringfence_server.control.orchestration import Orchestrator
+from ringfence_server.control.state import EventType
+from ringfence_server.control.store import SqliteEventStore
+from ringfence_server.sandbox import labels as L
+from ringfence_server.sandbox.workspace import (
     PURPOSE_KEEPER,
     SCOPE_LABEL,
     WORKSPACE_LABEL,
@@ -176,8 +176,8 @@ def test_every_lookup_and_removal_checks_the_scope_on_the_object_itself(docker_c
     """A name is only a digest: an object under a deployment's name that is labelled with another
     scope (or none) is never found, adopted or removed. And what an earlier version named by the
     run key alone, labelled with this scope, is removed with the run's workspace."""
-    from sandbox.errors import ProfileError
-    from sandbox.workspace import TENANT_LABEL, WorkspaceSpec, volume_name
+    from ringfence_server.sandbox.errors import ProfileError
+    from ringfence_server.sandbox.workspace import TENANT_LABEL, WorkspaceSpec, volume_name
 
     scope = f"review2-{uuid.uuid4().hex[:8]}"
     store = DockerWorkspaces(docker_client, pinned_images, scope=scope)

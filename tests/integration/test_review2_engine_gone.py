@@ -22,10 +22,10 @@ import docker
 import pytest
 from review2_support import AGENT, served, started_containers
 
-from control.api.client import RingfenceClient
-from control.model import ObservationStatus as S
-from control.model import RunOutcome
-from sandbox.docker_backend import DockerBackend
+from ringfence import Client
+from ringfence.model import ObservationStatus as S
+from ringfence.model import RunOutcome
+from ringfence_server.sandbox.docker_backend import DockerBackend
 
 pytestmark = pytest.mark.docker
 
@@ -147,7 +147,7 @@ def test_calls_that_never_reached_a_container_are_not_executed_and_their_key_is_
     forwarder, backend = forwarded_backend
     since = time.time()
     with served(tmp_path, backend, rules=RULES, limits=LIMITS) as stack, \
-            RingfenceClient(stack.address, AGENT) as agent:
+            Client(stack.address, AGENT) as agent:
         run = agent.start_run("write a note while the engine is away", "engine-gone")
         forwarder.stop()
         echo, first = agent.submit_batch(run.run_id, [
@@ -197,7 +197,7 @@ def test_a_failure_after_the_container_started_keeps_its_key_in_doubt(tmp_path, 
     backend = _EngineDropsAfterStart(docker_client, lock=pinned_images)
     since = time.time()
     with served(tmp_path, backend, rules=RULES, limits=LIMITS) as stack, \
-            RingfenceClient(stack.address, AGENT) as agent:
+            Client(stack.address, AGENT) as agent:
         run = agent.start_run("a note whose outcome is not known", "engine-dropped")
         [first] = agent.submit_batch(run.run_id, [note("w1")])
         assert (first.status, first.executed, first.error_class, first.attempts) == (

@@ -27,10 +27,10 @@ import pytest
 from health_support import NOT_SERVING, SERVING, status_of, wait_for
 from serve_support import Served
 
-from control.client import Client, NotFound, ResourceExhausted, RetryPolicy
-from control.config import token_digest
-from control.errors import ControlError
-from control.store import open_store, verify
+from ringfence import Client, NotFound, ResourceExhausted, RetryPolicy
+from ringfence.errors import ControlError
+from ringfence_server.control.config import token_digest
+from ringfence_server.control.store import open_store, verify
 
 pytestmark = pytest.mark.docker
 
@@ -159,8 +159,8 @@ def test_postgres_full_tablespace_is_resource_exhausted_and_ping_fails_until_spa
     """PostgreSQL's disk-full (SQLSTATE 53100, from a real full tablespace) is StoreFull
     (RESOURCE_EXHAUSTED), not StoreUnavailable as every OperationalError was; health's probe
     (ping) fails with it while the disk is full and answers again once space is freed."""
-    from control.api.status import code_for
-    from control.store.postgres import PostgresEventStore
+    from ringfence_server.control.api.status import code_for
+    from ringfence_server.control.store.postgres import PostgresEventStore
 
     url, mount = pg_on_small_tmpfs
     store = PostgresEventStore(url)

@@ -17,12 +17,12 @@ import pytest
 from image_support import TEST_LABELS, remove_image
 from review2_support import AGENT, served
 
-from control.api.client import RingfenceClient
-from control.model import ObservationStatus as S
-from control.model import RunOutcome
-from imagebuild.adopt import adopt
-from sandbox.docker_backend import DockerBackend
-from sandbox.pinned_images import lock_for
+from ringfence import Client
+from ringfence.model import ObservationStatus as S
+from ringfence.model import RunOutcome
+from ringfence_server.imagebuild.adopt import adopt
+from ringfence_server.sandbox.docker_backend import DockerBackend
+from ringfence_server.sandbox.pinned_images import lock_for
 
 pytestmark = pytest.mark.docker
 
@@ -72,7 +72,7 @@ def test_a_result_holding_nan_or_infinity_fails_its_call_fatal_and_the_run_goes_
     images, tools = odd_tool
     backend = DockerBackend(docker_client, lock=lock_for(images))
     with served(tmp_path, backend, rules=RULES, tools={"packages": [str(tools)]},
-                images={"dir": str(images)}) as stack, RingfenceClient(stack.address, AGENT) as agent:
+                images={"dir": str(images)}) as stack, Client(stack.address, AGENT) as agent:
         run = agent.start_run("read numbers the tool cannot write as JSON", "odd-numbers")
         observed = agent.submit_batch(run.run_id, [
             {"call_id": f"c-{v}", "tool": TOOL, "arguments": {"value": v}} for v in ("nan", "inf", "-inf", "2.5")])

@@ -16,7 +16,7 @@ import threading
 import pytest
 from test_store_contract import HANG_GUARD_S, target  # noqa: F401 - the fixture: both stores
 
-from control.store import RunExists
+from ringfence_server.control.store import RunExists
 
 CREATORS = 8
 ROUNDS = 5

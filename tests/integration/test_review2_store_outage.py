@@ -23,9 +23,9 @@ import pytest
 from health_support import NOT_SERVING, SERVING, Watcher, wait_for
 from serve_support import Served
 
-from control.client import Client, RetryPolicy
-from control.config import Limits, token_digest
-from control.errors import Unavailable
+from ringfence import Client, RetryPolicy
+from ringfence.errors import Unavailable
+from ringfence_server.control.config import Limits, token_digest
 
 pytestmark = pytest.mark.docker
 

@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 from module_support import load_module
 
-from control.client import FailedPrecondition, InvalidArgument, ResourceExhausted, WorkspaceOptions
-from control.state import EventType
-from sandbox.backend import SandboxRequest
-from sandbox.profile import SandboxProfile, WorkspaceMount
-from sandbox.result import Outcome
+from ringfence import FailedPrecondition, InvalidArgument, ResourceExhausted, WorkspaceOptions
+from ringfence_server.control.state import EventType
+from ringfence_server.sandbox.backend import SandboxRequest
+from ringfence_server.sandbox.profile import SandboxProfile, WorkspaceMount
+from ringfence_server.sandbox.result import Outcome
 
 pytestmark = pytest.mark.docker
 

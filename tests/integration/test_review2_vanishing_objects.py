@@ -21,7 +21,7 @@ import docker
 import docker.errors
 import pytest
 
-from sandbox import labels as L
+from ringfence_server.sandbox import labels as L
 
 pytestmark = pytest.mark.docker
 
@@ -85,7 +85,7 @@ def orphan_labels() -> dict[str, str]:
 
 def test_the_showcase_completes_and_counts_the_rest_when_a_container_vanishes(
         containers, vanishing, capsys, docker_client):
-    from control.demo import showcase
+    from ringfence_server.control.demo import showcase
 
     # Left under the showcase's run label, as a showcase killed earlier would leave them.
     vanishes, stays = containers(**{L.RUN_LABEL: "demo"}), containers(**{L.RUN_LABEL: "demo"})
@@ -99,7 +99,7 @@ def test_the_showcase_completes_and_counts_the_rest_when_a_container_vanishes(
 
 
 def test_the_reaper_completes_and_reaps_the_rest_when_an_orphan_vanishes(containers, vanishing, docker_client):
-    from sandbox.reaper import reap
+    from ringfence_server.sandbox.reaper import reap
 
     vanishes, stays = containers(**orphan_labels()), containers(**orphan_labels())
     vanishing(vanishes)
@@ -109,7 +109,7 @@ def test_the_reaper_completes_and_reaps_the_rest_when_an_orphan_vanishes(contain
 
 
 def test_sandbox_gc_completes_and_reports_the_rest_when_an_orphan_vanishes(containers, vanishing, capsys):
-    from sandbox.cli import gc_command
+    from ringfence_server.sandbox.cli import gc_command
 
     vanishes, stays = containers(**orphan_labels()), containers(**orphan_labels())
     vanishing(vanishes)

@@ -9,12 +9,12 @@ import time
 import pytest
 import requests
 
-from sandbox import labels as L
-from sandbox.backend import SandboxRequest
-from sandbox.docker_backend import DockerBackend
-from sandbox.errors import ImageError
-from sandbox.profile import MiB, SandboxProfile
-from sandbox.result import Outcome, ToolErrorClass
+from ringfence_server.sandbox import labels as L
+from ringfence_server.sandbox.backend import SandboxRequest
+from ringfence_server.sandbox.docker_backend import DockerBackend
+from ringfence_server.sandbox.errors import ImageError
+from ringfence_server.sandbox.profile import MiB, SandboxProfile
+from ringfence_server.sandbox.result import Outcome, ToolErrorClass
 
 pytestmark = pytest.mark.docker
 

@@ -8,9 +8,9 @@ import sqlite3
 
 import pytest
 
-from control.cli import main
-from control.model import Event
-from control.store import SqliteEventStore, open_store, verify
+from ringfence.cli.main import main
+from ringfence.model import Event
+from ringfence_server.control.store import SqliteEventStore, open_store, verify
 
 OLD = 1_000_000.0  # 1970: older than any --older-than
 

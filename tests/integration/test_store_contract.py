@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from control.store import (
+from ringfence_server.control.store import (
     SCHEMA_VERSION,
     EventStore,
     KeyTaken,
@@ -386,8 +386,8 @@ def test_prune_rejects_a_negative_age(target):
 
 
 def test_open_store_picks_by_form(tmp_path, pg_url):
-    from control.store import SqliteEventStore
-    from control.store.postgres import PostgresEventStore
+    from ringfence_server.control.store import SqliteEventStore
+    from ringfence_server.control.store.postgres import PostgresEventStore
 
     for where, kind, path in ((tmp_path, SqliteEventStore, tmp_path / "events.sqlite3"),
                               (tmp_path / "x.sqlite3", SqliteEventStore, tmp_path / "x.sqlite3"),

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from control.model import ObservationStatus as S
-from control.model import RunOutcome, RunStatus
-from control.store import SCHEMA_VERSION, EventStore, SeqConflict, SqliteEventStore, StoreError
+from ringfence.model import ObservationStatus as S
+from ringfence.model import RunOutcome, RunStatus
+from ringfence_server.control.store import SCHEMA_VERSION, EventStore, SeqConflict, SqliteEventStore, StoreError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,7 +78,7 @@ def test_the_database_refuses_updates_and_deletes(store):
 
 def test_no_code_updates_or_deletes_events():
     offenders = []
-    for path in (ROOT / "control").rglob("*.py"):
+    for path in (ROOT / "ringfence_server" / "control").rglob("*.py"):
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if re.search(r"\b(UPDATE|DELETE)\s+(FROM\s+)?events\b", line, re.IGNORECASE) or \
                     re.search(r"\bREPLACE\s+INTO\b", line, re.IGNORECASE):
@@ -228,7 +228,7 @@ def _tables(path: Path) -> dict[str, str]:
 
 
 def test_a_version_1_file_is_migrated_and_its_chain_computed(tmp_path):
-    from control.store import verify
+    from ringfence_server.control.store import verify
 
     path = tmp_path / "events.sqlite3"
     _v1_file(path, V1_ROWS)
@@ -293,7 +293,7 @@ def test_a_failed_migration_changes_nothing(tmp_path):
 
 
 def test_an_unknown_meta_table_is_refused(tmp_path):
-    from control.store import SchemaVersionError
+    from ringfence_server.control.store import SchemaVersionError
 
     path = tmp_path / "events.sqlite3"
     db = sqlite3.connect(path)

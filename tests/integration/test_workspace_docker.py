@@ -1,4 +1,4 @@
-"""Workspaces (sandbox.workspace.DockerWorkspaces) and live output (SandboxRequest.on_output)
+"""Workspaces (ringfence_server.sandbox.workspace.DockerWorkspaces) and live output (SandboxRequest.on_output)
 on the real engine and the pinned tool image.
 
 Workspaces: made, found, listed, reaped and removed as the engine reports them; the keeper's
@@ -10,7 +10,7 @@ Live output: the listener gets exactly the bytes the result holds, while the con
 runs (cold and warm), and a listener that raises does not break the call.
 
 Every workspace a test makes is removed by the `workspaces` fixture, pass or fail, and carries
-the test session's label (sandbox.labels.base_labels) so tests/conftest.py finds leftovers.
+the test session's label (ringfence_server.sandbox.labels.base_labels) so tests/conftest.py finds leftovers.
 """
 
 from __future__ import annotations
@@ -25,17 +25,17 @@ import docker
 import docker.errors
 import pytest
 
-from sandbox import labels as L
-from sandbox.backend import SandboxRequest
-from sandbox.docker_backend import DockerBackend
-from sandbox.errors import ProfileError
-from sandbox.hardening import STRAY_WORKSPACE_PURPOSE
-from sandbox.host_config import applied_settings
-from sandbox.pool import PoolSettings, claimed_prefix
-from sandbox.profile import KiB, MiB, SandboxProfile, WorkspaceMount
-from sandbox.reaper import orphan_reason, reap, reap_stray_volumes
-from sandbox.result import Outcome
-from sandbox.workspace import (
+from ringfence_server.sandbox import labels as L
+from ringfence_server.sandbox.backend import SandboxRequest
+from ringfence_server.sandbox.docker_backend import DockerBackend
+from ringfence_server.sandbox.errors import ProfileError
+from ringfence_server.sandbox.hardening import STRAY_WORKSPACE_PURPOSE
+from ringfence_server.sandbox.host_config import applied_settings
+from ringfence_server.sandbox.pool import PoolSettings, claimed_prefix
+from ringfence_server.sandbox.profile import KiB, MiB, SandboxProfile, WorkspaceMount
+from ringfence_server.sandbox.reaper import orphan_reason, reap, reap_stray_volumes
+from ringfence_server.sandbox.result import Outcome
+from ringfence_server.sandbox.workspace import (
     KEEPER_MEMORY,
     KEEPER_PIDS,
     PURPOSE_KEEPER,
@@ -231,7 +231,7 @@ def test_files_survive_across_calls_and_go_with_the_workspace(workspaces, backen
     assert first.applied["mounts"][-1] == {"source": volume, "target": "/workspace", "read_only": False}
     second = call(backend, ["python3", "/workspace/pkg/m.py"], volume, read_only=True, runtime=runtime)
     assert second.outcome is Outcome.OK and second.stdout == b"42\n", second
-    # Read-only calls mount the view (sandbox.workspace: why not Docker's read-only flag).
+    # Read-only calls mount the view (ringfence_server.sandbox.workspace: why not Docker's read-only flag).
     assert second.applied["mounts"][-1] == {"source": view_name(run_key), "target": "/workspace",
                                             "read_only": runtime == "gvisor"}
     denied = sh(backend, "echo x > /workspace/pkg/m.py", volume, read_only=True, runtime=runtime)
@@ -332,7 +332,7 @@ def test_the_instance_reaper_leaves_a_dead_instances_keeper_alone(workspaces, do
     store.create(run_key, "tenant-a", SPEC)
     keeper = docker_client.containers.get(keeper_name(run_key))
     assert keeper.labels[L.PID_LABEL] == _DeadInstance.pid
-    # Without the exclusion the same labels are an orphan's (sandbox.reaper.orphan_reason).
+    # Without the exclusion the same labels are an orphan's (ringfence_server.sandbox.reaper.orphan_reason).
     labels = {k: v for k, v in keeper.labels.items() if k != L.PURPOSE_LABEL}
     assert "is gone" in (orphan_reason(labels, now=time.time(), host=keeper.labels[L.HOST_LABEL]) or "")
     assert reap(_Only(docker_client, f"{WORKSPACE_LABEL}={run_key}")) == []
@@ -413,7 +413,7 @@ def test_live_output_arrives_while_the_call_runs_cold(backend, docker_client):
 
 def test_live_output_arrives_while_the_call_runs_warm(pooled, docker_client):
     def running(request):
-        # A claimed warm container is named for its call's run (sandbox.pool.claimed_name).
+        # A claimed warm container is named for its call's run (ringfence_server.sandbox.pool.claimed_name).
         prefix = claimed_prefix(request.run_id)
         return any((c.name or "").startswith(prefix)
                    for c in docker_client.containers.list(filters={"name": prefix, "status": "running"}))

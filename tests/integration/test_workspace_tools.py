@@ -24,15 +24,15 @@ from pathlib import Path
 
 import pytest
 
-from control.registry import Registry
-from sandbox.backend import SandboxRequest
-from sandbox.profile import KiB, MiB, SandboxProfile, WorkspaceMount
-from sandbox.result import Outcome, SandboxResult, ToolErrorClass
-from sandbox.workspace import DockerWorkspaces, WorkspaceSpec
+from ringfence_server.control.registry import Registry
+from ringfence_server.sandbox.backend import SandboxRequest
+from ringfence_server.sandbox.profile import KiB, MiB, SandboxProfile, WorkspaceMount
+from ringfence_server.sandbox.result import Outcome, SandboxResult, ToolErrorClass
+from ringfence_server.sandbox.workspace import DockerWorkspaces, WorkspaceSpec
 
 pytestmark = pytest.mark.docker
 
-MANIFESTS = Path(__file__).resolve().parents[2] / "control" / "tools"
+MANIFESTS = Path(__file__).resolve().parents[2] / "ringfence_server" / "control" / "tools"
 ROOMY = WorkspaceSpec(bytes=4 * MiB, inodes=256)
 
 BUGGY = "def add(a, b):\n    return a - b\n"

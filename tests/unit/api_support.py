@@ -12,9 +12,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from control.config import load_config, token_digest
-from control.errors import NotFound
-from control.model import (
+from ringfence.errors import NotFound
+from ringfence.model import (
     Approval,
     ApprovalStatus,
     Event,
@@ -26,9 +25,10 @@ from control.model import (
     ToolView,
     Usage,
 )
+from ringfence_server.control.config import load_config, token_digest
 
 if TYPE_CHECKING:
-    from sandbox.result import SandboxResult
+    from ringfence_server.sandbox.result import SandboxResult
 
 TOKENS = {
     ("acme", Role.AGENT): "acme-agent-token",
@@ -152,13 +152,13 @@ def runner_result(request) -> SandboxResult:
     arguments, any other tool returns what it was asked to do and the idempotency key it saw."""
     import json as _json
 
-    from sandbox.fake import ok_result
+    from ringfence_server.sandbox.fake import ok_result
 
     body = _json.loads(request.stdin or b"{}")
     if body.get("tool") == "fail":  # the runner's structured tool error (exit 3)
         from dataclasses import replace
 
-        from sandbox.result import Outcome, ToolErrorClass
+        from ringfence_server.sandbox.result import Outcome, ToolErrorClass
 
         klass = ToolErrorClass((body.get("arguments") or {}).get("class", "fatal"))
         return replace(ok_result(exit_code=3), outcome=Outcome.TOOL_ERROR, error_class=klass, message="asked to fail")
@@ -171,7 +171,7 @@ def runner_result(request) -> SandboxResult:
 
 
 def fake_backend():
-    from sandbox.fake import FakeBackend
+    from ringfence_server.sandbox.fake import FakeBackend
 
     return FakeBackend(runner_result)
 
@@ -180,8 +180,8 @@ class RealCore:
     """The real Orchestrator over a SQLite store in a temporary directory."""
 
     def __init__(self, config, backend) -> None:
-        from control.orchestration import Orchestrator
-        from control.store import SqliteEventStore
+        from ringfence_server.control.orchestration import Orchestrator
+        from ringfence_server.control.store import SqliteEventStore
 
         self.config = config
         self.backend = backend

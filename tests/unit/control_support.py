@@ -16,17 +16,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from control.config import load_config
-from control.model import ObservationStatus as S
-from control.model import Principal, ProposedCall, Role, WorkspaceRequest
-from control.orchestration import Orchestrator
-from control.registry import Registry
-from control.state import fold
-from control.store.sqlite import SqliteEventStore
-from control.tools import BUILTIN_DIR
-from sandbox.backend import SandboxRequest
-from sandbox.fake import FakeBackend, FakeWorkspaces, ok_result
-from sandbox.result import Outcome, SandboxResult, ToolErrorClass
+from ringfence.model import ObservationStatus as S
+from ringfence.model import Principal, ProposedCall, Role, WorkspaceRequest
+from ringfence_server.control.config import load_config
+from ringfence_server.control.orchestration import Orchestrator
+from ringfence_server.control.registry import Registry
+from ringfence_server.control.state import fold
+from ringfence_server.control.store.sqlite import SqliteEventStore
+from ringfence_server.control.tools import BUILTIN_DIR
+from ringfence_server.sandbox.backend import SandboxRequest
+from ringfence_server.sandbox.fake import FakeBackend, FakeWorkspaces, ok_result
+from ringfence_server.sandbox.result import Outcome, SandboxResult, ToolErrorClass
 
 AGENT = Principal("acme", Role.AGENT, "agent-1")
 APPROVER = Principal("acme", Role.APPROVER, "boss")
@@ -185,7 +185,7 @@ class Harness:
 
     def open_store(self):
         if self.store_url:
-            from control.store import open_store
+            from ringfence_server.control.store import open_store
 
             return open_store(self.store_url, clock=self.clock)
         return SqliteEventStore(self.db, clock=self.clock)

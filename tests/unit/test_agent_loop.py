@@ -1,4 +1,4 @@
-"""The agent loop (control.client.agent) through the real server on a real loopback port: the
+"""The agent loop (ringfence.agent) through the real server on a real loopback port: the
 real Orchestrator and SQLite log behind BackgroundServer, a FakeBackend speaking the runner
 protocol, and a ScriptedModel in place of a language model.
 
@@ -16,9 +16,8 @@ import pytest
 from api_support import TOKENS, RealCore, fake_backend, make_config, runner_result
 from control_support import FakeClock
 
-from control.api.background import BackgroundServer
-from control.client import Approver, Client, RetryPolicy, Unavailable
-from control.client.agent import (
+from ringfence import Approver, Client, RetryPolicy, Unavailable
+from ringfence.agent import (
     AgentLoop,
     AgentResult,
     ModelTurn,
@@ -28,10 +27,11 @@ from control.client.agent import (
     batch_id_for,
     estimate_tokens,
 )
-from control.model import ObservationStatus, Role, RunOutcome, RunStatus
-from control.orchestration import Orchestrator
-from control.store import SqliteEventStore
-from sandbox.fake import FakeBackend
+from ringfence.model import ObservationStatus, Role, RunOutcome, RunStatus
+from ringfence_server.control.api.background import BackgroundServer
+from ringfence_server.control.orchestration import Orchestrator
+from ringfence_server.control.store import SqliteEventStore
+from ringfence_server.sandbox.fake import FakeBackend
 
 AGENT = TOKENS[("acme", Role.AGENT)]
 APPROVER = TOKENS[("acme", Role.APPROVER)]
@@ -395,7 +395,7 @@ def test_model_turns_validate_themselves():
 
 
 def test_a_script_that_runs_out_says_so(stack):
-    from control.client.agent import ScriptExhausted
+    from ringfence.agent import ScriptExhausted
 
     with pytest.raises(ScriptExhausted):
         stack.loop(ScriptedModel([say("one")])).run()

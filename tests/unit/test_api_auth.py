@@ -13,12 +13,12 @@ from google.protobuf import message_factory
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from control.api.auth import METHOD_ROLES, Authenticator, TokenEntry
-from control.api.background import BackgroundServer
-from control.api.servicer import PROTO_MODULES, SERVICE_NAMES
-from control.config import token_digest
-from control.errors import PermissionDenied, Unauthenticated
-from control.model import Principal, Role
+from ringfence.errors import PermissionDenied, Unauthenticated
+from ringfence.model import Principal, Role
+from ringfence_server.control.api.auth import METHOD_ROLES, Authenticator, TokenEntry
+from ringfence_server.control.api.background import BackgroundServer
+from ringfence_server.control.api.servicer import PROTO_MODULES, SERVICE_NAMES
+from ringfence_server.control.config import token_digest
 
 METHODS = [
     (f"/{service.full_name}/{m.name}", m)

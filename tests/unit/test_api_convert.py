@@ -7,10 +7,8 @@ import json
 import grpc
 import pytest
 
-from control.api import convert, status
-from control.api.gen.ringfence.v1 import approvals_pb2, types_pb2
-from control.errors import FieldViolation, InvalidArgument, NotFound, ResourceExhausted
-from control.model import (
+from ringfence.errors import FieldViolation, InvalidArgument, NotFound, ResourceExhausted
+from ringfence.model import (
     Approval,
     ApprovalStatus,
     Event,
@@ -21,6 +19,10 @@ from control.model import (
     RunView,
     Usage,
 )
+from ringfence.v1 import approvals_pb2, types_pb2
+from ringfence.wire import convert
+from ringfence.wire import status as wire_status
+from ringfence_server.control.api import status
 
 
 def parse(text: str, max_bytes: int = 1000):
@@ -140,9 +142,9 @@ def test_status_round_trip_keeps_the_exception_and_its_violations():
             return self._st.trailing_metadata
 
     err = InvalidArgument("bad plan", [FieldViolation("steps[10]", "over the limit of 10 steps")])
-    back = status.from_rpc_error(FakeCall(status.to_grpc_status(err)))
+    back = wire_status.from_rpc_error(FakeCall(status.to_grpc_status(err)))
     assert isinstance(back, InvalidArgument) and back.violations == err.violations
-    assert isinstance(status.from_rpc_error(FakeCall(status.to_grpc_status(NotFound("no run")))), NotFound)
+    assert isinstance(wire_status.from_rpc_error(FakeCall(status.to_grpc_status(NotFound("no run")))), NotFound)
     st = status.to_grpc_status(ResourceExhausted("too many"))
     assert st.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     unexpected = status.to_grpc_status(KeyError("boom"))

@@ -15,11 +15,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from control.api.background import BackgroundServer
-from control.api.client import RingfenceClient
-from control.api.gen.ringfence.v1 import runs_pb2, types_pb2
-from control.errors import FieldViolation, Internal, InvalidArgument, NotFound, ResourceExhausted, Unavailable
-from control.model import Role
+from ringfence import Client
+from ringfence.errors import FieldViolation, Internal, InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from ringfence.model import Role
+from ringfence.v1 import runs_pb2, types_pb2
+from ringfence_server.control.api.background import BackgroundServer
 
 AGENT = TOKENS[("acme", Role.AGENT)]
 OTHER = TOKENS[("globex", Role.AGENT)]
@@ -63,7 +63,7 @@ def test_an_unexpected_core_exception_is_internal_with_an_incident_never_retryab
     UNAVAILABLE would invite), with an incident id in the message, counted."""
     stub.raise_in["get_run"] = RuntimeError("a bug with a secret in it: hunter2")
     stub.raise_in["watch_run"] = ZeroDivisionError()
-    with serve(stub, tmp_path) as s, RingfenceClient(s.address, AGENT) as c:
+    with serve(stub, tmp_path) as s, Client(s.address, AGENT) as c:
         with pytest.raises(Internal) as e:
             c.get_run("r1")
         assert "hunter2" not in str(e.value) and "incident" in str(e.value)
@@ -77,7 +77,7 @@ def test_core_errors_keep_their_meaning(stub, tmp_path):
     stub.raise_in["submit_batch"] = InvalidArgument(
         "bad", [FieldViolation("calls[0].arguments.amount", "must be > 0")]
     )
-    with serve(stub, tmp_path) as s, RingfenceClient(s.address, AGENT) as c:
+    with serve(stub, tmp_path) as s, Client(s.address, AGENT) as c:
         with pytest.raises(NotFound):
             c.get_run("nope")
         with pytest.raises(InvalidArgument) as e:
@@ -99,7 +99,7 @@ def test_malformed_request_bytes_are_invalid_argument(stub, tmp_path):
 
 def test_a_request_over_the_message_limit_is_resource_exhausted(stub, tmp_path):
     limits = {"max_message_bytes": 64 * 1024, "max_argument_bytes": 16 * 1024}
-    with serve(stub, tmp_path, limits) as s, RingfenceClient(s.address, AGENT) as c:
+    with serve(stub, tmp_path, limits) as s, Client(s.address, AGENT) as c:
         huge = {"call_id": "c1", "tool": "echo", "arguments": {"text": "x" * 100_000}}
         with pytest.raises(ResourceExhausted):
             c.submit_batch("r1", [huge])
@@ -114,14 +114,14 @@ def test_a_request_over_the_message_limit_is_resource_exhausted(stub, tmp_path):
 
 def test_per_tenant_concurrency_is_resource_exhausted(stub, tmp_path):
     stub.gate = threading.Event()
-    with serve(stub, tmp_path, {"max_concurrent_batches": 2}) as s, RingfenceClient(
+    with serve(stub, tmp_path, {"max_concurrent_batches": 2}) as s, Client(
         s.address, AGENT
-    ) as acme, RingfenceClient(s.address, OTHER) as globex:
+    ) as acme, Client(s.address, OTHER) as globex:
         request = runs_pb2.SubmitBatchRequest(
             run_id="r1", calls=[types_pb2.ProposedCall(call_id="c1", tool="echo", arguments_json="{}")]
         )
         md = acme.metadata()
-        held = [acme.runs.SubmitBatch.future(request, metadata=md, timeout=60) for _ in range(2)]
+        held = [acme.stubs.runs.SubmitBatch.future(request, metadata=md, timeout=60) for _ in range(2)]
         for _ in held:
             assert stub.entered.acquire(timeout=30)
         with pytest.raises(ResourceExhausted) as e:
@@ -129,7 +129,7 @@ def test_per_tenant_concurrency_is_resource_exhausted(stub, tmp_path):
         assert "limit 2" in str(e.value)
         assert len([c for c in stub.calls if c[0] == "submit_batch"]) == 2  # the third never ran
         # Another tenant is not affected by acme's load.
-        other = globex.runs.SubmitBatch.future(request, metadata=globex.metadata(), timeout=60)
+        other = globex.stubs.runs.SubmitBatch.future(request, metadata=globex.metadata(), timeout=60)
         assert stub.entered.acquire(timeout=30)
         stub.gate.set()
         for f in (*held, other):
@@ -139,11 +139,11 @@ def test_per_tenant_concurrency_is_resource_exhausted(stub, tmp_path):
 
 def test_a_cancelled_call_keeps_its_slot_until_the_work_ends(stub, tmp_path):
     stub.gate = threading.Event()
-    with serve(stub, tmp_path, {"max_concurrent_batches": 1}) as s, RingfenceClient(s.address, AGENT) as c:
+    with serve(stub, tmp_path, {"max_concurrent_batches": 1}) as s, Client(s.address, AGENT) as c:
         request = runs_pb2.SubmitBatchRequest(
             run_id="r1", calls=[types_pb2.ProposedCall(call_id="c1", tool="echo", arguments_json="{}")]
         )
-        first = c.runs.SubmitBatch.future(request, metadata=c.metadata(), timeout=60)
+        first = c.stubs.runs.SubmitBatch.future(request, metadata=c.metadata(), timeout=60)
         assert stub.entered.acquire(timeout=30)
         first.cancel()
         # The batch is still running in the core: cancelling must not free its slot.
@@ -155,18 +155,18 @@ def test_a_cancelled_call_keeps_its_slot_until_the_work_ends(stub, tmp_path):
 
 
 def test_watch_streams_are_bounded_per_tenant(stub, tmp_path):
-    from control.api.servicer import EdgeOptions
+    from ringfence_server.control.api.servicer import EdgeOptions
 
     config = make_config(tmp_path)
     options = EdgeOptions.from_config(config, max_watch_streams=2)
-    with BackgroundServer(stub, config, options=options) as s, RingfenceClient(s.address, AGENT) as c:
+    with BackgroundServer(stub, config, options=options) as s, Client(s.address, AGENT) as c:
         streams = [c.watch_run("r1") for _ in range(2)]
         iterators = [iter(st) for st in streams]
         for it in iterators:
             assert next(it).type == "run_started"  # both are open and being served
         with pytest.raises(ResourceExhausted):
             next(iter(c.watch_run("r1")))
-        with RingfenceClient(s.address, OTHER) as globex:  # another tenant has its own budget
+        with Client(s.address, OTHER) as globex:  # another tenant has its own budget
             other = globex.watch_run("r1")
             assert next(iter(other)).type == "run_started"
             other.cancel()
@@ -193,10 +193,10 @@ def test_the_callers_trace_context_continues_on_the_server(stub, tmp_path):
     trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
     traceparent = f"00-{trace_id}-{parent_id}-01"
     with serve(stub, tmp_path, tracer_provider=provider) as s:
-        with RingfenceClient(s.address, AGENT, metadata=(("traceparent", traceparent),)) as c:
+        with Client(s.address, AGENT, metadata=(("traceparent", traceparent),)) as c:
             c.start_run("g", "r1")
             c.get_run("r1")
-        with RingfenceClient(s.address, AGENT) as c:
+        with Client(s.address, AGENT) as c:
             c.get_run("r1")
     spans = [sp for sp in exporter.get_finished_spans() if sp.name == "ringfence.v1.RunService/GetRun"]
     assert len(spans) == 2
@@ -212,7 +212,7 @@ def test_the_callers_trace_context_continues_on_the_server(stub, tmp_path):
 
 
 def test_bad_request_details_are_google_rpc_field_violations(stub, tmp_path):
-    with serve(stub, tmp_path) as s, RingfenceClient(s.address, AGENT) as c:
+    with serve(stub, tmp_path) as s, Client(s.address, AGENT) as c:
         request = runs_pb2.SubmitBatchRequest(
             run_id="",
             calls=[
@@ -221,7 +221,7 @@ def test_bad_request_details_are_google_rpc_field_violations(stub, tmp_path):
             ],
         )
         with pytest.raises(grpc.RpcError) as e:
-            c.runs.SubmitBatch(request, metadata=c.metadata(), timeout=10)
+            c.stubs.runs.SubmitBatch(request, metadata=c.metadata(), timeout=10)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         fields = {(v.field, v.description.split(":")[0]) for v in field_violations(e.value)}
         assert fields == {
@@ -235,14 +235,14 @@ def test_bad_request_details_are_google_rpc_field_violations(stub, tmp_path):
 
 
 def test_unknown_enum_values_are_invalid_argument(stub, tmp_path):
-    from control.api.gen.ringfence.v1 import approvals_pb2
+    from ringfence.v1 import approvals_pb2
 
     approver = TOKENS[("acme", Role.APPROVER)]
-    with serve(stub, tmp_path) as s, RingfenceClient(s.address, approver) as c:
+    with serve(stub, tmp_path) as s, Client(s.address, approver) as c:
         for decision in (0, 3, 99):
             request = approvals_pb2.DecideApprovalRequest(approval_id="ap-1", decision=decision)
             with pytest.raises(grpc.RpcError) as e:
-                c.approvals.DecideApproval(request, metadata=c.metadata(), timeout=10)
+                c.stubs.approvals.DecideApproval(request, metadata=c.metadata(), timeout=10)
             assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert [v.field for v in field_violations(e.value)] == ["decision"]
         assert [name for name, _ in stub.calls] == []

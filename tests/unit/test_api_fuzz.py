@@ -18,9 +18,9 @@ from api_support import TOKENS, RealCore, fake_backend, make_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from control.api.background import BackgroundServer
-from control.api.gen.ringfence.v1 import approvals_pb2, runs_pb2, tools_pb2, types_pb2
-from control.model import Role
+from ringfence.model import Role
+from ringfence.v1 import approvals_pb2, runs_pb2, tools_pb2, types_pb2
+from ringfence_server.control.api.background import BackgroundServer
 
 EXPECTED = {
     grpc.StatusCode.OK,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from api_support import RealCore, fake_backend, make_config
 from health_support import NOT_SERVING, SERVING, status_of, wait_for
 
-from control.api.background import BackgroundServer
+from ringfence_server.control.api.background import BackgroundServer
 
 
 def test_health_follows_the_sandbox_engine(tmp_path):
@@ -48,7 +48,7 @@ def test_the_monitor_stops_even_when_its_cancellation_is_swallowed():
     import asyncio
     import contextlib
 
-    from control.api.health import HealthMonitor, Probe
+    from ringfence_server.control.api.health import HealthMonitor, Probe
 
     class Swallowing:
         def __init__(self) -> None:

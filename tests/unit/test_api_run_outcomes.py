@@ -9,16 +9,16 @@ import pytest
 from api_support import TOKENS, tenants_table
 from control_support import FakeClock, ToolEmulator
 
-from control.api.background import BackgroundServer
-from control.api.client import RingfenceClient
-from control.config import load_config
-from control.errors import FailedPrecondition
-from control.model import ObservationStatus, Role, RunOutcome
-from control.orchestration import Orchestrator
-from control.registry import Registry
-from control.store.sqlite import SqliteEventStore
-from control.tools import BUILTIN_DIR
-from sandbox.fake import FakeBackend
+from ringfence import Client
+from ringfence.errors import FailedPrecondition
+from ringfence.model import ObservationStatus, Role, RunOutcome
+from ringfence_server.control.api.background import BackgroundServer
+from ringfence_server.control.config import load_config
+from ringfence_server.control.orchestration import Orchestrator
+from ringfence_server.control.registry import Registry
+from ringfence_server.control.store.sqlite import SqliteEventStore
+from ringfence_server.control.tools import BUILTIN_DIR
+from ringfence_server.sandbox.fake import FakeBackend
 
 AGENT = TOKENS[("acme", Role.AGENT)]
 APPROVER = TOKENS[("acme", Role.APPROVER)]
@@ -54,8 +54,8 @@ class Stack:
         self.stop()
         self.start()
 
-    def client(self, token: str = AGENT) -> RingfenceClient:
-        return RingfenceClient(self.server.address, token)
+    def client(self, token: str = AGENT) -> Client:
+        return Client(self.server.address, token)
 
 
 @pytest.fixture
@@ -69,7 +69,7 @@ def echo(call_id: str, text: str = "hi") -> dict:
     return {"call_id": call_id, "tool": "echo", "arguments": {"text": text}}
 
 
-def outcome_seen(client: RingfenceClient, run_id: str) -> RunOutcome:
+def outcome_seen(client: Client, run_id: str) -> RunOutcome:
     view = client.get_run(run_id)
     assert view.outcome is not None, f"{run_id} has not finished"
     events = list(client.watch_run(run_id, 0))

@@ -15,13 +15,13 @@ import grpc
 import pytest
 from api_support import TOKENS, RealCore, fake_backend, make_config
 
-from control.api.background import BackgroundServer
-from control.api.client import RingfenceClient
-from control.api.gen.ringfence.v1 import tools_pb2
-from control.errors import FailedPrecondition, InvalidArgument, NotFound
-from control.model import ApprovalStatus, ObservationStatus, Role, RunOutcome, RunStatus
-from control.orchestration.runs import RunRepository
-from control.tools import BUILTIN_DIR
+from ringfence import Client
+from ringfence.errors import FailedPrecondition, InvalidArgument, NotFound
+from ringfence.model import ApprovalStatus, ObservationStatus, Role, RunOutcome, RunStatus
+from ringfence.v1 import tools_pb2
+from ringfence_server.control.api.background import BackgroundServer
+from ringfence_server.control.orchestration.runs import RunRepository
+from ringfence_server.control.tools import BUILTIN_DIR
 
 AGENT = TOKENS[("acme", Role.AGENT)]
 APPROVER = TOKENS[("acme", Role.APPROVER)]
@@ -79,19 +79,19 @@ def server(core):
 
 @pytest.fixture
 def agent(server):
-    with RingfenceClient(server.address, AGENT) as c:
+    with Client(server.address, AGENT) as c:
         yield c
 
 
 @pytest.fixture
 def approver(server):
-    with RingfenceClient(server.address, APPROVER) as c:
+    with Client(server.address, APPROVER) as c:
         yield c
 
 
 @pytest.fixture
 def other(server):
-    with RingfenceClient(server.address, OTHER) as c:
+    with Client(server.address, OTHER) as c:
         yield c
 
 
@@ -107,7 +107,7 @@ def keys_anywhere(value) -> set[str]:
 
 
 def test_list_tools_schema_as_the_client_receives_it(agent, server):
-    raw = agent.tools.ListTools(tools_pb2.ListToolsRequest(), metadata=agent.metadata(), timeout=10)
+    raw = agent.stubs.tools.ListTools(tools_pb2.ListToolsRequest(), metadata=agent.metadata(), timeout=10)
     wire = raw.SerializeToString()
     tools = {t.name: t for t in raw.tools}
     assert set(tools) >= {"echo", "credit", "read_file", "write_note", "transfer", "fail", "sleep"}
@@ -143,7 +143,7 @@ def test_list_tools_narrows_by_query_past_twelve_tools(tmp_path, tools_dir):
         (tools_dir / f"ledger_{i}.json").write_text(json.dumps(doc))
     config = make_config(tmp_path / "state", tools_dir=str(tools_dir))
     with RealCore(config, fake_backend()) as core, BackgroundServer(core.orchestrator, config) as s, \
-            RingfenceClient(s.address, AGENT) as c:
+            Client(s.address, AGENT) as c:
         everything = c.list_tools()
         assert len(everything) == len(list(tools_dir.glob("*.json"))) > 12
         narrowed = [t.name for t in c.list_tools("credit an account")]
@@ -175,7 +175,7 @@ def test_a_tenant_cannot_see_or_touch_another_tenants_run(agent, approver, other
         with pytest.raises(NotFound):
             attempt()
     assert run.run_id not in [r.run_id for r in other.list_runs()]
-    with RingfenceClient(server.address, OTHER_APPROVER) as globex_approver:
+    with Client(server.address, OTHER_APPROVER) as globex_approver:
         with pytest.raises(NotFound):
             globex_approver.list_approvals(run.run_id)
         assert globex_approver.list_approvals() == []
@@ -241,7 +241,7 @@ def test_a_plan_with_several_bad_steps_reports_every_violation_at_once(agent, co
 
 
 def test_edge_and_core_plan_violations_come_back_together(agent, core):
-    from control.api.gen.ringfence.v1 import runs_pb2, types_pb2
+    from ringfence.v1 import runs_pb2, types_pb2
 
     run = agent.start_run("malformed and meaningless")
     request = runs_pb2.ExecutePlanRequest(
@@ -254,8 +254,8 @@ def test_edge_and_core_plan_violations_come_back_together(agent, core):
         ],
     )
     with pytest.raises(grpc.RpcError) as e:
-        list(agent.runs.ExecutePlan(request, metadata=agent.metadata(), timeout=10))
-    from control.api.status import from_rpc_error
+        list(agent.stubs.runs.ExecutePlan(request, metadata=agent.metadata(), timeout=10))
+    from ringfence.wire.status import from_rpc_error
 
     error = from_rpc_error(e.value)
     assert isinstance(error, InvalidArgument)

@@ -5,15 +5,14 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-import grpc
 import pytest
 from api_support import TOKENS, StubOrchestrator, make_config
 
-from control.api.background import BackgroundServer
-from control.api.client import RingfenceClient
-from control.api.server import TlsOptions
-from control.errors import Unauthenticated, Unavailable
-from control.model import Role
+from ringfence import Client, TlsConfig
+from ringfence.errors import Unauthenticated, Unavailable
+from ringfence.model import Role
+from ringfence_server.control.api.background import BackgroundServer
+from ringfence_server.control.api.server import TlsOptions
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 AGENT = TOKENS[("acme", Role.AGENT)]
@@ -41,22 +40,21 @@ def pki(tmp_path_factory):
     return d
 
 
-def credentials(pki, client: str | None):
-    kwargs = {"root_certificates": (pki / "ca.pem").read_bytes()}
-    if client:
-        kwargs["private_key"] = (pki / f"{client}.key").read_bytes()
-        kwargs["certificate_chain"] = (pki / f"{client}.pem").read_bytes()
-    return grpc.ssl_channel_credentials(**kwargs)
+def credentials(pki, client: str | None) -> TlsConfig:
+    if not client:
+        return TlsConfig.from_files(pki / "ca.pem")
+    return TlsConfig.from_files(pki / "ca.pem", certificate_chain=pki / f"{client}.pem",
+                                private_key=pki / f"{client}.key")
 
 
 def test_tls_serves_and_still_requires_the_token(pki, tmp_path):
     tls = TlsOptions(pki / "server.pem", pki / "server.key")
     with BackgroundServer(StubOrchestrator(), make_config(tmp_path), tls=tls) as s:
-        with RingfenceClient(s.address, AGENT, credentials=credentials(pki, None)) as c:
+        with Client(s.address, AGENT, tls=credentials(pki, None)) as c:
             assert [t.name for t in c.list_tools()] == ["echo"]
-        with RingfenceClient(s.address, None, credentials=credentials(pki, None)) as c, pytest.raises(Unauthenticated):
+        with Client(s.address, None, tls=credentials(pki, None)) as c, pytest.raises(Unauthenticated):
             c.list_tools()
-        with RingfenceClient(s.address, AGENT, timeout=5) as plaintext, \
+        with Client(s.address, AGENT, timeout=5) as plaintext, \
                 pytest.raises(Unavailable):  # no TLS handshake, no connection
             plaintext.list_tools()
 
@@ -65,10 +63,10 @@ def test_mtls_refuses_clients_without_a_certificate_from_the_ca(pki, tmp_path):
     tls = TlsOptions(pki / "server.pem", pki / "server.key", client_ca=pki / "ca.pem")
     stub = StubOrchestrator()
     with BackgroundServer(stub, make_config(tmp_path), tls=tls) as s:
-        with RingfenceClient(s.address, AGENT, credentials=credentials(pki, "client")) as c:
+        with Client(s.address, AGENT, tls=credentials(pki, "client")) as c:
             assert [t.name for t in c.list_tools()] == ["echo"]
         for client in (None, "stranger"):
-            with RingfenceClient(s.address, AGENT, credentials=credentials(pki, client), timeout=5) as c, \
+            with Client(s.address, AGENT, tls=credentials(pki, client), timeout=5) as c, \
                     pytest.raises(Unavailable):  # the handshake fails: no call is made
                 c.list_tools()
         assert len(stub.calls) == 1

@@ -1,5 +1,9 @@
 """The import rules of docs/ARCHITECTURE.md, checked on the source: the architecture as a graph.
 
+Two distributions: the client `ringfence` (client/ringfence/) and the server `ringfence-server`
+(ringfence_server/: control, sandbox, imagebuild, conformance, demo_services).
+
+- the client imports nothing of the server: `pip install ringfence` must work without it;
 - sandbox imports nothing from control: an executor that knows policy can be talked into
   permitting itself;
 - neither do the packages beside it that use the sandbox (imagebuild, the image toolchain;
@@ -7,7 +11,8 @@
 - sandbox imports nothing from those three but the lock it runs by, which it owns
   (sandbox.pinned_images): running a call never loads the image builder, the suite or a demo;
 - control.registry never imports control.policy: a tool must not describe itself as permitted;
-- generated protobuf modules are imported only at the edge (control.api, the CLI, the demo);
+- the wire (the client's generated ringfence.v1 and its ringfence.wire conversions) is imported
+  only at the server's edge (control.api, the CLI's extension, the demo);
 - control.orchestration is imported by nothing but the edge (and itself).
 """
 
@@ -41,8 +46,12 @@ def imports_of(path: Path) -> set[str]:
     return found
 
 
+S = "ringfence_server"  # the server distribution's one top-level package
+
+
 def modules(package: str):
-    for path in sorted((ROOT / package).rglob("*.py")):
+    """The source files of ringfence_server.PACKAGE."""
+    for path in sorted((ROOT / S / package).rglob("*.py")):
         if "gen" in path.relative_to(ROOT).parts:
             continue
         yield path
@@ -58,14 +67,19 @@ def offenders(paths, predicate) -> list[str]:
 
 
 def is_edge(path: Path) -> bool:
-    rel = path.relative_to(ROOT).as_posix()
-    # control/client/ is the client SDK: an edge too (the servicer, the client, the CLI).
-    # control/demo/ runs a server in-process and drives it as a user would: an edge as well.
-    return rel.startswith(("control/api/", "control/client/", "control/demo/")) or rel == "control/cli.py"
+    rel = path.relative_to(ROOT / S).as_posix()
+    # control/demo/ runs a server in-process and drives it as a user would (through the client): an edge too.
+    return rel.startswith(("control/api/", "control/demo/")) or rel == "control/cli.py"
+
+
+def test_the_client_imports_nothing_of_the_server():
+    client = sorted((ROOT / "client" / "ringfence").rglob("*.py"))
+    assert client, "the client's sources moved: update this rule"
+    assert offenders(client, lambda n: n == S or n.startswith(f"{S}.")) == []
 
 
 def test_sandbox_imports_nothing_from_control():
-    assert offenders(modules("sandbox"), lambda n: n == "control" or n.startswith("control.")) == []
+    assert offenders(modules("sandbox"), from_package("control")) == []
 
 
 # The packages that use the sandbox runtime from beside it, never the other way round.
@@ -73,8 +87,9 @@ SANDBOX_USERS = ("imagebuild", "conformance", "demo_services")
 
 
 def from_package(*packages: str):
-    """A predicate: does an imported name belong to one of `packages`?"""
-    return lambda name: any(name == p or name.startswith(f"{p}.") for p in packages)
+    """A predicate: does an imported name belong to one of ringfence_server's `packages`?"""
+    full = [f"{S}.{p}" for p in packages]
+    return lambda name: any(name == p or name.startswith(f"{p}.") for p in full)
 
 
 def test_the_sandbox_users_import_nothing_from_control():
@@ -83,7 +98,7 @@ def test_the_sandbox_users_import_nothing_from_control():
 
 
 def test_sandbox_imports_nothing_from_its_users():
-    # The lock it runs by is sandbox.pinned_images, its own: imagebuild imports it from there.
+    # The lock it runs by is ringfence_server.sandbox.pinned_images, its own: imagebuild imports it from there.
     assert offenders(modules("sandbox"), from_package(*SANDBOX_USERS)) == []
 
 
@@ -94,26 +109,29 @@ def test_registry_never_imports_policy():
 
 def test_generated_protos_only_at_the_edge():
     core = [p for p in modules("control") if not is_edge(p)]
-    assert offenders(core, lambda n: n.startswith("control.api") or n.endswith("_pb2") or n.endswith("_pb2_grpc")) == []
+    wire = ("ringfence.v1", "ringfence.wire", f"{S}.control.api")
+    assert offenders(core, lambda n: n.startswith(wire) or n.endswith(("_pb2", "_pb2_grpc"))) == []
 
 
 def test_only_the_edge_depends_on_orchestration():
     core = [p for p in modules("control") if not is_edge(p) and "orchestration" not in p.parts]
-    assert offenders(core, lambda n: n == "control.orchestration" or n.startswith("control.orchestration.")) == []
+    assert offenders(core, from_package("control.orchestration")) == []
 
 
 def test_the_checker_sees_a_violation(tmp_path):
     # The rule checker itself must turn red on a violating file.
     bad = tmp_path / "bad.py"
-    bad.write_text("from control import policy\nimport control.orchestration\n")
+    bad.write_text("from ringfence_server.control import policy\nimport ringfence_server.control.orchestration\n")
     names = imports_of(bad)
-    assert {"control.policy", "control.orchestration"} <= names
+    assert {"ringfence_server.control.policy", "ringfence_server.control.orchestration"} <= names
 
 
 def test_the_checker_sees_a_runtime_importing_its_users(tmp_path):
     # An import inside a function counts as much as one at the top.
     bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from imagebuild import builder\n    import demo_services.ledger\n")
+    bad.write_text("def f():\n    from ringfence_server.imagebuild import builder\n"
+                   "    import ringfence_server.demo_services.ledger\n")
     names = sorted(n for n in imports_of(bad) if from_package(*SANDBOX_USERS)(n))
-    assert names == ["demo_services.ledger", "imagebuild", "imagebuild.builder"]
-    assert not from_package("imagebuild")("imagebuilder")
+    assert names == ["ringfence_server.demo_services.ledger", "ringfence_server.imagebuild",
+                     "ringfence_server.imagebuild.builder"]
+    assert not from_package("imagebuild")("ringfence_server.imagebuilder")

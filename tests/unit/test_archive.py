@@ -1,4 +1,4 @@
-"""sandbox.archive: copy-in and copy-out refuse every way out of the destination (cases 38-39).
+"""ringfence_server.sandbox.archive: copy-in and copy-out refuse every way out of the destination (cases 38-39).
 
 Each malicious archive is built with the stdlib's tarfile, exactly as a hostile tool could
 write it. Every test works under `tmp_path/a/dest`, so an escape would land in `tmp_path/a`
@@ -18,9 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import archive
-from sandbox.archive import ArchiveLimits, OutputLink, extract_output, pack_directory, stage_archive, stage_files
-from sandbox.errors import ArchiveError, SandboxError
+from ringfence_server.sandbox import archive
+from ringfence_server.sandbox.archive import (
+    ArchiveLimits,
+    OutputLink,
+    extract_output,
+    pack_directory,
+    stage_archive,
+    stage_files,
+)
+from ringfence_server.sandbox.errors import ArchiveError, SandboxError
 
 SENTINEL = b"host file: must never change\n"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from sandbox.removal import Remover
+from ringfence_server.sandbox.removal import Remover
 
 
 def test_an_unexpected_error_does_not_stop_the_removals():

@@ -13,8 +13,8 @@ from dataclasses import fields
 
 import pytest
 
-from control.config import LIMIT_RANGES, TOOL_LIMIT_CAPS, Limits, load_config
-from control.errors import ConfigError
+from ringfence.errors import ConfigError
+from ringfence_server.control.config import LIMIT_RANGES, TOOL_LIMIT_CAPS, Limits, load_config
 
 NON_FINITE = ("inf", "-inf", "nan")
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance import attacks, probes
-from conformance.cases import (
+from ringfence_server.conformance import attacks, probes
+from ringfence_server.conformance.cases import (
     CASES,
     NOT_INCLUDED,
     TITLES,
@@ -28,8 +28,8 @@ from conformance.cases import (
     make_probes,
     needed_probes,
 )
-from conformance.runner import FAIL, PASS, XFAIL, Report, evaluate, select
-from sandbox.result import Outcome, SandboxResult
+from ringfence_server.conformance.runner import FAIL, PASS, XFAIL, Report, evaluate, select
+from ringfence_server.sandbox.result import Outcome, SandboxResult
 
 ROOT = Path(__file__).resolve().parents[2]
 BATTERY_DOC = ROOT / "docs" / "escape-battery.md"
@@ -105,11 +105,11 @@ def test_the_battery_imports_its_probes_from_the_product():
     escape = ROOT / "tests" / "escape"
     assert [p.name for p in (escape / "probes").iterdir() if p.suffix == ".py"] == ["__init__.py"]
     helpers = (escape / "probes" / "__init__.py").read_text()
-    assert "from conformance.probes import HERE, argv, source" in helpers
+    assert "from ringfence_server.conformance.probes import HERE, argv, source" in helpers
     ceilings = (escape / "test_ceilings.py").read_text()
-    assert "from conformance.attacks import" in ceilings and 'FORK_COUNTER = r"""' not in ceilings
+    assert "from ringfence_server.conformance.attacks import" in ceilings and 'FORK_COUNTER = r"""' not in ceilings
     network = (escape / "test_network.py").read_text()
-    assert "from conformance.attacks import DNS_PROBE, VIEW_PROBE" in network
+    assert "from ringfence_server.conformance.attacks import DNS_PROBE, VIEW_PROBE" in network
     assert 'VIEW_PROBE = r"""' not in network
 
 
@@ -278,7 +278,7 @@ def test_environment_from_anywhere_but_the_image_and_the_call_fails_case_24():
 
 def test_report_json_and_table():
     cases = [by_id("1"), by_id("4.image"), by_id("13")]
-    from conformance.runner import CaseResult
+    from ringfence_server.conformance.runner import CaseResult
 
     results = (CaseResult(cases[0], PASS), CaseResult(cases[1], FAIL, "1 privileged file(s): /usr/local/bin/rootsh"),
                CaseResult(cases[2], XFAIL, "known gVisor gap"))
@@ -308,7 +308,7 @@ def test_select_by_number_takes_the_image_case_too():
 def ringfence(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     import os
 
-    return subprocess.run([sys.executable, "-m", "control.cli", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "ringfence.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=60, env={**os.environ, **(env or {})})
 
 

@@ -1,4 +1,4 @@
-"""Context assembly and compaction (control.client.context) through the agent loop, against the
+"""Context assembly and compaction (ringfence.context) through the agent loop, against the
 real server on a loopback port (FakeBackend in place of containers, a ScriptedModel in place of
 a language model)."""
 
@@ -10,12 +10,12 @@ import logging
 import pytest
 from api_support import TOKENS, RealCore, fake_backend, make_config
 
-from control.api.background import BackgroundServer
-from control.client import Client
-from control.client.agent import AgentLoop, ModelTurn, ScriptedModel, ToolCall, TurnRecord
-from control.client.context import ContextAssembler, RecalledFact, TruncatingSummarizer
-from control.client.turns import TRUST_NOTE
-from control.model import Observation, ObservationStatus, Role, RunOutcome
+from ringfence import Client
+from ringfence.agent import AgentLoop, ModelTurn, ScriptedModel, ToolCall, TurnRecord
+from ringfence.context import ContextAssembler, RecalledFact, TruncatingSummarizer
+from ringfence.model import Observation, ObservationStatus, Role, RunOutcome
+from ringfence.turns import TRUST_NOTE
+from ringfence_server.control.api.background import BackgroundServer
 
 AGENT = TOKENS[("acme", Role.AGENT)]
 # Quotes, backslashes, a newline, non-ASCII and JSON-looking text: the goal must come through
@@ -49,7 +49,7 @@ def loop(client, model, *, max_turns: int = 40, max_cost: float = 1e9, cost_per_
 
 def test_a_thirty_turn_run_compacts_completes_and_keeps_the_goal_byte_for_byte(client, caplog):
     model = ScriptedModel(long_script(30))
-    with caplog.at_level(logging.INFO, logger="control.client.context"):
+    with caplog.at_level(logging.INFO, logger="ringfence.context"):
         result = loop(client, model, context_budget_tokens=6000).run()
     assert (result.outcome, result.turns) == (RunOutcome.COMPLETED, 30)
     assert result.compactions >= 2
@@ -153,7 +153,7 @@ def test_recalled_fact_as_json():
 
 
 def test_the_loop_recalls_from_a_real_tenant_memory(client, tmp_path):
-    from control.client.memory import MemoryKind, Provenance, SqliteMemoryStore
+    from ringfence.memory import MemoryKind, Provenance, SqliteMemoryStore
 
     with SqliteMemoryStore(tmp_path / "memory.sqlite3") as store:
         acme = store.for_tenant("acme")

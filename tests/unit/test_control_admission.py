@@ -12,11 +12,11 @@ from control_support import AGENT, APPROVER, Harness
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from control.config import PolicyConfig, RuleConfig
-from control.model import ObservationStatus as S
-from control.model import ProposedCall, RunOutcome
-from control.policy import PolicyEngine, Verdict
-from control.registry import ToolManifest
+from ringfence.model import ObservationStatus as S
+from ringfence.model import ProposedCall, RunOutcome
+from ringfence_server.control.config import PolicyConfig, RuleConfig
+from ringfence_server.control.policy import PolicyEngine, Verdict
+from ringfence_server.control.registry import ToolManifest
 
 
 def test_an_allowed_read_runs_and_says_so(tmp_path):
@@ -231,7 +231,7 @@ _rule = st.builds(
        rules=st.lists(_rule, max_size=6), autonomy=st.sampled_from(["supervised", "standard", "autonomous"]))
 def test_without_a_matching_allow_rule_the_verdict_is_never_allow(tool, mutates, reversible, arguments, rules,
                                                                   autonomy):
-    from control.policy import rule_matches
+    from ringfence_server.control.policy import rule_matches
 
     manifest = ToolManifest(tool, "t", {"type": "object"}, mutates=mutates, reversible=reversible)
     rules = [r for r in rules if not (r.verdict == "allow" and rule_matches(r, tool, arguments))]
@@ -250,7 +250,7 @@ def test_a_matching_deny_rule_always_wins(arguments, rules):
 
 
 def test_batch_shape_errors_list_every_violation(tmp_path):
-    from control.errors import InvalidArgument
+    from ringfence.errors import InvalidArgument
 
     h = Harness(tmp_path)
     run = h.run()

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from control_support import AGENT, APPROVER, STRANGER_APPROVER, Harness
 
-from control.approvals import approval_digest
-from control.errors import FailedPrecondition, NotFound, PermissionDenied
-from control.model import ApprovalStatus as A
-from control.model import ObservationStatus as S
-from control.model import RunStatus
+from ringfence.errors import FailedPrecondition, NotFound, PermissionDenied
+from ringfence.model import ApprovalStatus as A
+from ringfence.model import ObservationStatus as S
+from ringfence.model import RunStatus
+from ringfence_server.control.approvals import approval_digest
 
 RULES = [{"tool": "credit", "verdict": "ask", "when": {"amount": {"lte": 1000}}},
          {"tool": "echo", "verdict": "allow"}]

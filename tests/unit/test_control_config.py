@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from control.config import DEFAULT_CONFIG_PATH, load_config
-from control.errors import ConfigError, InvalidArgument
-from control.model import Role
+from ringfence.errors import ConfigError, InvalidArgument
+from ringfence.model import Role
+from ringfence_server.control.config import DEFAULT_CONFIG_PATH, load_config
 
 
 def test_defaults_work_with_no_file():

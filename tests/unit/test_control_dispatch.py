@@ -8,11 +8,11 @@ import threading
 import pytest
 from control_support import AGENT, APPROVER, Harness, content_result, error_result, outcome_result
 
-from control.idempotency import idempotency_key
-from control.model import ObservationStatus as S
-from control.model import RunOutcome
-from sandbox.errors import EngineError
-from sandbox.result import Outcome
+from ringfence.model import ObservationStatus as S
+from ringfence.model import RunOutcome
+from ringfence_server.control.idempotency import idempotency_key
+from ringfence_server.sandbox.errors import EngineError
+from ringfence_server.sandbox.result import Outcome
 
 
 def attempts_of(h: Harness, run: str, call_id: str) -> list[dict]:
@@ -219,7 +219,7 @@ def test_a_private_key_in_a_result_withholds_it(tmp_path):
 
 
 def test_runner_output_that_is_not_the_protocol_is_fatal(tmp_path):
-    from sandbox.fake import ok_result
+    from ringfence_server.sandbox.fake import ok_result
 
     h = Harness(tmp_path)
     h.emulator.overrides["echo"] = lambda call: ok_result(b"hello, not json\n")
@@ -261,7 +261,7 @@ def test_secrets_in_error_messages_are_redacted(tmp_path):
 
 
 def test_the_profile_comes_from_the_manifest(tmp_path):
-    from control.registry import Registry, ToolLimits, ToolManifest
+    from ringfence_server.control.registry import Registry, ToolLimits, ToolManifest
 
     fetch = ToolManifest("fetch", "f", {"type": "object"}, mutates=False, reversible=True,
                          egress_hosts=("api.example.com",), url_arguments=("url",),
@@ -280,7 +280,7 @@ def test_the_profile_comes_from_the_manifest(tmp_path):
 
 
 def _fetcher(hosts):
-    from control.registry import ToolManifest
+    from ringfence_server.control.registry import ToolManifest
 
     return ToolManifest("fetch", "f", {"type": "object"}, mutates=False, reversible=True,
                         egress_hosts=hosts, url_arguments=("url",))
@@ -289,7 +289,7 @@ def _fetcher(hosts):
 def test_a_calls_allowlist_is_the_tools_hosts_and_what_policy_grants(tmp_path):
     """Egress: the tool declares *.example.com, policy grants only api.example.com on 443: the
     call's allowlist is exactly that; a sibling host or port 80 is denied at admission."""
-    from control.registry import Registry
+    from ringfence_server.control.registry import Registry
 
     h = Harness(tmp_path, rules=[{"tool": "fetch", "verdict": "allow"}],
                 registry=Registry([_fetcher(("*.example.com",))]),
@@ -306,7 +306,7 @@ def test_a_calls_allowlist_is_the_tools_hosts_and_what_policy_grants(tmp_path):
 def test_nothing_granted_means_nothing_reachable(tmp_path):
     """Default policy grants no egress: a host argument is denied, and a call without one runs
     with no network at all (no egress grant on its profile)."""
-    from control.registry import Registry
+    from ringfence_server.control.registry import Registry
 
     h = Harness(tmp_path, rules=[{"tool": "fetch", "verdict": "allow"}],
                 registry=Registry([_fetcher(("api.example.com",))]))
@@ -324,7 +324,7 @@ def test_egress_decisions_of_a_call_become_an_event_of_the_run(tmp_path):
     attempt's dispatch and its completion; the fold of the log is unchanged by it."""
     import dataclasses
 
-    from control.state import fold
+    from ringfence_server.control.state import fold
 
     decisions = ({"host": "api.example.test", "port": 443, "decision": "allowed", "reason": None, "bytes_down": 10},
                  {"host": "evil.test", "port": 443, "decision": "denied", "reason": "not_allowlisted"})

@@ -8,7 +8,7 @@ import dataclasses
 
 from control_support import Harness
 
-from control.config import PoolConfig
+from ringfence_server.control.config import PoolConfig
 
 
 def test_excluded_tools_are_never_warm_and_the_others_may_be(tmp_path):

@@ -10,10 +10,10 @@ import threading
 import pytest
 from control_support import ADMIN, AGENT, APPROVER, Harness, content_result, error_result, outcome_result
 
-from control.errors import InvalidArgument, PermissionDenied
-from control.model import ObservationStatus as S
-from control.model import Principal, ProposedCall, Role
-from sandbox.result import Outcome
+from ringfence.errors import InvalidArgument, PermissionDenied
+from ringfence.model import ObservationStatus as S
+from ringfence.model import Principal, ProposedCall, Role
+from ringfence_server.sandbox.result import Outcome
 
 GLOBEX = Principal("globex", Role.AGENT, "globex-agent")
 

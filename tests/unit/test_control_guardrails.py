@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from control.guardrails import Action, check_arguments, check_loop, check_result, scan
+from ringfence_server.control.guardrails import Action, check_arguments, check_loop, check_result, scan
 
 
 @pytest.mark.parametrize("text,kind", [

@@ -6,8 +6,8 @@ import urllib.request
 
 from control_support import AGENT, Harness, error_result
 
-from control.metrics import Metrics
-from control.model import ObservationStatus as S
+from ringfence.model import ObservationStatus as S
+from ringfence_server.control.metrics import Metrics
 
 
 def value(metrics: Metrics, name: str, **labels) -> float:

@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-import control.errors as errors
-import control.model as model
-from control.tools import load_builtin
-from control.validation import canonical, canonical_json, validate_arguments
+import ringfence.errors as errors
+import ringfence.model as model
+from ringfence_server.control.tools import load_builtin
+from ringfence_server.control.validation import canonical, canonical_json, validate_arguments
 
 
 def test_model_exports_are_pinned():

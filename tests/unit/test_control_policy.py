@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from control.config import GrantConfig, PolicyConfig, RuleConfig
-from control.policy import PolicyEngine, Verdict, rule_matches
-from control.registry import ToolManifest
+from ringfence_server.control.config import GrantConfig, PolicyConfig, RuleConfig
+from ringfence_server.control.policy import PolicyEngine, Verdict, rule_matches
+from ringfence_server.control.registry import ToolManifest
 
 CREDIT = ToolManifest("credit", "c", {"type": "object"}, mutates=True, reversible=False)
 ECHO = ToolManifest("echo", "e", {"type": "object"}, mutates=False, reversible=True)

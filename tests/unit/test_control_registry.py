@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from control.errors import ConfigError
-from control.registry import NARROW_ABOVE, Reconcile, Registry, ToolManifest, parse_manifest
-from control.tools import load_builtin
+from ringfence.errors import ConfigError
+from ringfence_server.control.registry import NARROW_ABOVE, Reconcile, Registry, ToolManifest, parse_manifest
+from ringfence_server.control.tools import load_builtin
 
 RISK_WORDS = ("mutates", "reversible", "irreversible", "paths", "egress", "cost", "limits")
 

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from control.registry import ToolManifest
-from control.resource_policy import check_resources
+from ringfence_server.control.registry import ToolManifest
+from ringfence_server.control.resource_policy import check_resources
 
 READER = ToolManifest("reader", "r", {"type": "object"}, mutates=False, reversible=True,
                       paths={"path": ("/input",)})
@@ -78,9 +78,9 @@ def test_private_addresses_are_denied_even_when_allowlisted():
 
 
 def test_admission_matches_like_the_egress_proxy():
-    """Admission uses sandbox.egress.allowlist, the proxy's own matcher: every (host, port) the
+    """Admission uses ringfence_server.sandbox.egress.allowlist, the proxy's own matcher: every (host, port) the
     one refuses, the other refuses too."""
-    from sandbox.egress.allowlist import host_allowed
+    from ringfence_server.sandbox.egress.allowlist import host_allowed
 
     for url, host, port in [("https://api.example.com/", "api.example.com", 443),
                             ("http://x.cdn.example.com/", "x.cdn.example.com", 80),

@@ -7,7 +7,7 @@ import random
 import pytest
 from control_support import FakeClock, error_result, outcome_result
 
-from control.retry import (
+from ringfence_server.control.retry import (
     Attempt,
     BreakerState,
     CircuitBreaker,
@@ -17,8 +17,8 @@ from control.retry import (
     classify,
     retry_call,
 )
-from sandbox.fake import ok_result
-from sandbox.result import Outcome
+from ringfence_server.sandbox.fake import ok_result
+from ringfence_server.sandbox.result import Outcome
 
 
 @pytest.mark.parametrize("result,cls", [

@@ -16,10 +16,10 @@ from control_support import (
     replay_equals_live_at_every_prefix,
 )
 
-from control.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
-from control.model import ObservationStatus as S
-from control.model import PlanStep, ProposedCall, RunOutcome, RunStatus
-from sandbox.result import Outcome
+from ringfence.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
+from ringfence.model import ObservationStatus as S
+from ringfence.model import PlanStep, ProposedCall, RunOutcome, RunStatus
+from ringfence_server.sandbox.result import Outcome
 
 # -- one test per outcome ------------------------------------------------------------------
 
@@ -235,7 +235,7 @@ def test_approvers_cannot_submit(tmp_path):
 
 
 def test_per_tenant_concurrency_is_bounded(tmp_path):
-    from control.errors import ResourceExhausted
+    from ringfence.errors import ResourceExhausted
 
     h = Harness(tmp_path, limits={"max_concurrent_batches": 1})
     inside, release = threading.Event(), threading.Event()

@@ -14,12 +14,12 @@ import json
 import pytest
 from scripted_proxy import PROXY_VARIABLES, load_runner, scripted_proxy
 
-from control.config import load_config
-from control.model import ProposedCall
-from control.orchestration.admission import AdmissionContext, AdmissionVerdict, admit_batch
-from control.policy import PolicyEngine
-from control.resource_policy import check_resources
-from control.tools import load_builtin
+from ringfence.model import ProposedCall
+from ringfence_server.control.config import load_config
+from ringfence_server.control.orchestration.admission import AdmissionContext, AdmissionVerdict, admit_batch
+from ringfence_server.control.policy import PolicyEngine
+from ringfence_server.control.resource_policy import check_resources
+from ringfence_server.control.tools import load_builtin
 
 KEY = "k" * 64
 RUNBOOK_URL = "http://runbooks.internal.corp/runbooks/credit-policy"

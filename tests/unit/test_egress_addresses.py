@@ -11,8 +11,8 @@ import socket
 
 import pytest
 
-from sandbox.egress.addresses import AddressClass as C
-from sandbox.egress.addresses import address_permitted, classify_address, embedded_ipv4
+from ringfence_server.sandbox.egress.addresses import AddressClass as C
+from ringfence_server.sandbox.egress.addresses import address_permitted, classify_address, embedded_ipv4
 
 CASES = [
     ("169.254.169.254", C.METADATA),

@@ -1,4 +1,4 @@
-"""Admission of the egress proxy, decided without a socket: sandbox.egress.admission's pure checks
+"""Admission of the egress proxy, decided without a socket: ringfence_server.sandbox.egress.admission's pure checks
 called directly with a configuration, a grant and a parsed request (or target, addresses,
 ClientHello). Nothing here opens, resolves or connects anything; the last tests show that the
 module could not, because it imports no networking at all.
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.egress import admission
-from sandbox.egress.admission import (
+from ringfence_server.sandbox.egress import admission
+from ringfence_server.sandbox.egress.admission import (
     CredentialMisuse,
     authenticate,
     canonical_name,
@@ -32,12 +32,12 @@ from sandbox.egress.admission import (
     forward_body,
     forward_target,
 )
-from sandbox.egress.allowlist import HostPattern, parse_patterns
-from sandbox.egress.config import ProxyConfig
-from sandbox.egress.errors import Deny
-from sandbox.egress.grant_table import password_digest
-from sandbox.egress.http1 import Request, parse_head
-from sandbox.egress.tlspeek import ClientHello
+from ringfence_server.sandbox.egress.allowlist import HostPattern, parse_patterns
+from ringfence_server.sandbox.egress.config import ProxyConfig
+from ringfence_server.sandbox.egress.errors import Deny
+from ringfence_server.sandbox.egress.grant_table import password_digest
+from ringfence_server.sandbox.egress.http1 import Request, parse_head
+from ringfence_server.sandbox.egress.tlspeek import ClientHello
 
 CONFIG = ProxyConfig(control_socket=None, resolver="test",
                      test_hosts={"allowed.test": ("93.184.216.34",), "inside.test": ("10.1.2.3",),
@@ -273,7 +273,7 @@ def test_admission_imports_no_networking_itself():
 
 
 def test_importing_admission_loads_no_networking_at_all():
-    code = ("import sys; import sandbox.egress.admission; "
+    code = ("import sys; import ringfence_server.sandbox.egress.admission; "
             f"print(sorted(m for m in {sorted(NETWORKING)!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True,
                          cwd=str(Path(__file__).resolve().parents[2]))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sandbox.egress.allowlist import (
+from ringfence_server.sandbox.egress.allowlist import (
     HostPattern,
     PatternError,
     host_allowed,
@@ -12,9 +12,9 @@ from sandbox.egress.allowlist import (
     normalize_host,
     parse_pattern,
 )
-from sandbox.egress.grant import EgressGrant
-from sandbox.errors import ProfileError
-from sandbox.profile import SandboxProfile
+from ringfence_server.sandbox.egress.grant import EgressGrant
+from ringfence_server.sandbox.errors import ProfileError
+from ringfence_server.sandbox.profile import SandboxProfile
 
 
 @pytest.mark.parametrize("host, port, patterns, allowed", [
@@ -108,8 +108,8 @@ def test_profile_takes_an_egress_grant_and_refuses_gvisor_with_it():
 
 
 def test_public_exports_for_the_control_plane():
-    import sandbox.egress as egress
-    from sandbox.egress import allowlist
+    import ringfence_server.sandbox.egress as egress
+    from ringfence_server.sandbox.egress import allowlist
 
     for name in ("host_allowed", "classify_address", "AddressClass", "intersect", "parse_pattern"):
         assert hasattr(allowlist, name) and hasattr(egress, name)

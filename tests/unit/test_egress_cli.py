@@ -6,9 +6,9 @@ import argparse
 
 import pytest
 
-from sandbox.egress.cli import add_exec_arguments, profile_egress_from_args
-from sandbox.egress.grant import EgressGrant
-from sandbox.errors import ProfileError
+from ringfence_server.sandbox.egress.cli import add_exec_arguments, profile_egress_from_args
+from ringfence_server.sandbox.egress.grant import EgressGrant
+from ringfence_server.sandbox.errors import ProfileError
 
 
 def parse(*argv):
@@ -40,12 +40,13 @@ def test_the_image_is_built_from_these_very_proxy_modules():
     unit tests exercise is the code the proxy container runs; the lock pins their content."""
     from pathlib import Path
 
-    from imagebuild.spec import load_spec
+    from ringfence_server.imagebuild.spec import load_spec
 
     root = Path(__file__).resolve().parents[2]
     spec = load_spec(root / "images" / "egress-proxy")
     sources = {source for _, source in spec.files}
-    assert {f"sandbox/egress/{m}.py" for m in ("addresses", "allowlist", "tlspeek", "server")} <= sources
+    egress = "ringfence_server/sandbox/egress"
+    assert {f"{egress}/{m}.py" for m in ("addresses", "allowlist", "tlspeek", "server")} <= sources
     with spec.overlay() as tree:
         for target, source in spec.files:
             assert (tree / target).read_bytes() == (root / source).read_bytes()

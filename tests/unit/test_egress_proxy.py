@@ -24,8 +24,8 @@ import pytest
 from egress_support import ProxyHarness, basic, connect, http_get, make_cert, raw_request, tunnel
 from egress_support.decoy import Decoy
 
-from sandbox.egress.channel import ControlChannel, EgressError
-from sandbox.egress.server import CHECKS, ConfigError, ProxyConfig
+from ringfence_server.sandbox.egress.channel import ControlChannel, EgressError
+from ringfence_server.sandbox.egress.server import CHECKS, ConfigError, ProxyConfig
 
 ALLOWED, PRIVATE, DENIED, IPONLY = "127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"
 TEST_HOSTS = {
@@ -459,7 +459,7 @@ def test_the_proxy_has_no_tcp_listener_and_grants_need_a_call_directory(proxy):
 
 def test_the_binding_check_can_be_switched_off_only_as_a_named_test_check():
     assert "call_binding" in CHECKS
-    from sandbox.egress.proxy import ProxySettings
+    from ringfence_server.sandbox.egress.proxy import ProxySettings
 
     with pytest.raises(ValueError):
         ProxySettings(disabled_checks={"call_binding"})  # the system resolver: a production config

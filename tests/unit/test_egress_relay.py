@@ -1,4 +1,4 @@
-"""The in-sandbox relay (sandbox.egress.relay), run exactly as a sandbox runs it (`python3 -I -S
+"""The in-sandbox relay (ringfence_server.sandbox.egress.relay), run exactly as a sandbox runs it (`python3 -I -S
 -B -c <source> SOCKET PORT -- ARGV`), on the host: its TCP side on 127.0.0.1, its other side a
 unix socket in a temp directory served by a small echo server here. No Docker, no network.
 """
@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from sandbox.egress import relay
-from sandbox.egress.proxy import RELAY_SOURCE, SANDBOX_EGRESS_DIR, CallEgress
+from ringfence_server.sandbox.egress import relay
+from ringfence_server.sandbox.egress.proxy import RELAY_SOURCE, SANDBOX_EGRESS_DIR, CallEgress
 
 PY = sys.executable
 

@@ -20,13 +20,13 @@ import tempfile
 import pytest
 from egress_support import ProxyHarness, http_get
 
-from sandbox.egress.allowlist import parse_patterns
-from sandbox.egress.config import ConfigError, ProxyConfig, parse_services
-from sandbox.egress.errors import Deny
-from sandbox.egress.events import RequestEvent
-from sandbox.egress.grant_table import Grant
-from sandbox.egress.proxy import ProxySettings
-from sandbox.egress.server import EgressProxyServer
+from ringfence_server.sandbox.egress.allowlist import parse_patterns
+from ringfence_server.sandbox.egress.config import ConfigError, ProxyConfig, parse_services
+from ringfence_server.sandbox.egress.errors import Deny
+from ringfence_server.sandbox.egress.events import RequestEvent
+from ringfence_server.sandbox.egress.grant_table import Grant
+from ringfence_server.sandbox.egress.proxy import ProxySettings
+from ringfence_server.sandbox.egress.server import EgressProxyServer
 
 LEDGER, LEDGER_IP, NEIGHBOUR_IP = "ledger.ringfence.internal", "10.9.0.2", "10.9.0.3"
 SERVICES = {LEDGER: [LEDGER_IP]}

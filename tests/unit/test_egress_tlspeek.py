@@ -6,7 +6,7 @@ import ssl
 
 import pytest
 
-from sandbox.egress.tlspeek import HelloError, NeedMore, parse_client_hello
+from ringfence_server.sandbox.egress.tlspeek import HelloError, NeedMore, parse_client_hello
 
 
 def client_hello(server_hostname: str | None) -> bytes:

@@ -1,4 +1,4 @@
-"""control.evals without Docker: the scoring rules, the judge seam, the paired comparison, the
+"""ringfence_server.control.evals without Docker: the scoring rules, the judge seam, the paired comparison, the
 semantic record and the baseline diff, on AgentResults built by hand."""
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ import re
 
 import pytest
 
-from control.client.agent import AgentResult
-from control.client.turns import ScriptedModel
-from control.evals import cli as eval_cli
-from control.evals.compare import (
+from ringfence.agent import AgentResult
+from ringfence.model import Observation, ObservationStatus, RunOutcome
+from ringfence.turns import ScriptedModel
+from ringfence_server.control.evals import cli as eval_cli
+from ringfence_server.control.evals.compare import (
     BaselineError,
     RunRecord,
     baseline_document,
@@ -26,9 +27,8 @@ from control.evals.compare import (
     sign_test_p,
     summarize,
 )
-from control.evals.scoring import UNPARSEABLE, Case, Expect, LoopOptions, parse_judgement, score
-from control.evals.semantics import diff, record
-from control.model import Observation, ObservationStatus, RunOutcome
+from ringfence_server.control.evals.scoring import UNPARSEABLE, Case, Expect, LoopOptions, parse_judgement, score
+from ringfence_server.control.evals.semantics import diff, record
 
 S = ObservationStatus
 
@@ -267,7 +267,7 @@ def test_the_exact_sign_test():
 
 
 def test_the_docstring_refuses_an_interval_over_repeats():
-    import control.evals.compare as compare_module
+    import ringfence_server.control.evals.compare as compare_module
 
     doc = compare_module.__doc__
     assert "not independent samples" in doc and "NOT computed" in doc
@@ -334,7 +334,7 @@ def test_a_file_that_is_not_a_baseline_is_refused(tmp_path):
 
 
 def test_the_stored_contract_baseline_matches_the_contract_cases():
-    from control.evals.contract import CASES
+    from ringfence_server.control.evals.contract import CASES
 
     doc = load_baseline(eval_cli.CONTRACT_BASELINE)
     assert list(doc["cases"]) == [c.name for c in CASES]

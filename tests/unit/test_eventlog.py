@@ -1,4 +1,4 @@
-"""control.eventlog: one JSON line per event, with the run's ids and trace id, and no secret.
+"""ringfence_server.control.eventlog: one JSON line per event, with the run's ids and trace id, and no secret.
 
 The run goes through the real Orchestrator (control_support.Harness: a real SQLite log, the
 FakeBackend answering like the tools); the secrets are sent where a careless log would copy
@@ -20,7 +20,7 @@ import pytest
 from control_support import AGENT, APPROVER, Harness
 from opentelemetry import trace
 
-from control.eventlog import EventLogger, JsonFormatter, configure_logging, fan_out
+from ringfence_server.control.eventlog import EventLogger, JsonFormatter, configure_logging, fan_out
 
 AWS_KEY = "AKIAIOSFODNN7EXAMPLE"  # the scanner finds it: the call is BLOCKED
 ARG_SECRET = "correct-horse-battery-staple"  # no scanner finds it: the call runs

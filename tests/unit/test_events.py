@@ -1,4 +1,4 @@
-"""The typed events (control.events): a log written before them replays to the same run, the
+"""The typed events (ringfence_server.control.events): a log written before them replays to the same run, the
 JSON their writers keep is the JSON the dict literals wrote, and every event class survives
 the store's JSON unchanged.
 
@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from control.events import (
+from ringfence.model import ApprovalKind, Event, ObservationStatus, RunOutcome
+from ringfence_server.control.events import (
     AdmissionVerdict,
     ApprovalDecided,
     ApprovalExpired,
@@ -50,9 +51,8 @@ from control.events import (
     event_data,
     parse_event,
 )
-from control.model import ApprovalKind, Event, ObservationStatus, RunOutcome
-from control.state import fold
-from control.store.audit import canonical_json
+from ringfence_server.control.state import fold
+from ringfence_server.control.store.audit import canonical_json
 
 LEGACY_LOG = Path(__file__).parent / "data" / "events_before_typed_schema.jsonl"
 

@@ -1,7 +1,7 @@
-"""control.files.FileDesk through the real Orchestrator on a real SQLite log, with a FakeBackend
+"""ringfence_server.control.files.FileDesk through the real Orchestrator on a real SQLite log, with a FakeBackend
 that plays the helper containers against an in-memory workspace.
 
-What the host does is real here: the archive checks (sandbox.archive), the staging and its
+What the host does is real here: the archive checks (ringfence_server.sandbox.archive), the staging and its
 removal, the extraction of what a helper sends back, the sha256 of every file, the events and
 the artifact records. What runs in a container (cp, tar) is played by `Workspace` below; the
 real helpers, on the real engine and real workspaces, are tests/integration/test_files_api.py.
@@ -26,16 +26,16 @@ import pytest
 from control_support import AGENT, STRANGER, Harness
 from module_support import load_module
 
-from control import files
-from control.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
-from control.files import check_path, path_problem
-from control.model import Principal, Role, RunOutcome, WorkspaceRequest
-from control.registry import Registry, parse_manifest
-from control.state import EventType, sandbox_run_id
-from control.tools import BUILTIN_DIR
-from sandbox.backend import SandboxRequest
-from sandbox.fake import FakeBackend, FakeWorkspaces
-from sandbox.result import Outcome, SandboxResult
+from ringfence.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from ringfence.model import Principal, Role, RunOutcome, WorkspaceRequest
+from ringfence_server.control import files
+from ringfence_server.control.files import check_path, path_problem
+from ringfence_server.control.registry import Registry, parse_manifest
+from ringfence_server.control.state import EventType, sandbox_run_id
+from ringfence_server.control.tools import BUILTIN_DIR
+from ringfence_server.sandbox.backend import SandboxRequest
+from ringfence_server.sandbox.fake import FakeBackend, FakeWorkspaces
+from ringfence_server.sandbox.result import Outcome, SandboxResult
 
 ROOT = Path(__file__).resolve().parents[2]
 APPROVER_ACME = Principal("acme", Role.APPROVER, "boss")
@@ -468,7 +468,7 @@ def test_path_rules(path, ok):
 
 def test_an_approver_may_not_move_files(desk):
     run = desk.run()
-    from control.errors import PermissionDenied
+    from ringfence.errors import PermissionDenied
 
     with pytest.raises(PermissionDenied):
         desk.orch.upload_files(APPROVER_ACME, run, "", tar_of(("a", b"1")))

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from imagebuild import Lock, LockEntry, build, load_lock, package_diff
-from imagebuild.archive import (
+from ringfence_server.imagebuild import Lock, LockEntry, build, load_lock, package_diff
+from ringfence_server.imagebuild.archive import (
     CREATED,
     EPOCH,
     ContainerConfig,
@@ -30,10 +30,10 @@ from imagebuild.archive import (
     write_layer,
     write_layer_file,
 )
-from imagebuild.builder import Built, Cache
-from imagebuild.spec import build_order, load_spec, load_specs
-from sandbox.errors import ImageError
-from sandbox.pinned_images import IMAGES_DIR
+from ringfence_server.imagebuild.builder import Built, Cache
+from ringfence_server.imagebuild.spec import build_order, load_spec, load_specs
+from ringfence_server.sandbox.errors import ImageError
+from ringfence_server.sandbox.pinned_images import IMAGES_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 RINGFENCE_DIR = REPO / "images/tool/rootfs/opt/ringfence"
@@ -366,7 +366,7 @@ def test_root_drift_reports_package_diff_and_blocks_children(scratch, monkeypatc
     _images, _cache, lock_path, parent = scratch
     _build(scratch, update_lock=True)
     # Pretend the mirror moved: a rebuilt root comes out with another package set.
-    from imagebuild import builder as builder_mod
+    from ringfence_server.imagebuild import builder as builder_mod
 
     def fake_root(self, spec):
         config = image_config(spec.container_config(None), list(parent.doc["rootfs"]["diff_ids"]), ["moved"])
@@ -385,7 +385,7 @@ def test_root_drift_reports_package_diff_and_blocks_children(scratch, monkeypatc
 def test_missing_parent_cache_is_rebuilt(scratch, monkeypatch):
     _images, cache, _lock_path, parent = scratch
     cache.record(parent.id).unlink()
-    from imagebuild import builder as builder_mod
+    from ringfence_server.imagebuild import builder as builder_mod
 
     calls = []
     monkeypatch.setattr(builder_mod._Builder, "assemble_root", lambda self, spec: calls.append(spec.name) or parent)
@@ -540,7 +540,7 @@ def test_sleep_validates():
 
 
 def test_public_exports_are_pinned():
-    import imagebuild as api
+    from ringfence_server import imagebuild as api
 
     assert sorted(api.__all__) == [
         "BuildReport", "Built", "Drift", "ImageSpec", "Lock", "LockEntry", "Problem", "build",
@@ -552,7 +552,7 @@ def test_public_exports_are_pinned():
 def test_cli_registers_build_and_verify():
     import argparse
 
-    from imagebuild import cli
+    from ringfence_server.imagebuild import cli
 
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers(dest="command"))
@@ -563,8 +563,8 @@ def test_cli_registers_build_and_verify():
 
 
 def test_an_offline_root_build_needs_the_package_tarball(tmp_path):
-    from imagebuild import rootfs
-    from imagebuild.spec import Debootstrap
+    from ringfence_server.imagebuild import rootfs
+    from ringfence_server.imagebuild.spec import Debootstrap
 
     with pytest.raises(ImageError, match="no package tarball"):
         rootfs.debootstrap(Debootstrap("bookworm", "http://deb.debian.org/debian", ()), tmp_path / "root",

@@ -20,15 +20,23 @@ from pathlib import Path
 
 import pytest
 
-from control.config import load_config
-from control.errors import ConfigError
-from imagebuild import adopt, build, debs, wheels
-from imagebuild.archive import digest_of, image_config, tree_entries, write_layer, write_layer_file
-from imagebuild.builder import Built, Cache, _Deps
-from imagebuild.pins import DebPin, WheelPin, deps_diff
-from imagebuild.spec import ancestors, load_spec, load_specs, root_of
-from sandbox.errors import ImageError
-from sandbox.pinned_images import IMAGES_DIR, Lock, LockedDeb, LockedWheel, LockEntry, load_lock, lock_for
+from ringfence.errors import ConfigError
+from ringfence_server.control.config import load_config
+from ringfence_server.imagebuild import adopt, build, debs, wheels
+from ringfence_server.imagebuild.archive import digest_of, image_config, tree_entries, write_layer, write_layer_file
+from ringfence_server.imagebuild.builder import Built, Cache, _Deps
+from ringfence_server.imagebuild.pins import DebPin, WheelPin, deps_diff
+from ringfence_server.imagebuild.spec import ancestors, load_spec, load_specs, root_of
+from ringfence_server.sandbox.errors import ImageError
+from ringfence_server.sandbox.pinned_images import (
+    IMAGES_DIR,
+    Lock,
+    LockedDeb,
+    LockedWheel,
+    LockEntry,
+    load_lock,
+    lock_for,
+)
 
 H = "ab" * 32
 

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from imagebuild.spec import load_spec
-from sandbox.errors import ImageError
+from ringfence_server.imagebuild.spec import load_spec
+from ringfence_server.sandbox.errors import ImageError
 
 
 def make_repo(tmp_path, files, rootfs=None):
@@ -51,7 +51,7 @@ def test_a_missing_source_or_a_clash_with_rootfs_is_refused(tmp_path):
 
 def test_fetch_skips_a_root_image_whose_package_tarball_is_present(tmp_path):
     """`ringfence images fetch` (run by `make images`) downloads only what is missing."""
-    from imagebuild.builder import fetch
+    from ringfence_server.imagebuild.builder import fetch
 
     images = tmp_path / "images"
     (images / "base").mkdir(parents=True)

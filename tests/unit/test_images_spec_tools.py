@@ -9,12 +9,12 @@ import tarfile
 
 import pytest
 
-from imagebuild import build
-from imagebuild.archive import digest_of, image_config, tree_entries, write_layer_file
-from imagebuild.builder import Built, Cache
-from imagebuild.spec import load_spec
-from sandbox.errors import ImageError
-from sandbox.pinned_images import Lock, load_lock
+from ringfence_server.imagebuild import build
+from ringfence_server.imagebuild.archive import digest_of, image_config, tree_entries, write_layer_file
+from ringfence_server.imagebuild.builder import Built, Cache
+from ringfence_server.imagebuild.spec import load_spec
+from ringfence_server.sandbox.errors import ImageError
+from ringfence_server.sandbox.pinned_images import Lock, load_lock
 
 CODE = "def run(arguments, context):\n    return arguments\n"
 

@@ -1,4 +1,4 @@
-"""The ledger service itself (demo_services/ledger/server.py, the very file the ledger image runs),
+"""The ledger service itself (ringfence_server/demo_services/ledger/server.py, the very file the ledger image runs),
 without Docker: a LedgerServer on 127.0.0.1 with its SQLite file in a temp directory.
 
 What it promises: a credit is applied once per idempotency key, the record is committed
@@ -17,7 +17,13 @@ import threading
 
 import pytest
 
-from demo_services.ledger.server import BadRequest, LedgerServer, LedgerStore, parse_amount, parse_credit
+from ringfence_server.demo_services.ledger.server import (
+    BadRequest,
+    LedgerServer,
+    LedgerStore,
+    parse_amount,
+    parse_credit,
+)
 
 
 class Running:
@@ -254,7 +260,7 @@ def test_every_credit_is_listed_in_order_on_loopback(ledger):
 
 def test_the_list_of_credits_is_refused_from_the_network(ledger, monkeypatch):
     # Every customer's credits are the operator's view, not a tool's: from the network, 403.
-    import demo_services.ledger.server as server
+    import ringfence_server.demo_services.ledger.server as server
 
     ledger.credit()
     monkeypatch.setattr(server, "_from_network", lambda peer: True)

@@ -1,4 +1,4 @@
-"""Live output (control.orchestration.live_output): how a call's output becomes `call_output`
+"""Live output (ringfence_server.control.orchestration.live_output): how a call's output becomes `call_output`
 events while it runs. Chunking by meaning (which bytes go in which event), never by elapsed
 time: the clock is injected and moved by hand.
 
@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from control_support import AGENT, FakeClock, Harness
 
-from control import guardrails
-from control.events import CallOutput, EventPayload, event_data
-from control.model import ObservationStatus as S
-from control.orchestration import live_output
-from control.orchestration.live_output import (
+from ringfence.model import ObservationStatus as S
+from ringfence_server.control import guardrails
+from ringfence_server.control.events import CallOutput, EventPayload, event_data
+from ringfence_server.control.orchestration import live_output
+from ringfence_server.control.orchestration.live_output import (
     CUT_CONTEXT,
     FLUSH_BYTES,
     FLUSH_INTERVAL_S,
@@ -28,9 +28,9 @@ from control.orchestration.live_output import (
     LiveOutput,
     take_chunks,
 )
-from control.state import RunState
-from sandbox.result import Outcome, SandboxResult, ToolErrorClass
-from sandbox.runner_protocol import is_result_line
+from ringfence_server.control.state import RunState
+from ringfence_server.sandbox.result import Outcome, SandboxResult, ToolErrorClass
+from ringfence_server.sandbox.runner_protocol import is_result_line
 
 SECRET = "AKIAIOSFODNN7EXAMPLE"  # an AWS access key id, as the scanner knows them
 

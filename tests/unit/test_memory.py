@@ -1,4 +1,4 @@
-"""Agent memory (control.client.memory) on real SQLite files: recall, tenancy, provenance,
+"""Agent memory (ringfence.memory) on real SQLite files: recall, tenancy, provenance,
 corrections, real deletion, durability, and the Retriever seam."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from control.client.memory import (
+from ringfence.errors import FailedPrecondition, InvalidArgument, NotFound
+from ringfence.memory import (
     MAX_TEXT_CHARS,
     Fact,
     KeywordRetriever,
@@ -20,7 +21,6 @@ from control.client.memory import (
     SqliteMemoryStore,
     TenantMemory,
 )
-from control.errors import FailedPrecondition, InvalidArgument, NotFound
 
 RAN = Provenance(run_id="run-1", call_id="c1", executed=True, source="tool:read_file")
 DENIED = Provenance(run_id="run-1", call_id="c2", executed=False, source="tool:http_get")
@@ -359,10 +359,10 @@ def test_the_sqlite_store_satisfies_the_protocol(store):
     assert takes(store) is store
 
 
-def test_the_module_imports_only_the_stdlib_and_control_errors_or_model():
+def test_the_module_imports_only_the_stdlib_and_the_clients_errors_or_model():
     import sys
 
-    path = Path(__file__).resolve().parents[2] / "control" / "client" / "memory.py"
+    path = Path(__file__).resolve().parents[2] / "client" / "ringfence" / "memory.py"
     tree = ast.parse(path.read_text())
     imported: set[str] = set()
     for node in ast.walk(tree):
@@ -372,4 +372,4 @@ def test_the_module_imports_only_the_stdlib_and_control_errors_or_model():
             imported.add(node.module)
     for name in imported:
         top = name.split(".")[0]
-        assert top in sys.stdlib_module_names or name in {"control.errors", "control.model"}, name
+        assert top in sys.stdlib_module_names or name in {"ringfence.errors", "ringfence.model"}, name

@@ -1,6 +1,6 @@
 """The command line for people, run as a real process against the real server on loopback.
 
-Every command is `python -m control.cli ...` in a subprocess whose environment names the
+Every command is `python -m ringfence.cli ...` in a subprocess whose environment names the
 server (RINGFENCE_SERVER) and holds the token (RINGFENCE_TOKEN); the server is the real one
 (BackgroundServer) over the real Orchestrator, SQLite store and a FakeBackend (api_support).
 The tests read what a person reads (stdout, stderr, the exit code) and check it against what
@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from api_support import TOKENS, RealCore, fake_backend, make_config
 
-from control.api.background import BackgroundServer
-from control.api.cli.plan import PlanError, load_plan
-from control.api.client import RingfenceClient
-from control.model import ApprovalStatus, ObservationStatus, Role, RunOutcome
+from ringfence import Client
+from ringfence.cli.plan import PlanError, load_plan
+from ringfence.model import ApprovalStatus, ObservationStatus, Role, RunOutcome
+from ringfence_server.control.api.background import BackgroundServer
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENT = TOKENS[("acme", Role.AGENT)]
@@ -49,13 +49,13 @@ def server(core):
 
 @pytest.fixture
 def agent(server):
-    with RingfenceClient(server.address, AGENT) as c:
+    with Client(server.address, AGENT) as c:
         yield c
 
 
 @pytest.fixture
 def approver(server):
-    with RingfenceClient(server.address, APPROVER) as c:
+    with Client(server.address, APPROVER) as c:
         yield c
 
 
@@ -72,7 +72,8 @@ def cli_env(server_address: str | None, token: str | None, **extra: str) -> dict
 
 def cli(server, *args: str, token: str | None = AGENT, input: str | None = None, **extra: str):
     address = server.address if server is not None else None
-    return subprocess.run([sys.executable, "-m", "control.cli", *args], cwd=ROOT, env=cli_env(address, token, **extra),
+    return subprocess.run([sys.executable, "-m", "ringfence.cli", *args], cwd=ROOT,
+                          env=cli_env(address, token, **extra),
                           input=input, capture_output=True, text=True, timeout=120)
 
 
@@ -174,7 +175,7 @@ def test_watch_replays_then_follows_live_until_the_run_finishes(server, agent, c
     agent.start_run("watch me", "watched")
     agent.submit_batch("watched", [{"call_id": "c1", "tool": "echo", "arguments": {"text": "1"}}])
     last = core.store.read("watched")[-1].seq
-    proc = subprocess.Popen([sys.executable, "-m", "control.cli", "watch", "watched"], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "ringfence.cli", "watch", "watched"], cwd=ROOT,
                             env=cli_env(server.address, AGENT), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, bufsize=1)
     try:
@@ -332,9 +333,9 @@ def test_a_wrong_server_asks_whether_serve_is_running():
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{closed.getsockname()[1]}"
-        done = subprocess.run([sys.executable, "-m", "control.cli", "runs"], cwd=ROOT, env=cli_env(address, AGENT),
+        done = subprocess.run([sys.executable, "-m", "ringfence.cli", "runs"], cwd=ROOT, env=cli_env(address, AGENT),
                               capture_output=True, text=True, timeout=120)
-        as_json = subprocess.run([sys.executable, "-m", "control.cli", "tools", "--server", address, "--json"],
+        as_json = subprocess.run([sys.executable, "-m", "ringfence.cli", "tools", "--server", address, "--json"],
                                  cwd=ROOT, env=cli_env("127.0.0.1:1", AGENT), capture_output=True, text=True,
                                  timeout=120)
     assert done.returncode == 1
@@ -386,13 +387,13 @@ def test_bad_plan_files_exit_2_with_what_is_wrong_and_start_nothing(server, agen
 def test_every_command_has_help_with_an_example():
     for argv in (["submit"], ["watch"], ["approvals"], ["approvals", "approve"], ["approvals", "decline"],
                  ["runs"], ["runs", "list"], ["run"], ["tools"]):
-        done = subprocess.run([sys.executable, "-m", "control.cli", *argv, "--help"], cwd=ROOT,
+        done = subprocess.run([sys.executable, "-m", "ringfence.cli", *argv, "--help"], cwd=ROOT,
                               env=cli_env(None, None), capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, (argv, done.stderr)
         assert re.search(r"^examples:\n(  .*\n)*?  ringfence " + re.escape(" ".join(argv)), done.stdout, re.M), argv
         for option in ("--server", "--token-env", "--tls-ca", "--json", "RINGFENCE_TOKEN"):
             assert option in done.stdout, (argv, option)
-    top = subprocess.run([sys.executable, "-m", "control.cli", "--help"], cwd=ROOT, env=cli_env(None, None),
+    top = subprocess.run([sys.executable, "-m", "ringfence.cli", "--help"], cwd=ROOT, env=cli_env(None, None),
                          capture_output=True, text=True, timeout=120)
     for command in ("submit", "watch", "approvals", "runs", "run", "tools", "serve", "sandbox"):
         assert re.search(rf"^    {command}\b", top.stdout, re.M), command
@@ -403,7 +404,7 @@ def test_every_command_has_help_with_an_example():
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 def test_tls_with_a_ca_file_and_the_hint_without_one(tmp_path, core):
-    from control.api.server import TlsOptions
+    from ringfence_server.control.api.server import TlsOptions
 
     def openssl(*args: str) -> None:
         subprocess.run(["openssl", *args], cwd=tmp_path, check=True, capture_output=True, timeout=60)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from control_support import ADMIN, AGENT, Harness
 
-from control.errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied
-from control.model import Principal, Role
-from control.plans.service import PlanVerification
-from control.plans.values import Claim, Step
+from ringfence.errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied
+from ringfence.model import Principal, Role
+from ringfence.plans import Claim, Step
+from ringfence_server.control.plans.service import PlanVerification
 
 VERIFIER = Principal("acme", Role.VERIFIER, "vera")
 RULES = [{"tool": "assess_evidence", "verdict": "allow"}, {"tool": "check_evidence", "verdict": "allow"}]

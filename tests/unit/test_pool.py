@@ -1,4 +1,4 @@
-"""The warm pool's own rules (sandbox/pool.py), with containers stood in by plain objects:
+"""The warm pool's own rules (ringfence_server/sandbox/pool.py), with containers stood in by plain objects:
 one container per claim, never handed out twice, the shape registered by a miss, expiry, the
 least recently used shape let go, a dead container never handed out, the refill waiting while
 the backend is busy, and close() removing everything. The real engine: tests/integration/
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from sandbox.pool import PoolSettings, Warm, WarmPool
+from ringfence_server.sandbox.pool import PoolSettings, Warm, WarmPool
 
 
 class Engine:

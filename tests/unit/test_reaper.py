@@ -4,8 +4,8 @@ import os
 import socket
 import subprocess
 
-from sandbox import labels as L
-from sandbox.reaper import orphan_reason
+from ringfence_server.sandbox import labels as L
+from ringfence_server.sandbox.reaper import orphan_reason
 
 HOST = socket.gethostname()
 

@@ -11,15 +11,15 @@ import json
 import pytest
 from control_support import AGENT, Harness, error_result, outcome_result
 
-from control.idempotency import client_idempotency_key
-from control.model import ObservationStatus as S
-from control.model import ProposedCall, RunOutcome
-from control.orchestration.dispatch import client_key_name
-from control.retry import Attempt, FailureClass, never_started
-from sandbox.errors import EngineError
-from sandbox.fake import ok_result
-from sandbox.result import Outcome, ToolErrorClass
-from sandbox.runner_protocol import EXIT_TOOL_ERROR, ToolFailure, parse_runner_line, read_failure
+from ringfence.model import ObservationStatus as S
+from ringfence.model import ProposedCall, RunOutcome
+from ringfence_server.control.idempotency import client_idempotency_key
+from ringfence_server.control.orchestration.dispatch import client_key_name
+from ringfence_server.control.retry import Attempt, FailureClass, never_started
+from ringfence_server.sandbox.errors import EngineError
+from ringfence_server.sandbox.fake import ok_result
+from ringfence_server.sandbox.result import Outcome, ToolErrorClass
+from ringfence_server.sandbox.runner_protocol import EXIT_TOOL_ERROR, ToolFailure, parse_runner_line, read_failure
 
 # -- finding 5: the runner's line is strict JSON --------------------------------------------
 

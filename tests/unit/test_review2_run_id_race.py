@@ -26,12 +26,12 @@ from api_support import TOKENS, RealCore, fake_backend, make_config
 from control_support import AGENT, STRANGER, Harness
 from run_race_support import one_tenant_round, start_at_once, started_events
 
-from control.api.background import BackgroundServer
-from control.api.client import RingfenceClient
-from control.model import Principal, Role, RunOutcome, RunView, WorkspaceRequest
-from control.orchestration import Orchestrator
-from control.store import SqliteEventStore
-from sandbox.labels import instance_id
+from ringfence import Client
+from ringfence.model import Principal, Role, RunOutcome, RunView, WorkspaceRequest
+from ringfence_server.control.api.background import BackgroundServer
+from ringfence_server.control.orchestration import Orchestrator
+from ringfence_server.control.store import SqliteEventStore
+from ringfence_server.sandbox.labels import instance_id
 
 ROUNDS = 12
 TENANTS = ("acme", "globex")
@@ -44,7 +44,7 @@ def config(tmp_path):
 
 def test_two_tenants_racing_one_run_id_each_get_a_run_of_their_own(config):
     with RealCore(config, fake_backend()) as core, BackgroundServer(core.orchestrator, config) as server:
-        clients = {t: RingfenceClient(server.address, TOKENS[(t, Role.AGENT)]) for t in TENANTS}
+        clients = {t: Client(server.address, TOKENS[(t, Role.AGENT)]) for t in TENANTS}
         try:
             for client in clients.values():
                 client.list_runs()  # connected before the race: the barrier is the only start signal
@@ -85,7 +85,7 @@ def test_one_tenant_racing_one_run_id_through_two_instances_gets_one_run(config)
         # Two processes have two instance ids; in one process the second must be told its own,
         # or its leases would count as the first's.
         two.orchestrator.runs.owner = f"{instance_id()}-second"
-        clients = [RingfenceClient(s.address, token) for s in (server_one, server_two)]
+        clients = [Client(s.address, token) for s in (server_one, server_two)]
         try:
             for client in clients:
                 client.list_runs()

@@ -11,12 +11,12 @@ import threading
 
 import grpc
 
-from control.api.status import code_for
-from control.events import BatchCall, BatchStarted, RunStarted
-from control.orchestration.runs import RunRepository
-from control.state import RunState
-from control.store.base import StoreError, StoreFull, StoreUnavailable, WriteOutage
-from control.store.sqlite import SqliteEventStore
+from ringfence_server.control.api.status import code_for
+from ringfence_server.control.events import BatchCall, BatchStarted, RunStarted
+from ringfence_server.control.orchestration.runs import RunRepository
+from ringfence_server.control.state import RunState
+from ringfence_server.control.store.base import StoreError, StoreFull, StoreUnavailable, WriteOutage
+from ringfence_server.control.store.sqlite import SqliteEventStore
 
 
 def test_store_full_is_resource_exhausted_and_still_a_store_error():

@@ -16,12 +16,12 @@ import grpc
 import pytest
 from api_support import TOKENS, RealCore, fake_backend, make_config
 
-from control.api.background import BackgroundServer
-from control.api.client import RingfenceClient
-from control.api.gen.ringfence.v1 import approvals_pb2, runs_pb2, types_pb2
-from control.config import load_config
-from control.errors import ConfigError, ResourceExhausted
-from control.model import ApprovalStatus, Role
+from ringfence import Client
+from ringfence.errors import ConfigError, ResourceExhausted
+from ringfence.model import ApprovalStatus, Role
+from ringfence.v1 import approvals_pb2, runs_pb2, types_pb2
+from ringfence_server.control.api.background import BackgroundServer
+from ringfence_server.control.config import load_config
 
 A_AGENT = TOKENS[("acme", Role.AGENT)]
 A_APPROVER = TOKENS[("acme", Role.APPROVER)]
@@ -83,9 +83,9 @@ def held(tmp_path):
         core.close()
 
 
-def fire_burst(client: RingfenceClient, count: int) -> list[grpc.Future]:
+def fire_burst(client: Client, count: int) -> list[grpc.Future]:
     md = client.metadata()
-    return [client.runs.StartRun.future(runs_pb2.StartRunRequest(goal="burst", run_id=f"a-{i}"), metadata=md,
+    return [client.stubs.runs.StartRun.future(runs_pb2.StartRunRequest(goal="burst", run_id=f"a-{i}"), metadata=md,
                                         timeout=60) for i in range(count)]
 
 
@@ -104,8 +104,8 @@ def outcome(future: grpc.Future) -> str:
 
 def test_a_tenants_burst_is_refused_past_its_own_limit_and_never_refuses_or_stalls_another(held):
     server, gate, config = held()
-    with RingfenceClient(server.address, A_AGENT) as a, RingfenceClient(server.address, B_AGENT) as b, \
-            RingfenceClient(server.address, A_APPROVER) as a_approver:
+    with Client(server.address, A_AGENT) as a, Client(server.address, B_AGENT) as b, \
+            Client(server.address, A_APPROVER) as a_approver:
         b_run = b.start_run("b's own work", "b-run")
         burst = fire_burst(a, BURST)
         wait_entered(gate, 1)  # the burst is in the core
@@ -113,9 +113,9 @@ def test_a_tenants_burst_is_refused_past_its_own_limit_and_never_refuses_or_stal
         # B, during A's burst: 20 concurrent GetRuns and a SubmitBatch, all answered while every
         # one of A's admitted StartRuns is still held in the core.
         md = b.metadata()
-        gets = [b.runs.GetRun.future(runs_pb2.GetRunRequest(run_id=b_run.run_id), metadata=md, timeout=20)
+        gets = [b.stubs.runs.GetRun.future(runs_pb2.GetRunRequest(run_id=b_run.run_id), metadata=md, timeout=20)
                 for _ in range(20)]
-        batch = b.runs.SubmitBatch.future(
+        batch = b.stubs.runs.SubmitBatch.future(
             runs_pb2.SubmitBatchRequest(run_id=b_run.run_id, calls=[
                 types_pb2.ProposedCall(call_id="c1", tool="echo", arguments_json='{"text": "hi"}')]),
             metadata=md, timeout=20)
@@ -124,7 +124,7 @@ def test_a_tenants_burst_is_refused_past_its_own_limit_and_never_refuses_or_stal
         assert all(g.result().run_id == b_run.run_id for g in gets)
         assert [o.status for o in batch.result().observations] == [types_pb2.OBSERVATION_STATUS_EXECUTED]
         # A's approver is not refused either: the agent's burst counts against the agent's budget.
-        assert a_approver.approvals.ListApprovals(approvals_pb2.ListApprovalsRequest(),
+        assert a_approver.stubs.approvals.ListApprovals(approvals_pb2.ListApprovalsRequest(),
                                                   metadata=a_approver.metadata(), timeout=20).approvals == []
 
         limit, share = config.edge.max_in_flight, config.edge.worker_share
@@ -153,7 +153,7 @@ def test_an_agent_holding_all_its_watch_streams_does_not_stop_its_approver(held)
     server, gate, _config = held()
     gate.release.set()
     streams = []
-    with RingfenceClient(server.address, A_AGENT) as agent, RingfenceClient(server.address, A_APPROVER) as approver:
+    with Client(server.address, A_AGENT) as agent, Client(server.address, A_APPROVER) as approver:
         run = agent.start_run("watched", "w-1")
         try:
             for _ in range(16):  # the agent holds every watch stream it may
@@ -198,12 +198,12 @@ def test_a_configured_limit_and_share_are_exact_and_cancelling_a_waiting_call_fr
     in the core, 2 waiting for acme's one thread), 7 refused; globex's calls take the other thread."""
     server, gate, _config = held({"max_in_flight": 3, "worker_share": 1, "worker_threads": 2})
     edge = server.server.edge
-    with RingfenceClient(server.address, A_AGENT) as a, RingfenceClient(server.address, B_AGENT) as b:
+    with Client(server.address, A_AGENT) as a, Client(server.address, B_AGENT) as b:
         b_run = b.start_run("b", "b-run")
         burst = fire_burst(a, 10)
         wait_entered(gate, 1)
         md = b.metadata()
-        gets = [b.runs.GetRun.future(runs_pb2.GetRunRequest(run_id=b_run.run_id), metadata=md, timeout=20)
+        gets = [b.stubs.runs.GetRun.future(runs_pb2.GetRunRequest(run_id=b_run.run_id), metadata=md, timeout=20)
                 for _ in range(3)]
         assert [outcome(f) for f in gets] == ["OK"] * 3
         refused = [f for f in burst if f.done()]
@@ -237,10 +237,10 @@ def test_a_tenants_long_batches_do_not_hold_the_threads_its_own_short_calls_need
     worker share of 1) all run at once, and its own GetRun and StartRun are still answered."""
     server, gate, _config = held({"worker_share": 1, "worker_threads": 2}, {"max_concurrent_batches": 3},
                                 methods=("submit_batch",))
-    with RingfenceClient(server.address, A_AGENT) as a:
+    with Client(server.address, A_AGENT) as a:
         runs = [a.start_run("batch", f"r{i}").run_id for i in range(3)]
         md = a.metadata()
-        batches = [a.runs.SubmitBatch.future(runs_pb2.SubmitBatchRequest(run_id=run_id, calls=[
+        batches = [a.stubs.runs.SubmitBatch.future(runs_pb2.SubmitBatchRequest(run_id=run_id, calls=[
             types_pb2.ProposedCall(call_id="c1", tool="echo", arguments_json='{"text": "hi"}')]),
             metadata=md, timeout=60) for run_id in runs]
         wait_entered(gate, 3)  # all three in the core at once, past the share of 1
@@ -273,7 +273,7 @@ def test_edge_limits_are_integers_in_range_refused_naming_their_key(edge, key):
 
 
 def test_edge_defaults_leave_room_for_other_tenants():
-    from control.config import EdgeConfig
+    from ringfence_server.control.config import EdgeConfig
 
     d = load_config().edge
     assert d == EdgeConfig()

@@ -22,9 +22,9 @@ import pytest
 from control_support import AGENT
 from module_support import load_module
 
-from control.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
-from control.state import EventType
-from sandbox.result import Outcome
+from ringfence.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from ringfence_server.control.state import EventType
+from ringfence_server.sandbox.result import Outcome
 
 ROOT = Path(__file__).resolve().parents[2]
 

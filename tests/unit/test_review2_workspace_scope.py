@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import hashlib
 
-from control.api.serve import deployment_scope
-from sandbox.workspace import KEEPER_PREFIX, WORKSPACE_VIEW_SUFFIX, keeper_name, view_name, volume_name
+from ringfence_server.control.api.serve import deployment_scope
+from ringfence_server.sandbox.workspace import KEEPER_PREFIX, WORKSPACE_VIEW_SUFFIX, keeper_name, view_name, volume_name
 
 
 def test_names_differ_between_scopes_and_agree_within_one():

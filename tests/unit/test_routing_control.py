@@ -8,11 +8,11 @@ from dataclasses import replace
 import pytest
 from control_support import AGENT, Harness, error_result
 
-from control.config import load_config
-from control.errors import AlreadyExists, ConfigError, InvalidArgument
-from control.routing.config import RouterConfig, RoutingConfig, SpecialistConfig, parse_routing
-from control.routing.service import TicketRouter
-from control.routing.values import Ticket
+from ringfence.errors import AlreadyExists, ConfigError, InvalidArgument
+from ringfence.routing import Ticket
+from ringfence_server.control.config import load_config
+from ringfence_server.control.routing.config import RouterConfig, RoutingConfig, SpecialistConfig, parse_routing
+from ringfence_server.control.routing.service import TicketRouter
 
 RULES = [{"tool": t, "verdict": "allow"} for t in ("route_symptom", "latency_specialist", "echo", "crash")]
 R = {"taxonomy": ["latency"], "router": {"tool": "route_symptom"}}

@@ -1,4 +1,4 @@
-"""The runbooks service itself (demo_services/runbooks/server.py, the very file the runbooks image
+"""The runbooks service itself (ringfence_server/demo_services/runbooks/server.py, the very file the runbooks image
 runs), without Docker: a RunbookServer on 127.0.0.1.
 
 On loopback every request is the operator's, so nothing is counted as network traffic here;
@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from demo_services.runbooks import server as rb
+from ringfence_server.demo_services.runbooks import server as rb
 
 
 @pytest.fixture

@@ -4,11 +4,11 @@ import struct
 
 import pytest
 
-from sandbox.classify import engine_reported_oom, oom_in_events
-from sandbox.result import Outcome, ToolErrorClass, classify_exit
-from sandbox.runner_protocol import ToolFailure, read_failure
-from sandbox.streams import CappedStreams, Demuxer
-from sandbox.units import parse_duration, parse_size
+from ringfence_server.sandbox.classify import engine_reported_oom, oom_in_events
+from ringfence_server.sandbox.result import Outcome, ToolErrorClass, classify_exit
+from ringfence_server.sandbox.runner_protocol import ToolFailure, read_failure
+from ringfence_server.sandbox.streams import CappedStreams, Demuxer
+from ringfence_server.sandbox.units import parse_duration, parse_size
 
 
 @pytest.mark.parametrize(
@@ -116,7 +116,7 @@ def test_witness_takes_tinis_lines_out_of_stdout_at_any_chunk_boundary():
 
 
 def test_witness_reads_a_signal_and_leaves_lookalikes_alone():
-    from sandbox.witness import InitWitness
+    from ringfence_server.sandbox.witness import InitWitness
 
     w = InitWitness()
     out = w.feed(b"[INFO  tini (1)] Main child exited with signal (with signal 'Killed')\n")

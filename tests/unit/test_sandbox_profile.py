@@ -4,9 +4,9 @@ import dataclasses
 
 import pytest
 
-from sandbox.backend import SandboxRequest
-from sandbox.errors import ProfileError
-from sandbox.profile import GiB, InputMount, MiB, SandboxProfile
+from ringfence_server.sandbox.backend import SandboxRequest
+from ringfence_server.sandbox.errors import ProfileError
+from ringfence_server.sandbox.profile import GiB, InputMount, MiB, SandboxProfile
 
 
 def test_defaults_are_valid_and_non_root():

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from sandbox import seccomp
-from sandbox.errors import EngineError
+from ringfence_server.sandbox import seccomp
+from ringfence_server.sandbox.errors import EngineError
 
 
 def allowed_names(profile):
@@ -74,3 +74,50 @@ def test_mknod_only_for_files_fifos_and_sockets():
                                   "op": "SCMP_CMP_MASKED_EQ"}] for r in rules)
         for device in (0o020000, 0o060000):
             assert not any(device & r["args"][0]["value"] == r["args"][0]["valueTwo"] for r in rules)
+
+
+@pytest.fixture
+def real_profile() -> bytes:
+    """Docker's default profile as this host has it (read before `sources` moves the paths)."""
+    return seccomp.source_path().read_bytes()
+
+
+@pytest.fixture
+def sources(monkeypatch, tmp_path, real_profile):
+    """The three candidate paths pointed at tmp (absent until a test writes them), no override
+    (after real_profile has read the real file)."""
+    monkeypatch.delenv(seccomp.SOURCE_ENV, raising=False)
+    paths = {name: tmp_path / name / "default.json" for name in ("SYSTEM_SOURCE", "SHIPPED_SOURCE", "CHECKOUT_SOURCE")}
+    for name, path in paths.items():
+        monkeypatch.setattr(seccomp, name, path)
+    seccomp.profile_json.cache_clear()
+    yield paths
+    seccomp.profile_json.cache_clear()
+
+
+def _place(path, real):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(real)
+
+
+def test_an_install_without_the_debian_package_or_a_checkout_derives_from_the_shipped_copy(real_profile, sources):
+    """What an installed server has: only the copy its wheel carries next to seccomp.py."""
+    _place(sources["SHIPPED_SOURCE"], real_profile)
+    assert seccomp.source_path() == sources["SHIPPED_SOURCE"]
+    assert json.loads(seccomp.profile_json())["defaultAction"] == "SCMP_ACT_ERRNO"
+    # The Debian package's file wins when it is installed (it follows Debian's updates); the
+    # shipped copy wins over a checkout's build/ copy.
+    _place(sources["CHECKOUT_SOURCE"], real_profile)
+    assert seccomp.source_path() == sources["SHIPPED_SOURCE"]
+    _place(sources["SYSTEM_SOURCE"], real_profile)
+    assert seccomp.source_path() == sources["SYSTEM_SOURCE"]
+
+
+def test_a_checkout_without_build_seccomp_is_told_where_the_profile_comes_from(sources):
+    with pytest.raises(EngineError) as raised:
+        seccomp.source_path()
+    message = str(raised.value)
+    for path in sources.values():
+        assert str(path) in message
+    assert seccomp.DEBIAN_PACKAGE in message and seccomp.SOURCE_ENV in message
+    assert "bash scripts/ensure-packages.sh" in message and "ringfence-server wheel" in message

@@ -1,4 +1,4 @@
-"""Skills behind the verification gate (control.client.skills), against a fake client.
+"""Skills behind the verification gate (ringfence.skills), against a fake client.
 
 The fake answers each batch from a table of canned observations and records every call it
 was given, so "nothing ran" and "each trial ran in its own run" are facts the tests can read.
@@ -13,7 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from control.client.skills import (
+from ringfence.errors import FailedPrecondition, NotFound, PermissionDenied, Unavailable
+from ringfence.model import Observation, ObservationStatus, ProposedCall
+from ringfence.skills import (
     Fixture,
     Skill,
     SkillEventKind,
@@ -22,8 +24,6 @@ from control.client.skills import (
     SkillStep,
     SkillTrials,
 )
-from control.errors import FailedPrecondition, NotFound, PermissionDenied, Unavailable
-from control.model import Observation, ObservationStatus, ProposedCall
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -326,13 +326,13 @@ def test_bad_fixtures_are_refused_before_anything_runs(library, client):
 
 
 def test_skills_module_keeps_the_sdk_import_boundary():
-    tree = ast.parse((ROOT / "control/client/skills.py").read_text())
+    tree = ast.parse((ROOT / "client/ringfence/skills.py").read_text())
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
             names.add(node.module)
-    control = {n for n in names if n.split(".")[0] in ("control", "sandbox", "docker", "grpc")}
-    assert control <= {"control.errors", "control.model"} | {n for n in control if n.startswith("control.client.")}
-    assert not any(n.startswith(("control.store", "control.orchestration", "sandbox", "docker")) for n in names)
+    # The store of skills is local (SQLite): no grpc, nothing of the server, only the client's values.
+    ours = {n for n in names if n.split(".")[0] in ("ringfence", "ringfence_server", "docker", "grpc")}
+    assert ours <= {"ringfence.errors", "ringfence.model", "ringfence.turns"}, ours

@@ -11,9 +11,9 @@ import sqlite3
 
 import pytest
 
-from control.model import Event
-from control.store import SqliteEventStore, verify
-from control.store.audit import AuditReport, canonical_json, event_hash
+from ringfence.model import Event
+from ringfence_server.control.store import SqliteEventStore, verify
+from ringfence_server.control.store.audit import AuditReport, canonical_json, event_hash
 
 
 @pytest.fixture()

@@ -1,4 +1,4 @@
-"""control.telemetry: the tracer provider `ringfence serve` configures, and the export guard."""
+"""ringfence_server.control.telemetry: the tracer provider `ringfence serve` configures, and the export guard."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from control.telemetry import (
+from ringfence_server.control.telemetry import (
     GuardedExporter,
     configure_tracing,
     is_raw_content_name,
@@ -93,7 +93,7 @@ def test_which_collector_addresses_go_in_plaintext():
 def test_serve_records_even_without_an_exporter():
     # `ringfence serve` always records (record=True), so a run's trace id is real and reaches its
     # log and its JSON log lines whether or not anything is exported.
-    from control.telemetry import configure_tracing
+    from ringfence_server.control.telemetry import configure_tracing
 
     provider = configure_tracing(None, False, record=True, set_global=False)
     assert provider is not None

@@ -1,4 +1,4 @@
-"""Tool packages (control.toolpkg): the loader the server uses, `tools new`, and the checks of
+"""Tool packages (ringfence_server.control.toolpkg): the loader the server uses, `tools new`, and the checks of
 `tools check`, with no engine (the sandbox steps against a FakeBackend, and the in-sandbox
 script run here against folders standing in for the image's). The real engine, image builds
 and the server are in tests/e2e/test_own_tools.py."""
@@ -15,20 +15,20 @@ from pathlib import Path
 
 import pytest
 
-from control import cli
-from control.api.cli.tools import route
-from control.config import TOOL_LIMIT_CAPS, ToolsConfig, load_config
-from control.errors import ConfigError
-from control.registry import _LIMIT_KEYS, _MANIFEST_KEYS, _RECONCILE_KEYS
-from control.toolpkg.check import SCRIPT, Checker, Images, builtin_tools, stage_package, targets
-from control.toolpkg.packages import load_all, load_package, package_folders, registry_from_config
-from imagebuild.spec import load_spec
-from sandbox.fake import FakeBackend, ok_result
-from sandbox.pinned_images import IMAGES_DIR, Lock, LockEntry, builtin_lock
-from sandbox.result import Outcome, SandboxResult
+from ringfence.cli import main as cli
+from ringfence.cli.main import build
+from ringfence.errors import ConfigError
+from ringfence_server.control.config import TOOL_LIMIT_CAPS, ToolsConfig, load_config
+from ringfence_server.control.registry import _LIMIT_KEYS, _MANIFEST_KEYS, _RECONCILE_KEYS
+from ringfence_server.control.toolpkg.check import SCRIPT, Checker, Images, builtin_tools, stage_package, targets
+from ringfence_server.control.toolpkg.packages import load_all, load_package, package_folders, registry_from_config
+from ringfence_server.imagebuild.spec import load_spec
+from ringfence_server.sandbox.fake import FakeBackend, ok_result
+from ringfence_server.sandbox.pinned_images import IMAGES_DIR, Lock, LockEntry, builtin_lock
+from ringfence_server.sandbox.result import Outcome, SandboxResult
 
 ROOT = Path(__file__).resolve().parents[2]
-BUILTIN_TOOLS = ROOT / "control" / "tools"
+BUILTIN_TOOLS = ROOT / "ringfence_server" / "control" / "tools"
 RUNNER_DIR = IMAGES_DIR / "tool" / "rootfs" / "opt" / "ringfence"
 
 
@@ -205,6 +205,7 @@ def test_tools_new_refuses_an_existing_package_or_image(tmp_path, monkeypatch, c
 
 
 def test_tools_new_and_check_are_routed_past_the_tools_listing():
+    route = build()[1].route  # the server's extension registers `tools new|check`
     assert route(["tools", "new", "x"]) == ["tools new", "x"]
     assert route(["tools", "check", "d", "--json"]) == ["tools check", "d", "--json"]
     assert route(["tools", "credit", "--json"]) == ["tools", "credit", "--json"]

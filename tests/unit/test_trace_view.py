@@ -1,4 +1,4 @@
-"""`ringfence trace RUN_ID`: a run's span tree from its event log (control.tracing).
+"""`ringfence trace RUN_ID`: a run's span tree from its event log (ringfence_server.control.tracing).
 
 Real logs: an Orchestrator with the fake backend on a SQLite file (control_support.Harness),
 with a clock that ticks on every read so that the events' times say what happened first; and
@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from control_support import AGENT, APPROVER, FakeClock, Harness, content_result
 
-from control.model import ObservationStatus as S
-from control.model import ProposedCall
-from control.store.sqlite import SqliteEventStore
-from control.tracing import TraceNode, render, trace_from_events
-from control.tracing.tree import PARALLEL_MARK
+from ringfence.model import ObservationStatus as S
+from ringfence.model import ProposedCall
+from ringfence_server.control.store.sqlite import SqliteEventStore
+from ringfence_server.control.tracing import TraceNode, render, trace_from_events
+from ringfence_server.control.tracing.tree import PARALLEL_MARK
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET_ARGUMENT = "AKIAIOSFODNN7EXAMPLE"
@@ -138,7 +138,7 @@ def test_one_root_and_parallel_reads_share_one_parallel_node(incident):
 
 
 def render_ms(node: TraceNode) -> str:
-    from control.tracing.tree import format_duration
+    from ringfence_server.control.tracing.tree import format_duration
 
     assert node.duration_ms is not None, f"{node} has no duration"
     return format_duration(node.duration_ms)
@@ -377,7 +377,7 @@ def test_render_marks_only_overlapping_tools_and_keeps_given_order_on_ties():
 
 def ringfence(*argv: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONIOENCODING": "utf-8"}
-    return subprocess.run([sys.executable, "-m", "control.cli", *argv], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "ringfence.cli", *argv], capture_output=True, text=True,
                           encoding="utf-8", env=env, cwd=ROOT, timeout=60)
 
 

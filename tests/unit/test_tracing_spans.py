@@ -14,7 +14,7 @@ from control_support import APPROVER, Harness
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from control.orchestration import dispatch as dispatch_module
+from ringfence_server.control.orchestration import dispatch as dispatch_module
 
 SECRET = "AKIAIOSFODNN7EXAMPLE"
 

@@ -17,9 +17,11 @@ from typing import Any
 import pytest
 from control_support import AGENT, STRANGER, Call, Harness, content_result, error_result
 
-from control.config import FilesConfig, WorkspaceConfig, load_config
-from control.errors import ConfigError, FailedPrecondition, InvalidArgument, NotFound, Unavailable
-from control.events import (
+from ringfence.errors import ConfigError, FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from ringfence.model import ObservationStatus as S
+from ringfence.model import RunOutcome, WorkspaceRequest, WorkspaceView
+from ringfence_server.control.config import FilesConfig, WorkspaceConfig, load_config
+from ringfence_server.control.events import (
     ArtifactCollected,
     ArtifactFile,
     CallOutput,
@@ -29,14 +31,12 @@ from control.events import (
     WorkspaceCreated,
     check_event,
 )
-from control.model import ObservationStatus as S
-from control.model import RunOutcome, WorkspaceRequest, WorkspaceView
-from control.registry import Registry, load_manifest_file, parse_manifest
-from control.state import RunState, fold
-from control.store.base import StoreUnavailable
-from control.tools import BUILTIN_DIR, manifest_files
-from sandbox.profile import MiB, WorkspaceMount
-from sandbox.workspace import WorkspaceSpec, volume_name
+from ringfence_server.control.registry import Registry, load_manifest_file, parse_manifest
+from ringfence_server.control.state import RunState, fold
+from ringfence_server.control.store.base import StoreUnavailable
+from ringfence_server.control.tools import BUILTIN_DIR, manifest_files
+from ringfence_server.sandbox.profile import MiB, WorkspaceMount
+from ringfence_server.sandbox.workspace import WorkspaceSpec, volume_name
 
 RULES = [{"tool": t, "verdict": "allow"} for t in ("echo", "fail", "ws_read", "ws_write", "ws_note")] + [
     {"tool": "credit", "verdict": "ask", "when": {"amount": {"lte": 100}}}]
@@ -61,7 +61,7 @@ def registry() -> Registry:
 
 
 class RecordingDesk:
-    """Stands in for control.files.FileDesk (its real work needs the engine): records what the
+    """Stands in for ringfence_server.control.files.FileDesk (its real work needs the engine): records what the
     control loop asks of it and appends the events the real desk would."""
 
     def __init__(self, h: Harness, fail: BaseException | None = None) -> None:

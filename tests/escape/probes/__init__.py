@@ -1,6 +1,6 @@
 """The battery's probe helpers (docs/escape-battery.md cases 1-24 and 40-44).
 
-The probe scripts themselves live in the product, in conformance/probes/, because
+The probe scripts themselves live in the product, in ringfence_server/conformance/probes/, because
 `ringfence conformance` runs the same probes against a user's engine and image: one battery,
 not two. `HERE`, `source` and `argv` are that package's. What stays here is the tests' side:
 `report` (a broken probe fails the test), the settings changes of the red checks, `errnos`.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conformance.probes import HERE, argv, source
+from ringfence_server.conformance.probes import HERE, argv, source
 
 __all__ = ["HERE", "argv", "as_root", "docker_stock_seccomp", "errnos", "report", "source", "with_seccomp"]
 
@@ -57,7 +57,7 @@ def with_seccomp(profile_json: str):
 
 def docker_stock_seccomp() -> str:
     """Docker's own default profile, unmodified: what we would run without our tightening."""
-    from sandbox import seccomp
+    from ringfence_server.sandbox import seccomp
 
     return json.dumps(json.loads(Path(seccomp.source_path()).read_text()), separators=(",", ":"))
 

@@ -1,1 +1,1 @@
-"""The ringfence egress proxy: its modules are sandbox/egress/*.py, laid here by the image spec."""
+"""The ringfence egress proxy: its modules are ringfence_server/sandbox/egress/*.py, laid here by the image spec."""

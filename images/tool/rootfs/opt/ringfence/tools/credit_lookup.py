@@ -2,7 +2,7 @@
 
 arguments: {"idempotency_key": "..."}. Returns {"found": true, "record": {...}} or
 {"found": false}. It is how `credit` declares its effects can be looked up (the `reconcile`
-field of control/tools/credit.json): after a crash between a credit and its record, recovery
+field of ringfence_server/control/tools/credit.json): after a crash between a credit and its record, recovery
 asks the receiver whether the effect happened before deciding anything.
 
 "found": false is the ledger's own 404 and nothing else. Every other outcome is an error,

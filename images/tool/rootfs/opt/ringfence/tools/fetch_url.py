@@ -6,7 +6,7 @@ returns {"url", "status", "content_type", "body", "bytes", "truncated"} (+ "loca
 The body is text (its charset, else UTF-8, undecodable bytes replaced), at most max_bytes.
 
 The sandbox has no other way out and no resolver: the proxy decides what is reachable, and the
-manifest (control/tools/fetch_url.json) declares the only host it may ever be granted. Errors,
+manifest (ringfence_server/control/tools/fetch_url.json) declares the only host it may ever be granted. Errors,
 for the runner's retry layer (like credit's):
 
   no answer (refused, reset, cut mid-reply), 5xx (the server's, or the proxy's 502/504)  transient

@@ -12,7 +12,7 @@ key it carries, the ledger's answers and their classes are exactly credit's:
 
 The reason travels to the ledger, which keeps it with the credit (and counts the same key with
 another reason as a reused key). Its effects are looked up with credit_lookup
-(control/tools/issue_credit.json `reconcile`).
+(ringfence_server/control/tools/issue_credit.json `reconcile`).
 """
 
 from ringfence_tool import ToolError, load_tool

@@ -11,7 +11,7 @@ observation, durably in the run's event log, from which a client takes the file 
 of the call's observation). /output is a name space, not a directory of this sandbox.
 
 Paths follow read_file's rules, checked here and, before the call runs, by resource policy
-against the manifest's root (control/tools/write_file.json `paths`): relative to /output or
+against the manifest's root (ringfence_server/control/tools/write_file.json `paths`): relative to /output or
 absolute under it, no "..", no empty name, no NUL or control characters, a file (no trailing
 "/"), at most 1024 bytes and 255 per component.
 """

@@ -1,0 +1,244 @@
+"""`AsyncClient`: the same API as `Client` on grpc.aio, for callers on an asyncio loop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, Generic, TypeVar
+
+import grpc
+from tenacity import AsyncRetrying
+
+from ringfence import _wire as W
+from ringfence.model import Approval, Event, Observation, PlanStep, ProposedCall, RunView, ToolView
+from ringfence.options import (
+    DEFAULT_RETRY,
+    DownloadedFiles,
+    RetryPolicy,
+    TlsConfig,
+    UploadResult,
+    WorkspaceOptions,
+)
+from ringfence.plans import Claim, EvidenceRecord, PlanView, Report, Verdict
+from ringfence.routing import Decision
+
+__all__ = ["AsyncClient", "AsyncStream"]
+
+T = TypeVar("T")
+
+
+class AsyncStream(Generic[T]):
+    """A server stream as an async iterator of model values; `cancel()` ends it."""
+
+    def __init__(self, call: Any, decode: Callable[[Any], T]) -> None:
+        self._call = call
+        self._decode = decode
+        self._cancelled = False
+
+    async def __aiter__(self) -> AsyncIterator[T]:
+        try:
+            async for message in self._call:
+                yield self._decode(message)
+        except asyncio.CancelledError:
+            if self._cancelled:  # grpc.aio ends a cancelled call this way
+                return
+            raise
+        except grpc.RpcError as e:
+            if self._cancelled and e.code() == grpc.StatusCode.CANCELLED:
+                return
+            raise W.translate(e) from e
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        self._call.cancel()
+
+    async def __aenter__(self) -> AsyncStream[T]:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.cancel()
+
+
+class AsyncClient:
+    """`Client`'s methods as coroutines (streams as async iterators), with the same deadlines,
+    trace context, retries and exceptions. Create it on the loop that will use it:
+    `async with AsyncClient(target, token) as c: ...`."""
+
+    def __init__(
+        self,
+        target: str,
+        token: str | None = None,
+        *,
+        tls: TlsConfig | None = None,
+        timeout: float = 30.0,
+        stream_timeout: float | None = 600.0,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        options: Sequence[tuple[str, Any]] = (),
+        metadata: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        if timeout <= 0 or (stream_timeout is not None and stream_timeout <= 0):
+            raise ValueError("deadlines must be positive (stream_timeout=None: streams without one)")
+        channel_options = [*options, *(tls.channel_options() if tls else [])]
+        if tls is not None:
+            self.channel = grpc.aio.secure_channel(target, tls.credentials(), options=channel_options)
+        else:
+            self.channel = grpc.aio.insecure_channel(target, options=channel_options)
+        self.token = token
+        self.timeout = timeout
+        self.stream_timeout = stream_timeout
+        self.retry_policy = retry
+        self.extra_metadata = tuple(metadata)
+        self.stubs = W.make_stubs(self.channel)
+        """The generated stubs, for raw calls (W.Stubs)."""
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return W.call_metadata(self.token, self.extra_metadata)
+
+    async def _send(self, rpc: W.Unary[T], timeout: float | None) -> T:
+        method = getattr(getattr(self.stubs, rpc.service), rpc.method)
+        deadline = W.Deadline(timeout or self.timeout)
+
+        async def attempt() -> T:
+            try:
+                response = await method(rpc.request, metadata=self.metadata(), timeout=deadline.attempt_timeout())
+            except grpc.RpcError as e:
+                raise W.translate(e) from e
+            return rpc.decode(response)
+
+        if not rpc.retryable or self.retry_policy.attempts == 1:
+            return await attempt()
+        return await AsyncRetrying(**W.retry_kwargs(self.retry_policy, deadline, rpc.method))(attempt)
+
+    def _open(self, rpc: W.ServerStream[T], timeout: float | None) -> AsyncStream[T]:
+        method = getattr(getattr(self.stubs, rpc.service), rpc.method)
+        return AsyncStream(method(rpc.request, metadata=self.metadata(), timeout=timeout or self.stream_timeout),
+                           rpc.decode)
+
+    async def close(self) -> None:
+        await self.channel.close(None)  # grace=None: cancel the calls still in flight at once
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- ToolService ------------------------------------------------------------------------
+
+    async def list_tools(self, query: str = "", *, timeout: float | None = None) -> list[ToolView]:
+        return await self._send(W.list_tools(query), timeout)
+
+    # -- RunService -------------------------------------------------------------------------
+
+    async def start_run(self, goal: str, run_id: str | None = None, *, workspace: bool | WorkspaceOptions = False,
+                        timeout: float | None = None) -> RunView:
+        return await self._send(W.start_run(goal, run_id, workspace), timeout)
+
+    async def get_run(self, run_id: str, *, timeout: float | None = None) -> RunView:
+        return await self._send(W.get_run(run_id), timeout)
+
+    async def list_runs(self, *, timeout: float | None = None) -> list[RunView]:
+        return await self._send(W.list_runs(), timeout)
+
+    async def finish_run(self, run_id: str, *, timeout: float | None = None) -> RunView:
+        return await self._send(W.finish_run(run_id), timeout)
+
+    async def cancel_run(self, run_id: str, *, timeout: float | None = None) -> RunView:
+        return await self._send(W.cancel_run(run_id), timeout)
+
+    async def submit_batch(self, run_id: str, calls: Sequence[ProposedCall | Mapping[str, Any]],
+                           batch_id: str | None = None, *, timeout: float | None = None) -> list[Observation]:
+        return await self._send(W.submit_batch(run_id, calls, batch_id), timeout)
+
+    def execute_plan(self, run_id: str, steps: Sequence[PlanStep | Mapping[str, Any]],
+                     max_steps: int | None = None, *, timeout: float | None = None) -> AsyncStream[Event]:
+        return self._open(W.execute_plan(run_id, steps, max_steps), timeout)
+
+    def watch_run(self, run_id: str, from_seq: int = 0, *, timeout: float | None = None) -> AsyncStream[Event]:
+        return self._open(W.watch_run(run_id, from_seq), timeout)
+
+    # -- FileService ------------------------------------------------------------------------
+
+    async def upload_files(self, run_id: str, files: Mapping[str, bytes], dest: str = "", *,
+                           timeout: float | None = None) -> UploadResult:
+        """As Client.upload_files."""
+        return await self.upload_tar(run_id, W.pack_files(files), dest, timeout=timeout)
+
+    async def upload_tar(self, run_id: str, tar_bytes: bytes, dest: str = "", *,
+                         timeout: float | None = None) -> UploadResult:
+        """As Client.upload_tar."""
+        upload = W.Upload(run_id, dest, bytes(tar_bytes))
+        try:
+            response = await self.stubs.files.UploadFiles(upload.messages(), metadata=self.metadata(),
+                                                              timeout=timeout or self.timeout)
+        except grpc.RpcError as e:
+            raise W.translate(e) from e
+        return upload.decode(response)
+
+    async def download_files(self, run_id: str, paths: Sequence[str] = (), *, artifacts: bool = False,
+                             timeout: float | None = None) -> DownloadedFiles:
+        """As Client.download_files."""
+        request = W.download_files(run_id, paths, artifacts)
+        call = self.stubs.files.DownloadFiles(request, metadata=self.metadata(), timeout=timeout or self.timeout)
+        assembler = W.Assembler()
+        try:
+            async for chunk in call:
+                assembler.feed(chunk)
+        except grpc.RpcError as e:
+            raise W.translate(e) from e
+        except BaseException:
+            call.cancel()
+            raise
+        return assembler.result()
+
+    # -- ApprovalService --------------------------------------------------------------------
+
+    async def list_approvals(self, run_id: str | None = None, *, timeout: float | None = None) -> list[Approval]:
+        return await self._send(W.list_approvals(run_id), timeout)
+
+    def watch_approvals(self, *, timeout: float | None = None) -> AsyncStream[Approval]:
+        return self._open(W.watch_approvals(), timeout)
+
+    async def decide_approval(self, approval_id: str, approve: bool, reason: str = "", *, remember: bool = False,
+                              digest: str | None = None, timeout: float | None = None) -> Approval:
+        """`remember` (approve only): the exact call is approved for the rest of the run.
+        `digest`: the Approval.digest you judged; the server refuses the decision
+        (FailedPrecondition) if the pending call no longer has it."""
+        return await self._send(W.decide_approval(approval_id, approve, reason, remember, digest), timeout)
+
+    # -- PlanService and EvidenceService ----------------------------------------------------
+
+    async def run_evidence_plan(self, steps: Sequence[tuple[str, str]], max_steps: int, plan_id: str | None = None, *,
+                          timeout: float | None = None) -> Report:
+        """Run a plan of (key, evidence_ref) steps as the executor; the report keeps each step's
+        key and reference beside its claim. Resending `plan_id` returns the same report."""
+        return await self._send(W.run_evidence_plan(steps, max_steps, plan_id), timeout)
+
+    async def verify_report(self, plan_id: str, claims: Sequence[Claim], *, timeout: float | None = None) -> Verdict:
+        """As the verifier (role verifier): a new assessment of `claims` against the verifier's own evidence."""
+        return await self._send(W.verify_report(plan_id, claims), timeout)
+
+    async def get_plan(self, plan_id: str, *, timeout: float | None = None) -> PlanView:
+        return await self._send(W.get_plan(plan_id), timeout)
+
+    async def put_evidence(self, store: str, ref: str, value: str, *, timeout: float | None = None) -> EvidenceRecord:
+        """The next revision of `ref` in `store` ("executor": agents; "verifier": verifiers)."""
+        return await self._send(W.put_evidence(store, ref, value), timeout)
+
+    async def get_evidence(self, store: str, ref: str, *, timeout: float | None = None) -> list[EvidenceRecord]:
+        return await self._send(W.get_evidence(store, ref), timeout)
+
+    # -- RoutingService ---------------------------------------------------------------------
+
+    async def route_ticket(self, ticket_id: str, incident: str, service: str, symptom: str, *,
+                     correlation_id: str | None = None, reclassify: bool = False,
+                     timeout: float | None = None) -> Decision:
+        """Route a ticket to one specialist; a resent ticket id returns its recorded decision
+        (`replayed`) unless `reclassify`."""
+        return await self._send(W.route_ticket(ticket_id, incident, service, symptom, correlation_id, reclassify),
+                                 timeout)
+
+    async def get_routing(self, ticket_id: str, *, timeout: float | None = None) -> list[Decision]:
+        return await self._send(W.get_routing(ticket_id), timeout)

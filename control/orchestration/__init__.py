@@ -1,5 +1,0 @@
-"""Orchestration: everything between a proposal and its effect. See facade.py for the map."""
-
-from control.orchestration.facade import Orchestrator
-
-__all__ = ["Orchestrator"]

@@ -1,0 +1,474 @@
+"""`ringfence serve`: the control plane's gRPC server, until SIGINT or SIGTERM.
+
+Builds the config (embedded defaults, then --config), the tools (the built-in ones and the
+config's tool packages, ringfence_server.control.toolpkg.packages: a bad manifest, a limit over the caps or a
+name defined twice exits 2 before anything else starts), the SQLite event store in the state
+directory, the Docker sandbox backend, the runs' workspaces on the same engine
+(ringfence_server.sandbox.workspace.DockerWorkspaces: reaped at start and every workspace.reap_interval_s) and
+the Orchestrator; prints the address it listens on
+(one line on stdout, so a supervisor or a test can read the port when --listen ends in :0)
+and logs its version and the client versions it serves;
+serves; and on SIGINT/SIGTERM reports NOT_SERVING, lets in-flight calls finish for a few
+seconds, and closes everything.
+
+Exit codes: 0 after a clean shutdown, 2 for a bad configuration or arguments, 1 when the
+engine, the state directory or the address is not usable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the CLI imports this module: the server's dependencies load only to serve
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from ringfence_server.control.api.server import TlsOptions
+    from ringfence_server.control.config import Config
+    from ringfence_server.control.eventlog import EventHook
+    from ringfence_server.control.metrics import Metrics
+    from ringfence_server.control.orchestration import Orchestrator
+    from ringfence_server.control.registry import Registry
+    from ringfence_server.control.store.base import EventStore
+    from ringfence_server.control.toolpkg.packages import ToolPackage
+    from ringfence_server.sandbox.docker_backend import DockerBackend
+    from ringfence_server.sandbox.egress.proxy import ProxySettings
+    from ringfence_server.sandbox.pinned_images import Lock as ImageLock
+    from ringfence_server.sandbox.pool import PoolSettings
+    from ringfence_server.sandbox.workspace import DockerWorkspaces
+
+log = logging.getLogger("ringfence.serve")
+
+SHUTDOWN_GRACE_S = 5.0
+REAP_INTERVAL_S = 30.0  # how often a running server removes orphans (past their deadline label)
+# The plaintext dev tokens documented in ringfence_server/control/default_config.toml: public knowledge.
+PUBLIC_DEMO_TOKENS = ("demo-agent-token", "demo-approver-token", "demo-admin-token")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "serve",
+        help="run the gRPC control plane",
+        description=(
+            "Serve ringfence.v1 (with grpc.health.v1 and server reflection) until SIGINT or SIGTERM. "
+            "Without --config the embedded defaults are used: a demo tenant with public dev tokens."
+        ),
+    )
+    p.add_argument("--listen", default=None,
+                   help="host:port (default: the config's listen, 127.0.0.1:50051); port 0 picks one")
+    p.add_argument("--config", default=None, type=Path, help="ringfence.toml merged over the embedded defaults")
+    p.add_argument("--state-dir", default=None, type=Path,
+                   help="directory of the event log (default: the config's state_dir)")
+    p.add_argument("--database-url", default=None, metavar="postgresql://...",
+                   help="keep the event log in PostgreSQL instead of SQLite (default: the config's database_url); "
+                        "several `ringfence serve` processes may share one database and serve any run")
+    p.add_argument("--tls-cert", type=Path, help="PEM certificate chain: serve TLS")
+    p.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
+    p.add_argument("--tls-client-ca", type=Path, help="PEM CA: require client certificates it signed (mTLS)")
+    p.add_argument("--reap-every", default=REAP_INTERVAL_S, type=float, metavar="SECONDS",
+                   help="how often to remove orphaned containers (past their deadline, or of a dead instance) "
+                        f"(default {REAP_INTERVAL_S:g})")
+    p.add_argument("--metrics-listen", default=None, metavar="HOST:PORT",
+                   help="also serve Prometheus metrics at http://HOST:PORT/metrics (off by default)")
+    p.add_argument("--otlp-endpoint", default=None, metavar="HOST:PORT",
+                   help="export traces over OTLP/gRPC to this collector (plaintext to a loopback HOST:PORT or "
+                        "http://..., TLS to any other host or https://...; off by default)")
+    p.add_argument("--trace-console", action="store_true",
+                   help="also print every finished span on stdout, one JSON object a line (for debugging)")
+    p.add_argument("--log-format", choices=("text", "json"), default="text",
+                   help="text (default), or json: one JSON object per log line on stderr, including one line "
+                        "per event of every run (run id, call id, trace id; sizes and digests, never arguments "
+                        "or tool output)")
+    p.set_defaults(func=serve_command)
+
+
+def _tls(args: argparse.Namespace) -> TlsOptions | None:
+    from ringfence_server.control.api.server import TlsOptions
+
+    if not args.tls_cert and not args.tls_key:
+        if args.tls_client_ca:
+            raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
+        return None
+    if not (args.tls_cert and args.tls_key):
+        raise ValueError("--tls-cert and --tls-key go together")
+    for path in (args.tls_cert, args.tls_key, args.tls_client_ca):
+        if path is not None and not path.is_file():
+            raise ValueError(f"{path} is not a file")
+    return TlsOptions(args.tls_cert, args.tls_key, args.tls_client_ca)
+
+
+def _host_port(text: str, flag: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"{flag} must be HOST:PORT (e.g. 127.0.0.1:9464), not {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def _is_loopback(listen: str) -> bool:
+    from ringfence_server.control.netloc import is_loopback_host
+
+    return is_loopback_host(listen.rpartition(":")[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Setup:
+    """What `ringfence serve` reads and checks before it touches the engine (a mistake in any of
+    it is a configuration error: exit 2)."""
+
+    config: Config
+    listen: str
+    tools: list[ToolPackage]
+    registry: Registry
+    tls: TlsOptions | None
+    metrics_at: tuple[str, int] | None
+    otlp_endpoint: str | None
+
+
+@dataclasses.dataclass
+class _Running:
+    """What serve_command has started so far; close() stops it all, whatever happened. Each
+    part is recorded as soon as it exists, so that one which fails half-way is still closed."""
+
+    backend: DockerBackend
+    store: EventStore | None = None
+    orchestrator: Orchestrator | None = None
+    metrics: Metrics | None = None
+    tracing: TracerProvider | None = None
+    reaping: Periodic | None = None
+
+    def close(self) -> None:
+        """Stop what was started, users before what they use; tracing last."""
+        if self.reaping is not None:
+            self.reaping.stop()
+        if self.metrics is not None:
+            self.metrics.close()
+        if self.orchestrator is not None:
+            self.orchestrator.close()
+        if self.store is not None:
+            self.store.close()
+        self.backend.close()
+        if self.tracing is not None:
+            from ringfence_server.control.telemetry import shutdown_tracing
+
+            shutdown_tracing(self.tracing)  # after everything that may still end a span
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    from ringfence.errors import ConfigError
+    from ringfence_server.control.eventlog import configure_logging
+
+    configure_logging(getattr(args, "log_format", "text"))
+    try:
+        setup = _setup(args)
+    except (ConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if _refuses_exposure(setup):
+        return 2
+    started = _start_backend(setup.config, args)
+    if started is None:
+        return 1
+    backend, lock = started
+    running = _Running(backend)
+    try:
+        return _run(args, setup, lock, running)
+    except OSError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        running.close()
+
+
+def _setup(args: argparse.Namespace) -> _Setup:
+    """The config (with the command line's overrides), the tools and the listening options;
+    ConfigError or ValueError for a bad one, before anything starts."""
+    from ringfence_server.control.config import load_config
+
+    config = _configured(load_config(args.config), args)
+    listen = args.listen or config.listen
+    # The built-in tools and the config's tool packages, checked now (a bad manifest, a
+    # limit over the caps or a name defined twice is a configuration error: exit 2).
+    from ringfence_server.control.registry import Registry
+    from ringfence_server.control.toolpkg.packages import load_all
+
+    tools = load_all(config)
+    registry = Registry(t.manifest for t in tools)
+    tls = _tls(args)
+    metrics_at = _host_port(args.metrics_listen, "--metrics-listen") if args.metrics_listen else None
+    otlp_endpoint = getattr(args, "otlp_endpoint", None)
+    _check_otlp_endpoint(otlp_endpoint)
+    _warn_crash_point()
+    return _Setup(config, listen, tools, registry, tls, metrics_at, otlp_endpoint)
+
+
+def _configured(config: Config, args: argparse.Namespace) -> Config:
+    """The config with --state-dir and --database-url applied over it."""
+    if args.state_dir is not None:
+        config = dataclasses.replace(config, state_dir=args.state_dir.resolve())
+    if args.database_url is not None:
+        if not args.database_url.startswith(("postgresql://", "postgres://")):
+            raise ValueError("--database-url must be a postgresql:// URL")
+        config = dataclasses.replace(config, database_url=args.database_url)
+    return config
+
+
+def _check_otlp_endpoint(otlp_endpoint: str | None) -> None:
+    """--otlp-endpoint is HOST:PORT or a URL (ValueError otherwise)."""
+    if otlp_endpoint is not None and "://" not in otlp_endpoint:
+        try:
+            _host_port(otlp_endpoint, "--otlp-endpoint")
+        except ValueError:
+            # The URL form is allowed here, so the message names it (not _host_port's own).
+            raise ValueError(f"--otlp-endpoint must be HOST:PORT (e.g. 127.0.0.1:4317) or an http(s):// URL, "
+                             f"not {otlp_endpoint!r}") from None
+
+
+def _warn_crash_point() -> None:
+    """A warning on stderr when a crash point (a test's fault injection) is armed."""
+    from ringfence_server.control.orchestration.crashpoints import configured as crash_point_configured
+
+    if crash_point_configured():
+        print(f"warning: crash point {crash_point_configured()} armed: this process will kill itself there",
+              file=sys.stderr)
+
+
+def _refuses_exposure(setup: _Setup) -> bool:
+    """Past loopback: True (after an error on stderr) when the public demo tokens would be
+    served; a warning when the bearer tokens would travel in clear text."""
+    if _is_loopback(setup.listen):
+        return False
+    listen = setup.listen
+    public = [t for t in PUBLIC_DEMO_TOKENS if setup.config.principal_for_token(t) is not None]
+    if public:
+        print(f"error: refusing to serve the public demo tokens ({', '.join(public)}) on {listen}; "
+              "configure [tenants] in --config, or listen on 127.0.0.1", file=sys.stderr)
+        return True
+    if setup.tls is None:
+        print(f"warning: bearer tokens travel in clear text on {listen}; use --tls-cert/--tls-key", file=sys.stderr)
+    return False
+
+
+def _start_backend(config: Config, args: argparse.Namespace) -> tuple[DockerBackend, ImageLock] | None:
+    """The Docker sandbox backend (reaping orphans every --reap-every seconds) and the image lock
+    it runs; None (after an error on stderr) when the sandbox engine is not usable."""
+    from ringfence_server.sandbox.docker_backend import DockerBackend
+    from ringfence_server.sandbox.errors import SandboxError
+    from ringfence_server.sandbox.pinned_images import load_lock
+
+    try:
+        # One image lock for the backend and the workspaces' keepers: both run pinned images.
+        # The config's images dir (its own lock over the built-in one), else the built-in lock.
+        if config.images_dir is not None:
+            from ringfence_server.sandbox.pinned_images import lock_for
+
+            lock = lock_for(config.images_dir)
+        else:
+            lock = load_lock()
+        backend = DockerBackend(lock=lock, egress_settings=egress_settings(config), pool=pool_settings(config))
+        # A killed predecessor's containers go now; anything past its deadline label, while we run.
+        backend.start_reaper(args.reap_every)
+    except SandboxError as e:
+        print(f"error: the sandbox engine is not usable: {e}", file=sys.stderr)
+        return None
+    return backend, lock
+
+
+def _run(args: argparse.Namespace, setup: _Setup, lock: ImageLock, running: _Running) -> int:
+    """Tracing, the event store, the Orchestrator on `running.backend`, its event hooks and
+    workspace reaper, then the gRPC server until SIGINT/SIGTERM; the exit code. What it starts
+    is recorded in `running` for the caller to close."""
+    from ringfence_server.control.orchestration import Orchestrator
+    from ringfence_server.control.telemetry import configure_tracing
+
+    config = setup.config
+    # Always recording, exporting only when asked: a run's trace id is then in its log and
+    # its JSON log lines whether or not a collector is configured.
+    running.tracing = configure_tracing(setup.otlp_endpoint, getattr(args, "trace_console", False), record=True)
+    if setup.otlp_endpoint:
+        print(f"ringfence: exporting traces to {setup.otlp_endpoint} (OTLP/gRPC)", flush=True)
+    where = config.database_url or config.db_path
+    running.store = _open_event_store(config, where)
+    if running.store is None:
+        return 1
+    own = [f"{t.name} ({t.folder})" for t in setup.tools if t.folder is not None]
+    if own:
+        print(f"ringfence: tool packages: {', '.join(own)}", file=sys.stderr, flush=True)
+    orchestrator = running.orchestrator = Orchestrator.from_config(
+        config, running.backend, running.store, registry=setup.registry,
+        workspaces=workspaces(running.backend, lock, str(where)))
+    _attach_event_hooks(args, setup, running, orchestrator)
+    # Runs whose writer (another instance) died mid-way are taken over when its lease expires;
+    # after the hooks, so that what adoption appends is counted and logged too.
+    orchestrator.start_adopting(config.limits.lease_ttl_s)
+    # Workspaces whose run ended (or is unknown: a predecessor's) go now and on a timer.
+    running.reaping = Periodic("rf-ws-reaper", config.workspace.reap_interval_s, orchestrator.reap_workspaces,
+                               "reaping workspaces")
+    running.reaping.start()
+    return asyncio.run(_serve(setup.listen, orchestrator, config, setup.tls))
+
+
+def _open_event_store(config: Config, where: str | Path) -> EventStore | None:
+    """The event log at `where` (the database URL, else the SQLite file); None (after an error on
+    stderr) when it cannot be opened."""
+    from ringfence_server.control.store import open_store
+
+    try:
+        # PostgreSQL: a call waits this long for a connection, then is told UNAVAILABLE.
+        return (open_store(where, timeout_s=config.limits.store_timeout_s) if config.database_url
+                else open_store(where))
+    except Exception as e:  # noqa: BLE001 - sqlite3/psycopg/OSError: report, do not trace back
+        print(f"error: cannot open the event log at {_redact_url(str(where))}: {e}", file=sys.stderr)
+        return None
+
+
+def _attach_event_hooks(args: argparse.Namespace, setup: _Setup, running: _Running,
+                        orchestrator: Orchestrator) -> None:
+    """The Prometheus metrics (served at --metrics-listen) and the JSON event log lines
+    (--log-format json), as the orchestrator's event hooks."""
+    hooks: list[EventHook] = []
+    if setup.metrics_at is not None:
+        from ringfence_server.control.metrics import Metrics
+
+        metrics = running.metrics = Metrics()  # recorded before it serves: closed if that fails
+        hooks.append(metrics.observe)
+        bound = metrics.serve(*setup.metrics_at)
+        print(f"ringfence: metrics on http://{setup.metrics_at[0]}:{bound}/metrics", flush=True)
+    if getattr(args, "log_format", "text") == "json":
+        from ringfence_server.control.eventlog import EventLogger
+
+        hooks.append(EventLogger().observe)
+    if hooks:
+        from ringfence_server.control.eventlog import fan_out
+
+        orchestrator.on_event = hooks[0] if len(hooks) == 1 else fan_out(*hooks)
+
+
+async def _serve(listen: str, orchestrator: Orchestrator, config: Config, tls: TlsOptions | None) -> int:
+    from ringfence._version import __version__
+    from ringfence.wire import version
+    from ringfence_server.control.api.server import create_server
+
+    server, port = await create_server(listen, orchestrator, config, tls=tls)
+    await server.start()
+    host = listen.rpartition(":")[0]
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    # The handlers go in before the address is announced: a supervisor that reads the line and
+    # stops us at once must find them (a SIGTERM in between would be swallowed and the server hang).
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopping.set)
+    print(f"ringfence: serving ringfence.v1 on {host}:{port}{' (TLS)' if tls else ''}", flush=True)
+    # A log line of its own (stderr): the line above is parsed by supervisors and tests.
+    log.info("ringfence-server %s, serving clients %s", __version__, version.served_clients(__version__))
+    try:
+        await stopping.wait()
+        # Nothing of ours outlives us unwatched: the running calls' containers are killed first
+        # (each call is recorded `killed`, with why), then in-flight RPCs get the grace period.
+        killed = await asyncio.to_thread(orchestrator.backend.kill_all, "the control plane is shutting down")
+        log.info("shutting down: NOT_SERVING, %d running call(s) killed, %gs for in-flight RPCs",
+                 killed, SHUTDOWN_GRACE_S)
+        await server.stop(SHUTDOWN_GRACE_S)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    print("ringfence: stopped", flush=True)
+    return 0
+
+
+def workspaces(backend: DockerBackend, lock: ImageLock, store_address: str) -> DockerWorkspaces:
+    """The runs' workspaces on the backend's engine, their keepers from the same pinned images,
+    in the deployment scope of the event store at `store_address` (`deployment_scope`)."""
+    from ringfence_server.sandbox.workspace import DockerWorkspaces
+
+    return DockerWorkspaces(backend.client, lock, scope=deployment_scope(store_address))
+
+
+def deployment_scope(store_address: str) -> str:
+    """The deployment a server belongs to on a shared engine: a digest of its event store's
+    address (a PostgreSQL URL without its password; the SQLite file's path, which the config
+    makes absolute, so two state directories are two deployments).
+
+    Two deployments with different stores may each hold a run of the same key (tenant A's run
+    X): the scope is in their workspaces' names and labels, so neither finds, removes nor reaps
+    the other's. Every instance given the same address shares it, and so each other's
+    workspaces."""
+    import hashlib
+
+    return hashlib.sha256(_redact_url(store_address).encode()).hexdigest()[:16]
+
+
+class Periodic:
+    """`fn()` at once and then every `interval_s` on a daemon thread, until stop(). A failure is
+    logged and the next round tries again (the engine or the store may be down for a while)."""
+
+    def __init__(self, name: str, interval_s: float, fn: Callable[[], object], what: str) -> None:
+        self._fn = fn
+        self._what = what
+        self._interval_s = interval_s
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                self._fn()
+            except Exception as e:  # noqa: BLE001 - logged; the next round retries
+                log.warning("%s: %s", self._what, e)
+            if self._stopping.wait(self._interval_s):
+                return
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+
+
+def pool_settings(config: Config) -> PoolSettings | None:
+    """The warm pool's settings from the config's [pool] table (None: off)."""
+    if config.pool.size == 0:
+        return None
+    from ringfence_server.sandbox.pool import PoolSettings
+
+    return PoolSettings(size=config.pool.size, idle_s=config.pool.idle_s, max_shapes=config.pool.max_shapes)
+
+
+def egress_settings(config: Config) -> ProxySettings | None:
+    """The egress proxy's settings from the config's [egress] table (None: the defaults)."""
+    if not config.egress.services and not config.egress.networks:
+        return None
+    from ringfence_server.sandbox.egress.proxy import ProxySettings
+
+    return ProxySettings(services=dict(config.egress.services), service_networks=tuple(config.egress.networks))
+
+
+def _redact_url(text: str) -> str:
+    """A database URL without its password, for messages."""
+    scheme, sep, rest = text.partition("://")
+    if sep and "@" in rest:
+        userinfo, _, hostpart = rest.rpartition("@")
+        return f"{scheme}://{userinfo.split(':', 1)[0]}@{hostpart}"
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ringfence")
+    sub = parser.add_subparsers(dest="command", required=True)
+    register(sub)
+    args = parser.parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""`ringfence demo [reference|showcase|plan|routing|coding|all]`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+EPILOG = """\
+examples:
+  ringfence demo                    the reference incident-response agent (about a minute)
+  ringfence demo showcase           the sandbox alone: ordinary calls and attacks
+  ringfence demo plan               plan, execute, verify: steps=1 verified=true remediation=none
+  ringfence demo routing            supervisor routing: status=review route=latency evidence=fixture:L1
+  ringfence demo coding             a workspace: write a module and its test, run them (output live),
+                                      fix, run again, download the module
+  ringfence demo --workdir ./demo   keep the run's event log, then: ringfence runs show RUN_ID \\
+                                      --state-dir ./demo/state
+
+Needs a Docker engine and the pinned images (`make images`, or `make demo` does it all)."""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "demo", help="run the reference agent demo (or the sandbox showcase) end to end",
+        description="Run a demo end to end on this machine's Docker engine: real containers, a real "
+                    "gRPC control plane on a loopback port, nothing mocked but the model.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("which", nargs="?", choices=("reference", "showcase", "plan", "routing", "coding", "all"),
+                   default="reference",
+                   help="reference (default): the seven-turn incident-response agent; showcase: the "
+                        "sandbox alone; plan: an evidence plan checked by an independent verifier; "
+                        "routing: a ticket routed to a specialist; coding: an agent writes, tests, fixes "
+                        "and downloads a module in its run's workspace; all: every one")
+    p.add_argument("--workdir", type=Path, default=None,
+                   help="keep the demo's state (event log, /input) here instead of a temporary folder")
+    p.set_defaults(func=demo_command)
+
+
+def demo_command(args: argparse.Namespace) -> int:
+    if args.which == "showcase":
+        return _showcase()
+    if args.which == "all":
+        return run_all(args.workdir)
+    if args.which in ("plan", "routing"):
+        return _feature(args.which, args.workdir)
+    if args.which == "coding":
+        return _coding(args.workdir)
+    return _reference(args.workdir)
+
+
+def _showcase() -> int:
+    from ringfence_server.control.demo.showcase import main
+
+    return main()
+
+
+def _reference(workdir: Path | None) -> int:
+    from ringfence_server.control.demo.reference import run
+    from ringfence_server.sandbox.errors import SandboxError
+
+    try:
+        return run(workdir)
+    except SandboxError as e:
+        print(f"error: {e}\n(is the Docker engine up, and are the images built? `make images`)", file=sys.stderr)
+        return 1
+
+
+def _feature(which: str, workdir: Path | None) -> int:
+    from ringfence_server.control.demo import features
+    from ringfence_server.sandbox.errors import SandboxError
+
+    try:
+        run_feature: Callable[[Path | None], int] = getattr(features, which)  # features.plan or .routing
+        return run_feature(workdir)
+    except SandboxError as e:
+        print(f"error: {e}\n(is the Docker engine up, and are the images built? `make images`)", file=sys.stderr)
+        return 1
+
+
+def _coding(workdir: Path | None) -> int:
+    from ringfence_server.control.demo.coding import run
+    from ringfence_server.sandbox.errors import SandboxError
+
+    try:
+        return run(workdir)
+    except SandboxError as e:
+        print(f"error: {e}\n(is the Docker engine up, and are the images built? `make images`)", file=sys.stderr)
+        return 1
+
+
+def run_all(workdir: Path | None = None) -> int:
+    failed = _showcase()
+    print("\n" + "-" * 100 + "\n", flush=True)
+    failed = _reference(workdir) or failed
+    for which in ("plan", "routing"):
+        print("\n" + "-" * 100 + "\n", flush=True)
+        failed = _feature(which, None) or failed
+    print("\n" + "-" * 100 + "\n", flush=True)
+    return _coding(None) or failed
