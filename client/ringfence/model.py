@@ -85,6 +85,7 @@ class ObservationStatus(enum.StrEnum):
     DEDUPLICATED = "deduplicated"
     HALTED = "halted"
     WITHHELD = "withheld"  # the tool ran; the result guardrail withheld its result
+    INVALID = "invalid"  # the agent loop's, never the server's: refused before admission, never ran
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,7 @@ class RunOutcome(enum.StrEnum):
     CANCELLED = "cancelled"
     ERROR = "error"
     UNCERTAIN = "uncertain"
+    MODEL_TRUNCATED = "model_truncated"  # the agent loop's: the model's response was cut by its length limit
 
 
 @dataclass(frozen=True)

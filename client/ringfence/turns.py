@@ -15,6 +15,7 @@ usage is believed only upwards (see ringfence.agent).
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -33,6 +34,7 @@ __all__ = [
     "ModelTurn",
     "ScriptExhausted",
     "ScriptedModel",
+    "StopReason",
     "TokenUsage",
     "ToolCall",
     "TurnRecord",
@@ -77,11 +79,23 @@ class ToolCall:
     call_id: str = ""
     """The model's id for the call; the loop makes it unique in the run on the wire and hands
     results back under this id. Empty: the loop numbers the call."""
+    invalid_arguments: str | None = None
+    """Set by a model adapter when the model's arguments were not a JSON object (then
+    `arguments` is empty): what was wrong, quoting (the start of) what the model wrote. The loop
+    never sends such a call: it shows the model an `invalid` observation saying so, for the model
+    to repair on its next turn (ToolCall.malformed)."""
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("a tool call needs a name")
         object.__setattr__(self, "arguments", MappingProxyType(plain(self.arguments)))
+
+    @classmethod
+    def malformed(cls, name: str, raw_arguments: str, problem: str, call_id: str = "") -> ToolCall:
+        """A call whose arguments the model wrote as something other than a JSON object."""
+        quoted = raw_arguments if len(raw_arguments) <= 200 else raw_arguments[:200] + "..."
+        return cls(name or "?", {}, call_id,
+                   invalid_arguments=f"the arguments are not a JSON object ({problem}): {quoted!r}")
 
     def signature(self) -> tuple[str, str]:
         """(name, canonical arguments): what makes two proposals "the same call"."""
@@ -93,19 +107,45 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class TokenUsage:
-    """Tokens of one model turn, as the model's provider counted them."""
+    """Tokens of one model turn, as the model's provider counted them.
+
+    `input_tokens` counts every input token, those served from the provider's prompt cache
+    included; `cached_input_tokens` says how many of them were (never more than input_tokens).
+    Adapters normalise to this (OpenAI reports cached tokens inside prompt_tokens; Anthropic
+    reports cache reads and writes beside input_tokens), so a cached token is counted once."""
 
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_input_tokens: int = 0
 
     def __post_init__(self) -> None:
-        if self.input_tokens < 0 or self.output_tokens < 0:
+        if self.input_tokens < 0 or self.output_tokens < 0 or self.cached_input_tokens < 0:
             raise ValueError("token counts cannot be negative")
+        if self.cached_input_tokens > self.input_tokens:
+            raise ValueError("cached input tokens are part of input_tokens: they cannot exceed it")
+
+
+class StopReason(enum.StrEnum):
+    """Why the model stopped, normalised across providers (the raw value is kept beside it:
+    ModelTurn.finish_reason)."""
+
+    END_TURN = "end_turn"
+    """It finished: a final answer (OpenAI "stop", Anthropic "end_turn" / "stop_sequence")."""
+    TOOL_CALLS = "tool_calls"
+    """It asks for tool calls (OpenAI "tool_calls", Anthropic "tool_use")."""
+    LENGTH = "length"
+    """Cut by the output token limit (OpenAI "length", Anthropic "max_tokens"): whatever it was
+    writing, an answer or a tool call, is incomplete. The loop never sends nor completes on it."""
+    CONTENT_FILTER = "content_filter"
+    """The provider withheld the output (OpenAI "content_filter", Anthropic "refusal")."""
+    OTHER = "other"
+    """Anything else the provider said (kept raw in finish_reason)."""
 
 
 @dataclass(frozen=True)
 class ModelTurn:
-    """What the model answered in one turn: tool calls to make, or a final answer."""
+    """What the model answered in one turn: tool calls to make, or a final answer; or, when its
+    output was cut by the length limit, neither (`truncated`)."""
 
     tool_calls: tuple[ToolCall, ...] = ()
     """The calls of this turn; they go to the control plane as one batch."""
@@ -113,11 +153,25 @@ class ModelTurn:
     """Set (and tool_calls empty) when the model is done."""
     usage: TokenUsage | None = None
     """The provider's count for this turn, when it reports one."""
+    stop_reason: StopReason | None = None
+    """Why the model stopped, normalised; None when the model does not say (ScriptedModel)."""
+    finish_reason: str = ""
+    """The provider's own word for it, as it sent it ("stop", "tool_calls", "max_tokens", ...)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tool_calls", tuple(self.tool_calls))
+        if self.stop_reason is StopReason.LENGTH:
+            # Cut short: what was being written is incomplete, so nothing of it may be acted on.
+            if self.tool_calls or self.final_answer is not None:
+                raise ValueError("a truncated turn carries no tool calls and no final answer")
+            return
         if bool(self.tool_calls) == (self.final_answer is not None):
             raise ValueError("a model turn has tool calls or a final answer, exactly one of them")
+
+    @property
+    def truncated(self) -> bool:
+        """The output was cut by the length limit: the loop ends the run model_truncated."""
+        return self.stop_reason is StopReason.LENGTH
 
     @classmethod
     def calls(cls, *calls: ToolCall, usage: TokenUsage | None = None) -> ModelTurn:
@@ -126,6 +180,11 @@ class ModelTurn:
     @classmethod
     def answer(cls, text: str, usage: TokenUsage | None = None) -> ModelTurn:
         return cls(final_answer=text, usage=usage)
+
+    @classmethod
+    def cut(cls, finish_reason: str, usage: TokenUsage | None = None) -> ModelTurn:
+        """A response cut by the length limit (in a tool call or an answer)."""
+        return cls(usage=usage, stop_reason=StopReason.LENGTH, finish_reason=finish_reason)
 
     def render(self) -> str:
         """The turn's output as text, for estimating output tokens a model did not report."""
@@ -178,6 +237,9 @@ class AgentContext:
     """Facts recalled for the goal (ringfence.context.RecalledFact)."""
     compactions: int = 0
     """Compactions so far in this run of the loop."""
+    deadline: float | None = None
+    """The time.monotonic() by which the run must end (AgentLoop's max_duration_s), None for
+    none: a model adapter's request deadline never passes it."""
 
     def render(self) -> str:
         """The whole context as canonical JSON text: what a real adapter would send, and what

@@ -196,7 +196,8 @@ def test_public_exports_are_pinned():
         "__version__"])
     assert sorted(ringfence.agent.__all__) == sorted([
         "AgentLoop", "AgentResult", "AgentContext", "ModelClient", "ModelTurn", "ScriptedModel",
-        "ScriptExhausted", "TokenUsage", "ToolCall", "TurnRecord", "estimate_tokens", "batch_id_for"])
+        "ScriptExhausted", "TokenUsage", "ToolCall", "TurnRecord", "estimate_tokens", "batch_id_for",
+        "AsyncAgentLoop", "AsyncModelClient", "StopReason"])
     for name in ringfence.__all__:
         assert getattr(ringfence, name) is not None
     # One hierarchy: the SDK's exceptions are ringfence.errors' own classes.

@@ -19,10 +19,10 @@ def test_model_exports_are_pinned():
         "PlanStep", "WorkspaceRequest", "WorkspaceView"])
     assert [s.value for s in model.ObservationStatus] == [
         "executed", "denied", "blocked", "declined", "unknown_tool", "pending_approval", "deduplicated", "halted",
-        "withheld"]
+        "withheld", "invalid"]
     assert [o.value for o in model.RunOutcome] == [
         "completed", "loop_detected", "guardrail_stop", "budget_exhausted", "deadline_exceeded", "cancelled",
-        "error", "uncertain"]
+        "error", "uncertain", "model_truncated"]
 
 
 def test_errors_are_one_hierarchy():

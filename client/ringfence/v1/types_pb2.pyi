@@ -56,6 +56,11 @@ class _ObservationStatusEnumTypeWrapper(google.protobuf.internal.enum_type_wrapp
     """A guardrail halted the run; the call never ran."""
     OBSERVATION_STATUS_WITHHELD: _ObservationStatus.ValueType  # 9
     """The tool ran (executed = true), but the result guardrail withheld its result (a secret)."""
+    OBSERVATION_STATUS_INVALID: _ObservationStatus.ValueType  # 10
+    """Never sent by the server: the client's agent loop shows it to the model for a proposal
+    refused before admission (arguments that were not a JSON object, or a batch the server
+    answered INVALID_ARGUMENT, with the violation); it never ran.
+    """
 
 class ObservationStatus(_ObservationStatus, metaclass=_ObservationStatusEnumTypeWrapper):
     """How a proposed call ended, from the caller's point of view."""
@@ -82,6 +87,11 @@ OBSERVATION_STATUS_HALTED: ObservationStatus.ValueType  # 8
 """A guardrail halted the run; the call never ran."""
 OBSERVATION_STATUS_WITHHELD: ObservationStatus.ValueType  # 9
 """The tool ran (executed = true), but the result guardrail withheld its result (a secret)."""
+OBSERVATION_STATUS_INVALID: ObservationStatus.ValueType  # 10
+"""Never sent by the server: the client's agent loop shows it to the model for a proposal
+refused before admission (arguments that were not a JSON object, or a batch the server
+answered INVALID_ARGUMENT, with the violation); it never ran.
+"""
 Global___ObservationStatus: typing_extensions.TypeAlias = ObservationStatus
 
 class _RunStatus:
@@ -119,6 +129,10 @@ class _RunOutcomeEnumTypeWrapper(google.protobuf.internal.enum_type_wrapper._Enu
     RUN_OUTCOME_CANCELLED: _RunOutcome.ValueType  # 6
     RUN_OUTCOME_ERROR: _RunOutcome.ValueType  # 7
     RUN_OUTCOME_UNCERTAIN: _RunOutcome.ValueType  # 8
+    RUN_OUTCOME_MODEL_TRUNCATED: _RunOutcome.ValueType  # 9
+    """Never sent by the server: the client's agent loop ended the run because the model's
+    response was cut by its output limit (in a tool call or an answer); the run was cancelled.
+    """
 
 class RunOutcome(_RunOutcome, metaclass=_RunOutcomeEnumTypeWrapper): ...
 
@@ -132,6 +146,10 @@ RUN_OUTCOME_DEADLINE_EXCEEDED: RunOutcome.ValueType  # 5
 RUN_OUTCOME_CANCELLED: RunOutcome.ValueType  # 6
 RUN_OUTCOME_ERROR: RunOutcome.ValueType  # 7
 RUN_OUTCOME_UNCERTAIN: RunOutcome.ValueType  # 8
+RUN_OUTCOME_MODEL_TRUNCATED: RunOutcome.ValueType  # 9
+"""Never sent by the server: the client's agent loop ended the run because the model's
+response was cut by its output limit (in a tool call or an answer); the run was cancelled.
+"""
 Global___RunOutcome: typing_extensions.TypeAlias = RunOutcome
 
 class _ApprovalStatus:

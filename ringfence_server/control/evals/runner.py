@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ringfence import Approver, Client
-from ringfence.agent import AgentLoop, AgentResult
+from ringfence.agent import AgentContext, AgentLoop, AgentResult, ModelClient, ModelTurn, ToolCall
 from ringfence_server.control.demo.stack import DemoStack
 from ringfence_server.control.evals.compare import RunRecord
 from ringfence_server.control.evals.scoring import Case, Score, counted_calls, failed_run, score
@@ -93,6 +93,9 @@ class CaseRun:
     semantics: dict[str, Any]
     score: Score
     seconds: float
+    proposals: tuple[tuple[ToolCall, ...], ...] = ()
+    """The calls the model proposed, turn by turn (a turn that answered: none), as it proposed them:
+    what `ringfence eval --model` compares (ringfence_server.control.evals.models)."""
 
     @property
     def passed(self) -> bool:
@@ -124,28 +127,43 @@ def _dispatched(agent: Client, run_id: str, timeout: float = 15.0) -> set[str] |
     return None
 
 
+class _Proposals:
+    """The case's model, its proposals kept turn by turn."""
+
+    def __init__(self, model: ModelClient) -> None:
+        self.model = model
+        self.calls: list[tuple[ToolCall, ...]] = []
+
+    def next_turn(self, context: AgentContext) -> ModelTurn:
+        turn = self.model.next_turn(context)
+        self.calls.append(turn.tool_calls)
+        return turn
+
+
 def run_case(case: Case, env: EvalEnv, agent: Client, approver: Client | None, index: int = 1) -> CaseRun:
     started = time.monotonic()
+    model: _Proposals | None = None
     try:
         if case.effects:
             env.mark()
-        model = case.model(env)
+        model = _Proposals(case.model(env))
         loop = AgentLoop(agent, model, goal=case.goal, **case.options.loop_kwargs())
         with (Approver(approver, case.approver) if case.approver is not None and approver is not None
               else contextlib.nullcontext()):
             result = loop.run()
     except Exception as e:  # noqa: BLE001 - a run that raises fails its case; the suite goes on
         return CaseRun(case.name, index, None, {"error": type(e).__name__}, failed_run(e),
-                       time.monotonic() - started)
+                       time.monotonic() - started, tuple(model.calls) if model is not None else ())
     dispatched = _dispatched(agent, result.run_id) if result.run_id else None
     semantics = record(result, dispatched)
     return CaseRun(case.name, index, result, semantics, score(case, result, semantics, env),
-                   time.monotonic() - started)
+                   time.monotonic() - started, tuple(model.calls))
 
 
 def run_suite(cases: Sequence[Case], env: EvalEnv, *, repeat: int = 1,
-              progress: Callable[[str], None] | None = None) -> list[CaseRun]:
-    """Every case, `repeat` times each (case by case), one after the other on one server."""
+              progress: Callable[[str], None] | None = None, label: str = "eval") -> list[CaseRun]:
+    """Every case, `repeat` times each (case by case), one after the other on one server.
+    `label` starts each progress line ("eval", or the real model's for `--model`)."""
     if repeat < 1:
         raise ValueError("repeat must be at least 1")
     say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
@@ -159,7 +177,7 @@ def run_suite(cases: Sequence[Case], env: EvalEnv, *, repeat: int = 1,
                 runs.append(run)
                 rep = f" run {i}/{repeat}" if repeat > 1 else ""
                 verdict = "pass" if run.passed else "FAIL: " + "; ".join(run.score.notes())
-                say(f"eval [{n:>{width}}/{len(cases)}] {case.name}{rep}: "
+                say(f"{label} [{n:>{width}}/{len(cases)}] {case.name}{rep}: "
                     f"{run.semantics.get('outcome', 'raised')} in {run.seconds:.1f} s, {verdict}")
     return runs
 
