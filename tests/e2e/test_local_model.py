@@ -65,8 +65,9 @@ def served(tmp_path_factory: pytest.TempPathFactory, pinned_images: object) -> I
 
 
 def chat(server: LocalModelServer, tool_choice: str, max_output_tokens: int = 128) -> OpenAIChatModel:
+    # tool_results="user": llama-cpp-python's function-calling template drops `tool` messages.
     return OpenAIChatModel(server.model, base_url=server.base_url, api_key_env=None, tool_choice=tool_choice,
-                           temperature=0.0, max_output_tokens=max_output_tokens)
+                           temperature=0.0, max_output_tokens=max_output_tokens, tool_results="user")
 
 
 def drive(served: Served, model: ModelClient, max_turns: int) -> tuple[AgentResult, Recording, list[TurnRecord],

@@ -73,8 +73,9 @@ def local_models(server: LocalModelServer, steering: Sequence[str] = STEERING,
         raise LocalModelMissing(f"the local model needs the `openai` package ({e}): {INSTALL_HINT}") from None
 
     def model(choice: str) -> ModelClient:
+        # tool_results="user": llama-cpp-python's function-calling template drops `tool` messages.
         return OpenAIChatModel(server.model, base_url=server.base_url, api_key_env=None, tool_choice=choice,
-                               temperature=0.0, max_output_tokens=max_output_tokens)
+                               temperature=0.0, max_output_tokens=max_output_tokens, tool_results="user")
 
     return Steered([model(tool) for tool in steering], model("auto"))
 
