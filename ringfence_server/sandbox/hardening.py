@@ -9,20 +9,28 @@ from __future__ import annotations
 
 from ringfence_server.sandbox.profile import SandboxProfile
 
-# Under gVisor the host's pids cgroup counts the sentry's own tasks, not the tool's: about 48
-# threads at start, and more for each tool process's address-space stub. The tool's own budget
-# is RLIMIT_NPROC inside the sentry (threads included); the host limit bounds the runtime. A
-# fork bomb at the tool's budget can still make the sentry's stubs spike past it (measured:
-# even a host limit of 640 for 32 tool tasks), and a sentry that cannot get a thread dies
-# (exit 2, the whole sandbox gone): the call is then `killed` by its runtime (ringfence_server.sandbox.witness),
-# never the tool's error, and the host is unaffected.
-GVISOR_PIDS_OVERHEAD = 64
+# Under gVisor the host's pids cgroup counts the sentry's own tasks, not the tool's. The tool's
+# budget is RLIMIT_NPROC inside the sentry (threads included); the host limit bounds the runtime,
+# and must leave it room: a sentry that cannot get a thread dies (exit 2, the whole sandbox gone,
+# the call `killed` by its runtime: ringfence_server.sandbox.witness). runsc's ptrace platform
+# spends host tasks per tool task (an address-space stub per process, a stub thread per sentry
+# thread that ran it) and the Go runtime adds threads when the host is busy. Measured on 2 cores,
+# sampling the container's pids.current while the battery's probes ran 3 sandboxes at a time:
+# 32 tool threads peak at 60 host tasks idle and 145 with both cores busy; 32 tool processes at
+# 201-246. The old `pids + 64` (96 for 32) killed
+# the sentry of a 32-thread tool about once in ten runs on a busy host. So: eight host tasks per
+# tool task plus a base, capped so that one sandbox never holds more host tasks than the largest
+# runc budget (pids ≤ 4096) plus the base. Past the cap (pids > 512) a fork bomb can still starve
+# the sentry: killed by its runtime, never the tool's error, the host unaffected.
+GVISOR_HOST_TASKS_PER_TOOL_TASK = 8
+GVISOR_BASE_TASKS = 256
+GVISOR_HOST_TASKS_CAP = 4096 + GVISOR_BASE_TASKS
 
 
 def engine_pids_limit(profile: SandboxProfile) -> int:
-    """The pids limit the engine enforces for `profile` (see GVISOR_PIDS_OVERHEAD)."""
+    """The pids limit the engine enforces for `profile` (under gVisor, the sentry's: see above)."""
     if profile.runtime == "gvisor":
-        return profile.pids + GVISOR_PIDS_OVERHEAD
+        return min(profile.pids * GVISOR_HOST_TASKS_PER_TOOL_TASK + GVISOR_BASE_TASKS, GVISOR_HOST_TASKS_CAP)
     return profile.pids
 
 

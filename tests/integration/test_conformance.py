@@ -27,8 +27,10 @@ from ringfence_server.conformance.cases import CASES, NOT_INCLUDED, TITLES
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-# docs/escape-battery.md, "Known gaps": what gVisor (runsc 20221219) cannot close.
-GVISOR_FINDINGS = {"13", "30", "42"}
+# docs/escape-battery.md, "Known gaps": what gVisor (runsc 20221219) cannot close. Case 30 is
+# not among them: with the sentry's host limit sized for it, the fork counter meets the tool's
+# budget first (a sentry that still dies would be XFAIL, and this test would say so).
+GVISOR_FINDINGS = {"13", "42"}
 
 
 def conformance(*args: str, timeout: float = 600) -> tuple[subprocess.CompletedProcess[str], float]:
@@ -41,6 +43,11 @@ def conformance(*args: str, timeout: float = 600) -> tuple[subprocess.CompletedP
 def document(proc: subprocess.CompletedProcess[str]) -> dict:
     assert proc.stdout.strip(), f"no output (exit {proc.returncode}): {proc.stderr[-3000:]}"
     return json.loads(proc.stdout)
+
+
+def not_passed(doc: dict) -> str:
+    """The cases that did not pass, with their details: what a failure message should show."""
+    return json.dumps([c for c in doc["cases"] if c["status"] != "PASS"], indent=1)
 
 
 def statuses(doc: dict) -> dict[str, str]:
@@ -64,7 +71,7 @@ def test_the_built_in_tool_image_passes(runtime, pinned_images):
     proc, took = conformance("--runtime", runtime, "--json")
     doc = document(proc)
     print(f"conformance --runtime {runtime}: {took:.1f} s (the run's own count: {doc['duration_s']} s)")
-    assert proc.returncode == 0, json.dumps([c for c in doc["cases"] if c["status"] != "PASS"], indent=1)
+    assert proc.returncode == 0, not_passed(doc)
     assert doc["ok"] is True and doc["failed"] == []
     assert (doc["image"], doc["image_id"], doc["runtime"]) == ("tool", pinned_images.image_id("tool"), runtime)
     # Every included case ran and passed; under gVisor its two documented gaps are XFAIL.
@@ -87,7 +94,7 @@ def test_an_image_with_a_setuid_root_shell_fails_case_4_image(bad_images):
     doc = document(proc)
     print(f"conformance --image setuid-shell: {took:.1f} s")
     assert proc.returncode == 1, proc.stderr[-2000:]
-    assert doc["ok"] is False and doc["failed"] == ["4.image"]
+    assert doc["ok"] is False and doc["failed"] == ["4.image"], not_passed(doc)
     [case] = [c for c in doc["cases"] if c["case"] == "4.image"]
     assert case["detail"] == "1 privileged file(s): /usr/local/bin/rootsh (setuid 0:0 4755)"
     # The sandbox itself holds: the shell is found and run, and no-new-privileges keeps euid 10001.
