@@ -60,12 +60,13 @@ test: venv lint images gvisor postgres local-model ## lint, then run every test:
 test-unit: venv ## the fast tests that need no Docker
 	$(VENV)/bin/pytest tests/unit
 
-demo: venv images ## build the images, then the sandbox showcase, the reference agent demo, the plan and routing demos, and the coding demo (a run's workspace), end to end
+demo: venv images ## build the images, then the sandbox showcase, the reference agent demo, the plan and routing demos, the coding demo (a run's workspace) and an MCP client calling the tools, end to end
 	$(VENV)/bin/ringfence demo showcase
 	$(VENV)/bin/ringfence demo
 	$(VENV)/bin/ringfence demo plan
 	$(VENV)/bin/ringfence demo routing
 	$(VENV)/bin/ringfence demo coding
+	$(VENV)/bin/ringfence demo mcp
 
 demo-local: venv images local-model ## the reference agent driven by a real local model (Gemma 3 270M) through the real server
 	$(VENV)/bin/ringfence demo --model local

@@ -33,12 +33,19 @@ class Served:
         stdout, stderr = self.proc.stdout, self.proc.stderr
         self.lines: list[str] = []
         first = threading.Event()
+        self._more = threading.Condition()  # notified at each line and at the end of stdout
+        self._ended = False
 
         def read() -> None:
             for line in stdout:
-                self.lines.append(line.rstrip("\n"))
+                with self._more:
+                    self.lines.append(line.rstrip("\n"))
+                    self._more.notify_all()
                 if line.startswith("ringfence: serving"):
                     first.set()
+            with self._more:
+                self._ended = True
+                self._more.notify_all()
             first.set()
 
         self._reader = threading.Thread(target=read, daemon=True)
@@ -48,6 +55,17 @@ class Served:
             self.stop()
             raise AssertionError(f"no address printed; stderr: {stderr.read()[-2000:]}")
         self.address = serving[0].split(" on ", 1)[1].split()[0]
+
+    def line_starting(self, prefix: str, timeout: float = 60) -> str:
+        """The first stdout line that starts with `prefix`, waited for (AssertionError, with
+        stderr's end, when stdout ends or `timeout` passes first)."""
+        with self._more:
+            found = self._more.wait_for(
+                lambda: any(line.startswith(prefix) for line in self.lines) or self._ended, timeout)
+            lines = [line for line in self.lines if line.startswith(prefix)]
+        if found and lines:
+            return lines[0]
+        raise AssertionError(f"no line {prefix!r} on stdout: {self.lines[-5:]}")
 
     def stop(self) -> int:
         if self.proc.poll() is None:

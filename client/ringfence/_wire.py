@@ -201,6 +201,13 @@ def watch_approvals() -> ServerStream[Approval]:
                         convert.approval_from_proto)
 
 
+def withdraw_approval(run_id: str, approval_id: str, reason: str) -> Unary[Observation]:
+    # Not retried: a withdrawal that took effect answers a resend FAILED_PRECONDITION (it is
+    # withdrawn), so a retry after a lost response would turn success into an error.
+    request = runs_pb2.WithdrawApprovalRequest(run_id=run_id, approval_id=approval_id, reason=reason)
+    return Unary(RUNS, "WithdrawApproval", request, convert.observation_from_proto)
+
+
 def decide_approval(approval_id: str, approve: bool, reason: str, remember: bool,
                     digest: str | None) -> Unary[Approval]:
     decision = approvals_pb2.DECISION_APPROVE if approve else approvals_pb2.DECISION_DECLINE

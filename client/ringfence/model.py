@@ -56,11 +56,19 @@ class Principal:
 
 @dataclass(frozen=True)
 class ToolView:
-    """What a caller may learn about a tool: never its risk metadata or roots."""
+    """What a caller may learn about a tool: its schema and two hints derived from its risk
+    metadata (so an MCP front door can annotate it honestly), never the metadata itself (cost,
+    limits, roots, hosts)."""
 
     name: str
     description: str
     schema: Mapping[str, Any]
+    read_only_hint: bool = False
+    """The tool does not mutate the world (its manifest's `mutates` is false)."""
+    destructive_hint: bool = True
+    """The tool mutates the world and its effect cannot be undone (`mutates` and not
+    `reversible`). The defaults are the cautious reading (as MCP's): a view that was not told
+    otherwise may mutate, irreversibly."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +147,7 @@ class ApprovalStatus(enum.StrEnum):
     DECLINED = "declined"
     EXPIRED = "expired"
     USED = "used"
+    WITHDRAWN = "withdrawn"  # its proposer (or an admin) took the call back before anyone decided
 
 
 class ApprovalKind(enum.StrEnum):
@@ -217,6 +226,7 @@ class EventType(enum.StrEnum):
     APPROVAL_DECIDED = "approval_decided"
     APPROVAL_EXPIRED = "approval_expired"
     APPROVAL_USED = "approval_used"
+    APPROVAL_WITHDRAWN = "approval_withdrawn"
     GRANT_ADDED = "grant_added"
     DISPATCH_STARTED = "dispatch_started"
     ATTEMPT = "attempt"

@@ -170,6 +170,14 @@ class Client:
     def watch_run(self, run_id: str, from_seq: int = 0, *, timeout: float | None = None) -> Stream[Event]:
         return self._open(W.watch_run(run_id, from_seq), timeout)
 
+    def withdraw_approval(self, run_id: str, approval_id: str, reason: str = "", *,
+                          timeout: float | None = None) -> Observation:
+        """Take back a pending call of run `run_id` before anyone decides its approval (you must
+        have proposed it, or be an admin): it never runs. Returns its observation, DECLINED with
+        error_class "approval_withdrawn". Not pending any more (decided, expired, withdrawn), a
+        reconciliation task or a finished run: FailedPrecondition; another's call: PermissionDenied."""
+        return self._send(W.withdraw_approval(run_id, approval_id, reason), timeout)
+
     # -- FileService ------------------------------------------------------------------------
 
     def upload_files(self, run_id: str, files: Mapping[str, bytes], dest: str = "", *,

@@ -41,6 +41,7 @@ __all__ = [
     "ApprovalExpired",
     "ApprovalRequested",
     "ApprovalUsed",
+    "ApprovalWithdrawn",
     "ArtifactCollected",
     "ArtifactFile",
     "AttemptFinished",
@@ -242,6 +243,17 @@ class ApprovalUsed:
 
 
 @dataclass(frozen=True)
+class ApprovalWithdrawn:
+    """The call's proposer (or an admin) took it back while its approval was pending: nobody
+    may decide it any more, and the call never runs."""
+
+    TYPE: ClassVar[EventType] = EventType.APPROVAL_WITHDRAWN
+    approval_id: str
+    by: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class GrantAdded:
     """The exact call (its signature) is allowed for the rest of the run without an ask."""
 
@@ -438,7 +450,7 @@ class ArtifactCollected:
 
 EventPayload: TypeAlias = (
     RunStarted | BatchStarted | CallDecided | ApprovalRequested | ApprovalDecided | ApprovalExpired
-    | ApprovalUsed | GrantAdded | DispatchStarted | AttemptFinished | EgressDecided | CallCompleted
+    | ApprovalUsed | ApprovalWithdrawn | GrantAdded | DispatchStarted | AttemptFinished | EgressDecided | CallCompleted
     | CallObserved | RunFinished | WorkspaceCreated | WorkspaceRemoved | CallOutput | FilesUploaded
     | FilesDownloaded | ArtifactCollected
 )
@@ -613,6 +625,11 @@ def _approval_used(f: _Fields) -> ApprovalUsed:
     return ApprovalUsed(approval_id=f.text("approval_id"))
 
 
+def _approval_withdrawn(f: _Fields) -> ApprovalWithdrawn:
+    f.need("approval_id", "by")
+    return ApprovalWithdrawn(approval_id=f.text("approval_id"), by=f.text("by"), reason=f.text("reason"))
+
+
 def _grant_added(f: _Fields) -> GrantAdded:
     f.need("signature")
     return GrantAdded(signature=f.text("signature"), tool=f.text("tool"), arguments=f.obj("arguments"),
@@ -731,6 +748,7 @@ _PARSERS: dict[EventType, Callable[[_Fields], EventPayload]] = {
     EventType.APPROVAL_DECIDED: _approval_decided,
     EventType.APPROVAL_EXPIRED: _approval_expired,
     EventType.APPROVAL_USED: _approval_used,
+    EventType.APPROVAL_WITHDRAWN: _approval_withdrawn,
     EventType.GRANT_ADDED: _grant_added,
     EventType.DISPATCH_STARTED: _dispatch_started,
     EventType.ATTEMPT: _attempt,

@@ -42,6 +42,7 @@ from ringfence_server.control.events import (
     ApprovalExpired,
     ApprovalRequested,
     ApprovalUsed,
+    ApprovalWithdrawn,
     ArtifactCollected,
     AttemptFinished,
     BatchStarted,
@@ -234,6 +235,10 @@ def apply(state: RunState, event: Event) -> RunState:  # noqa: C901 - one match 
             _set_approval(state, approval_id, status=ApprovalStatus.EXPIRED)
         case ApprovalUsed(approval_id=approval_id):
             _set_approval(state, approval_id, status=ApprovalStatus.USED)
+        case ApprovalWithdrawn(approval_id=approval_id):
+            # The call leaves `pending` with its observation (declined), as after a decline.
+            _set_approval(state, approval_id, status=ApprovalStatus.WITHDRAWN, decided_by=payload.by,
+                          reason=payload.reason)
         case GrantAdded(signature=sig):
             state.grants.add(sig)
         case DispatchStarted(call_id=call_id):

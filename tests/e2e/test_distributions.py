@@ -358,7 +358,10 @@ def _commands(help_text: str) -> list[str]:
 
 
 def test_the_client_venvs_ringfence_has_only_the_clients_commands(client_venv):
-    assert _commands(client_venv.ringfence("--help", check=True).stdout) == CLIENT_COMMANDS
+    helped = client_venv.ringfence("--help", check=True).stdout
+    assert _commands(helped) == CLIENT_COMMANDS
+    # `ringfence mcp` needs the `mcp` extra, which this venv does not have: the help says how.
+    assert "pip install 'ringfence[mcp]'" in " ".join(helped.split())
     runs = client_venv.ringfence("runs", "--help", check=True).stdout
     assert "list" in runs and not [a for a in STORE_ACTIONS if re.search(rf"^    {a}\b", runs, re.M)], runs
     # `tools new` is the server's scaffold: here `new` is a query and `x` a usage error.
@@ -414,7 +417,8 @@ def test_the_server_venv_has_one_ringfence_script_the_clients(server_venv, capsy
 def test_the_server_venvs_ringfence_lists_the_clients_and_the_servers_commands(server_venv):
     proc = server_venv.ringfence("--help", check=True)
     assert proc.stderr == ""  # no "could not be loaded" for the server's extension
-    assert _commands(proc.stdout) == CLIENT_COMMANDS + SERVER_COMMANDS
+    # The server depends on ringfence[mcp]: its `ringfence` has the MCP front door too.
+    assert _commands(proc.stdout) == [*CLIENT_COMMANDS, "mcp", *SERVER_COMMANDS]
     # The same as the checkout's (dev venv, both installed editable): nothing is missing from a wheel.
     checkout = _ok(subprocess.run([str(Path(sys.executable).parent / "ringfence"), "--help"], cwd=server_venv.work,
                                   env=server_venv.env, capture_output=True, text=True, timeout=60))

@@ -232,16 +232,17 @@ def replay_equals_live_at_every_prefix(tmp_path, store_url=None):
     h.submit(run, ("echo", {"text": "a"}), ("read_file", {"path": "../x"}), ("nope", {}),
              ("credit", {"account": "acme-9", "amount": 50}), ("credit", {"account": "acme-9", "amount": 60}),
              ("write_note", {"name": "n", "text": "t"}), ("fail", {"class": "transient"}),
-             ("echo", {"text": "AKIAIOSFODNN7EXAMPLE"}))
+             ("echo", {"text": "AKIAIOSFODNN7EXAMPLE"}), ("credit", {"account": "acme-9", "amount": 70}))
     approvals = h.orch.list_approvals(APPROVER, run)
     h.orch.decide_approval(APPROVER, approvals[0].approval_id, True, "yes")
     h.orch.decide_approval(APPROVER, approvals[1].approval_id, False, "no")
+    h.orch.withdraw_approval(AGENT, run, approvals[2].approval_id, "not needed")  # its proposer takes it back
     h.submit(run, ("write_note", {"name": "n", "text": "t"}))  # deduplicated
     h.orch.finish_run(AGENT, run)
 
     events = h.events(run)
     types = {e.type for e in events}
-    assert {"approval_used", "attempt", "call_completed", "run_finished"} <= types
+    assert {"approval_used", "approval_withdrawn", "attempt", "call_completed", "run_finished"} <= types
     statuses = {o.status for o in h.orch.get_run(AGENT, run).trajectory}
     assert {S.EXECUTED, S.DENIED, S.UNKNOWN_TOOL, S.DECLINED, S.BLOCKED, S.DEDUPLICATED} <= statuses
     assert sorted(live) == [e.seq for e in events]

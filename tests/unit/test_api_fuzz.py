@@ -100,6 +100,10 @@ UNARY = {
         st.builds(runs_pb2.SubmitBatchRequest, run_id=ids, calls=st.lists(calls, max_size=5)),
         runs_pb2.SubmitBatchResponse,
     ),
+    "/ringfence.v1.RunService/WithdrawApproval": (
+        st.builds(runs_pb2.WithdrawApprovalRequest, run_id=ids, approval_id=ids, reason=text),
+        types_pb2.Observation,
+    ),
     "/ringfence.v1.ApprovalService/ListApprovals": (
         st.builds(approvals_pb2.ListApprovalsRequest, run_id=ids),
         approvals_pb2.ListApprovalsResponse,

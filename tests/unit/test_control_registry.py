@@ -44,7 +44,9 @@ def test_views_carry_the_schema_and_no_risk_metadata():
         text = json.dumps(view.schema)
         assert view.schema["type"] == "object"
         assert not any(f'"{w}"' in text for w in RISK_WORDS), view.name
-        assert set(vars(view)) == {"name", "description", "schema"}
+        # The only other fields are the two derived hints (the orchestrator's list_tools sets
+        # them from the manifest: test_approval_withdrawal.py); the risk metadata never crosses.
+        assert set(vars(view)) == {"name", "description", "schema", "read_only_hint", "destructive_hint"}
 
 
 def _tool(name, description="a tool"):

@@ -25,6 +25,7 @@ from ringfence_server.control.events import (
     ApprovalExpired,
     ApprovalRequested,
     ApprovalUsed,
+    ApprovalWithdrawn,
     ArtifactCollected,
     ArtifactFile,
     AttemptFinished,
@@ -55,6 +56,8 @@ from ringfence_server.control.state import fold
 from ringfence_server.control.store.audit import canonical_json
 
 LEGACY_LOG = Path(__file__).parent / "data" / "events_before_typed_schema.jsonl"
+# Event types added after that log was written: it cannot hold them (SAMPLES below covers them).
+ADDED_SINCE = {EventType.APPROVAL_WITHDRAWN}
 
 # (call_id, status, executed, error_class, last verdict step, attempts) of the trajectory.
 TRAJECTORY = [
@@ -97,7 +100,7 @@ def legacy_events() -> list[Event]:
 
 def test_a_log_of_the_previous_schema_folds_to_the_same_run():
     events = legacy_events()
-    assert {e.type for e in events} == {t.value for t in EventType}  # every event type is in it
+    assert {e.type for e in events} == {t.value for t in EventType} - ADDED_SINCE  # every older event type is in it
     state = fold(events)
     view = state.view()
     assert [(o.call_id, o.status.value, o.executed, o.error_class, o.verdict_path[-1], o.attempts)
@@ -139,6 +142,7 @@ SAMPLES: list[EventPayload] = [
     ApprovalDecided(approval_id="a1", approved=True, by="boss", reason="ok", remember=True),
     ApprovalExpired(approval_id="a1"),
     ApprovalUsed(approval_id="a1"),
+    ApprovalWithdrawn(approval_id="a1", by="agent", reason="changed my mind"),
     GrantAdded(signature="s", tool="credit", arguments={"amount": 5}, by="boss", approval_id="a1"),
     DispatchStarted(call_id="c1", tool="credit", mutates=True, idempotency_key="ik", arguments={"amount": 5},
                     signature="s", client_key="ck", verdict_path=("admitted",), approval_id="a1"),

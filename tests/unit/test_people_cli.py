@@ -301,8 +301,10 @@ def test_tools_lists_names_descriptions_and_schemas(server, agent):
 
     as_json = [json.loads(line) for line in cli(server, "tools", "--json").stdout.splitlines()]
     by_name = {o["name"]: o for o in as_json}
-    assert by_name["echo"] == {"name": "echo", "description": echo.description, "schema": dict(echo.schema)}
+    assert by_name["echo"] == {"name": "echo", "description": echo.description, "schema": dict(echo.schema),
+                               "read_only_hint": True, "destructive_hint": False}
     assert {"credit", "read_file"} <= set(by_name)
+    assert (by_name["credit"]["read_only_hint"], by_name["credit"]["destructive_hint"]) == (False, True)
 
 
 # --- errors ----------------------------------------------------------------------------------------
@@ -386,6 +388,7 @@ def test_bad_plan_files_exit_2_with_what_is_wrong_and_start_nothing(server, agen
 
 def test_every_command_has_help_with_an_example():
     for argv in (["submit"], ["watch"], ["approvals"], ["approvals", "approve"], ["approvals", "decline"],
+                 ["approvals", "withdraw"],
                  ["runs"], ["runs", "list"], ["run"], ["tools"]):
         done = subprocess.run([sys.executable, "-m", "ringfence.cli", *argv, "--help"], cwd=ROOT,
                               env=cli_env(None, None), capture_output=True, text=True, timeout=120)

@@ -1,4 +1,5 @@
-"""`ringfence approvals [approve|decline ID]`: the pending approvals, and the decision on one."""
+"""`ringfence approvals [approve|decline ID]`: the pending approvals, and the decision on one;
+`ringfence approvals withdraw RUN_ID ID`: the proposer takes its own pending call back."""
 
 from __future__ import annotations
 
@@ -72,6 +73,18 @@ def _decide(approve: bool) -> Action:
     return action
 
 
+def cmd_approvals_withdraw(args: argparse.Namespace, s: Settings, out: Output) -> int:
+    """Withdraw a pending approval of a call you proposed (or, as an admin, anyone's): the call never runs."""
+    with connect(s) as client:
+        observation = client.withdraw_approval(args.run_id, args.approval_id, args.reason or "")
+    if out.json:
+        out.obj(jsonable(observation))
+        return EXIT_OK
+    out.line(f"withdrew {args.approval_id}: {observation.tool} (run {args.run_id}, call {observation.call_id}) "
+             f"is now {observation.status} - {short(observation.error or '', 70)}")
+    return EXIT_OK
+
+
 def register(subparsers: SubParsers, common: argparse.ArgumentParser) -> None:
     """`approvals` (list) and its actions approve and decline, with the connection options `common`."""
     p = add_command(
@@ -107,3 +120,13 @@ def register(subparsers: SubParsers, common: argparse.ArgumentParser) -> None:
                            help="also approve this exact call for the rest of the run (asked again: not asked; "
                                 "any other arguments still are)")
         a.set_defaults(func=guarded("approvals", _decide(approve)))
+    w = add_command(
+        actions, "withdraw", common, help="withdraw a pending approval of a call you proposed",
+        description=("Take back the call that approval ID of run RUN_ID waits for, before anyone decides it: "
+                     "it never runs, and its observation says declined (approval_withdrawn). Needs the token "
+                     "that proposed the call (or an admin's); a reconciliation task is for approvers only."),
+        examples="  ringfence approvals withdraw run-1 apr-2129bb1f0a8c46bab262 --reason 'no longer needed'")
+    w.add_argument("run_id", metavar="RUN_ID")
+    w.add_argument("approval_id", metavar="ID")
+    w.add_argument("--reason", default="", help="why (recorded in the run's log and the call's observation)")
+    w.set_defaults(func=guarded("approvals", cmd_approvals_withdraw))

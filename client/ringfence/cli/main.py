@@ -9,21 +9,27 @@ actions, trace, demo, eval) declares an entry point in the group `ringfence.cli`
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from importlib import metadata
 
 from ringfence._version import __version__
-from ringfence.cli import approvals, files, runs, submit, tools
+from ringfence.cli import approvals, files, mcp, runs, submit, tools
 from ringfence.cli.extension import ENTRY_POINT_GROUP, CommandLine
 from ringfence.cli.options import connection_options
 
 
 def build() -> tuple[argparse.ArgumentParser, CommandLine]:
     """The parser with the client's commands and every installed extension's."""
+    # `ringfence mcp` needs the MCP SDK (the `mcp` extra): without it the command is not listed
+    # (the help lists only what works) and the epilog says how to get it.
+    has_mcp = importlib.util.find_spec("mcp") is not None
     parser = argparse.ArgumentParser(
         prog="ringfence",
         description=("ringfence admits, authorizes and runs AI agents' tool calls in hardened, "
                      "single-use containers. These commands talk to a ringfence server over gRPC."),
+        epilog=None if has_mcp else ("`ringfence mcp` (the MCP front door over stdio, for MCP hosts) comes with "
+                                     "pip install 'ringfence[mcp]'."),
     )
     parser.add_argument("--version", action="version", version=f"ringfence {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -34,6 +40,8 @@ def build() -> tuple[argparse.ArgumentParser, CommandLine]:
     runs_parser, runs_actions = runs.register_runs(commands, common)
     runs.register_run(commands, common)
     tools_parser = tools.register(commands, common)
+    if has_mcp:
+        mcp.register(commands, common)
     cli = CommandLine(commands=commands, runs=runs_parser, runs_actions=runs_actions, tools=tools_parser)
     for entry in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         try:

@@ -225,3 +225,25 @@ class WatchRunRequest(google.protobuf.message.Message):
     def ClearField(self, field_name: typing.Literal["from_seq", b"from_seq", "run_id", b"run_id"]) -> None: ...
 
 Global___WatchRunRequest: typing_extensions.TypeAlias = WatchRunRequest
+
+@typing.final
+class WithdrawApprovalRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: builtins.int
+    APPROVAL_ID_FIELD_NUMBER: builtins.int
+    REASON_FIELD_NUMBER: builtins.int
+    run_id: builtins.str
+    approval_id: builtins.str
+    reason: builtins.str
+    """Optional: why, kept in the log and in the observation's error."""
+    def __init__(
+        self,
+        *,
+        run_id: builtins.str = ...,
+        approval_id: builtins.str = ...,
+        reason: builtins.str = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["approval_id", b"approval_id", "reason", b"reason", "run_id", b"run_id"]) -> None: ...
+
+Global___WithdrawApprovalRequest: typing_extensions.TypeAlias = WithdrawApprovalRequest

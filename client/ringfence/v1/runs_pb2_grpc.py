@@ -77,6 +77,11 @@ class RunServiceStub:
                 request_serializer=ringfence_dot_v1_dot_runs__pb2.WatchRunRequest.SerializeToString,
                 response_deserializer=ringfence_dot_v1_dot_types__pb2.Event.FromString,
                 _registered_method=True)
+        self.WithdrawApproval = channel.unary_unary(
+                '/ringfence.v1.RunService/WithdrawApproval',
+                request_serializer=ringfence_dot_v1_dot_runs__pb2.WithdrawApprovalRequest.SerializeToString,
+                response_deserializer=ringfence_dot_v1_dot_types__pb2.Observation.FromString,
+                _registered_method=True)
 
 
 class RunServiceServicer:
@@ -140,6 +145,17 @@ class RunServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WithdrawApproval(self, request, context):
+        """Withdraws a pending approval of a call in the run: the call never runs, and its
+        observation (returned) is DECLINED with error_class "approval_withdrawn". Only the
+        principal that proposed the call, or an admin; anyone else is PERMISSION_DENIED. An
+        approval that is not pending (decided, expired, used, withdrawn), a reconciliation task
+        (approvers' only) or a finished run is FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RunServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -182,6 +198,11 @@ def add_RunServiceServicer_to_server(servicer, server):
                     servicer.WatchRun,
                     request_deserializer=ringfence_dot_v1_dot_runs__pb2.WatchRunRequest.FromString,
                     response_serializer=ringfence_dot_v1_dot_types__pb2.Event.SerializeToString,
+            ),
+            'WithdrawApproval': grpc.unary_unary_rpc_method_handler(
+                    servicer.WithdrawApproval,
+                    request_deserializer=ringfence_dot_v1_dot_runs__pb2.WithdrawApprovalRequest.FromString,
+                    response_serializer=ringfence_dot_v1_dot_types__pb2.Observation.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -402,6 +423,33 @@ class RunService:
             '/ringfence.v1.RunService/WatchRun',
             ringfence_dot_v1_dot_runs__pb2.WatchRunRequest.SerializeToString,
             ringfence_dot_v1_dot_types__pb2.Event.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WithdrawApproval(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ringfence.v1.RunService/WithdrawApproval',
+            ringfence_dot_v1_dot_runs__pb2.WithdrawApprovalRequest.SerializeToString,
+            ringfence_dot_v1_dot_types__pb2.Observation.FromString,
             options,
             channel_credentials,
             insecure,

@@ -154,7 +154,23 @@ _RunServiceWatchRunType = typing_extensions.TypeVar(
     ],
 )
 
-class RunServiceStub(typing.Generic[_RunServiceStartRunType, _RunServiceGetRunType, _RunServiceListRunsType, _RunServiceFinishRunType, _RunServiceCancelRunType, _RunServiceSubmitBatchType, _RunServiceExecutePlanType, _RunServiceWatchRunType]):
+_RunServiceWithdrawApprovalType = typing_extensions.TypeVar(
+    '_RunServiceWithdrawApprovalType',
+    grpc.UnaryUnaryMultiCallable[
+        ringfence.v1.runs_pb2.WithdrawApprovalRequest,
+        ringfence.v1.types_pb2.Observation,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        ringfence.v1.runs_pb2.WithdrawApprovalRequest,
+        ringfence.v1.types_pb2.Observation,
+    ],
+    default=grpc.UnaryUnaryMultiCallable[
+        ringfence.v1.runs_pb2.WithdrawApprovalRequest,
+        ringfence.v1.types_pb2.Observation,
+    ],
+)
+
+class RunServiceStub(typing.Generic[_RunServiceStartRunType, _RunServiceGetRunType, _RunServiceListRunsType, _RunServiceFinishRunType, _RunServiceCancelRunType, _RunServiceSubmitBatchType, _RunServiceExecutePlanType, _RunServiceWatchRunType, _RunServiceWithdrawApprovalType]):
     """Runs: an agent's goal, its turns of proposed calls or a plan, and the event log of what
     happened. Every method is scoped to the caller's tenant: another tenant's run is NOT_FOUND.
     """
@@ -193,6 +209,10 @@ class RunServiceStub(typing.Generic[_RunServiceStartRunType, _RunServiceGetRunTy
             ringfence.v1.runs_pb2.WatchRunRequest,
             ringfence.v1.types_pb2.Event,
         ],
+        grpc.UnaryUnaryMultiCallable[
+            ringfence.v1.runs_pb2.WithdrawApprovalRequest,
+            ringfence.v1.types_pb2.Observation,
+        ],
     ], channel: grpc.Channel) -> None: ...
 
     @typing.overload
@@ -229,6 +249,10 @@ class RunServiceStub(typing.Generic[_RunServiceStartRunType, _RunServiceGetRunTy
             ringfence.v1.runs_pb2.WatchRunRequest,
             ringfence.v1.types_pb2.Event,
         ],
+        grpc.aio.UnaryUnaryMultiCallable[
+            ringfence.v1.runs_pb2.WithdrawApprovalRequest,
+            ringfence.v1.types_pb2.Observation,
+        ],
     ], channel: grpc.aio.Channel) -> None: ...
 
     StartRun: _RunServiceStartRunType
@@ -256,6 +280,14 @@ class RunServiceStub(typing.Generic[_RunServiceStartRunType, _RunServiceGetRunTy
     WatchRun: _RunServiceWatchRunType
     """Replays the run's events from `from_seq`, then streams new ones until the run finishes or
     the caller cancels.
+    """
+
+    WithdrawApproval: _RunServiceWithdrawApprovalType
+    """Withdraws a pending approval of a call in the run: the call never runs, and its
+    observation (returned) is DECLINED with error_class "approval_withdrawn". Only the
+    principal that proposed the call, or an admin; anyone else is PERMISSION_DENIED. An
+    approval that is not pending (decided, expired, used, withdrawn), a reconciliation task
+    (approvers' only) or a finished run is FAILED_PRECONDITION.
     """
 
 RunServiceAsyncStub: typing_extensions.TypeAlias = RunServiceStub[
@@ -290,6 +322,10 @@ RunServiceAsyncStub: typing_extensions.TypeAlias = RunServiceStub[
     grpc.aio.UnaryStreamMultiCallable[
         ringfence.v1.runs_pb2.WatchRunRequest,
         ringfence.v1.types_pb2.Event,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        ringfence.v1.runs_pb2.WithdrawApprovalRequest,
+        ringfence.v1.types_pb2.Observation,
     ],
 ]
 
@@ -363,6 +399,19 @@ class RunServiceServicer(metaclass=abc.ABCMeta):
     ) -> typing.Union[collections.abc.Iterator[ringfence.v1.types_pb2.Event], collections.abc.AsyncIterator[ringfence.v1.types_pb2.Event]]:
         """Replays the run's events from `from_seq`, then streams new ones until the run finishes or
         the caller cancels.
+        """
+
+    @abc.abstractmethod
+    def WithdrawApproval(
+        self,
+        request: ringfence.v1.runs_pb2.WithdrawApprovalRequest,
+        context: _ServicerContext,
+    ) -> typing.Union[ringfence.v1.types_pb2.Observation, collections.abc.Awaitable[ringfence.v1.types_pb2.Observation]]:
+        """Withdraws a pending approval of a call in the run: the call never runs, and its
+        observation (returned) is DECLINED with error_class "approval_withdrawn". Only the
+        principal that proposed the call, or an admin; anyone else is PERMISSION_DENIED. An
+        approval that is not pending (decided, expired, used, withdrawn), a reconciliation task
+        (approvers' only) or a finished run is FAILED_PRECONDITION.
         """
 
 def add_RunServiceServicer_to_server(servicer: RunServiceServicer, server: typing.Union[grpc.Server, grpc.aio.Server]) -> None: ...

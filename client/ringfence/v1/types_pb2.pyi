@@ -164,6 +164,8 @@ class _ApprovalStatusEnumTypeWrapper(google.protobuf.internal.enum_type_wrapper.
     APPROVAL_STATUS_DECLINED: _ApprovalStatus.ValueType  # 3
     APPROVAL_STATUS_EXPIRED: _ApprovalStatus.ValueType  # 4
     APPROVAL_STATUS_USED: _ApprovalStatus.ValueType  # 5
+    APPROVAL_STATUS_WITHDRAWN: _ApprovalStatus.ValueType  # 6
+    """The proposer (or an admin) withdrew the call before anyone decided: it never runs."""
 
 class ApprovalStatus(_ApprovalStatus, metaclass=_ApprovalStatusEnumTypeWrapper): ...
 
@@ -173,6 +175,8 @@ APPROVAL_STATUS_APPROVED: ApprovalStatus.ValueType  # 2
 APPROVAL_STATUS_DECLINED: ApprovalStatus.ValueType  # 3
 APPROVAL_STATUS_EXPIRED: ApprovalStatus.ValueType  # 4
 APPROVAL_STATUS_USED: ApprovalStatus.ValueType  # 5
+APPROVAL_STATUS_WITHDRAWN: ApprovalStatus.ValueType  # 6
+"""The proposer (or an admin) withdrew the call before anyone decided: it never runs."""
 Global___ApprovalStatus: typing_extensions.TypeAlias = ApprovalStatus
 
 class _ApprovalKind:
@@ -194,8 +198,8 @@ Global___ApprovalKind: typing_extensions.TypeAlias = ApprovalKind
 
 @typing.final
 class Tool(google.protobuf.message.Message):
-    """A tool as a caller may see it. Risk metadata (mutates, irreversible, roots, egress) is
-    policy's business and never appears here.
+    """A tool as a caller may see it. Risk metadata (mutates, irreversible, cost, limits, roots,
+    egress) is policy's business and never appears here; only two hints derived from it do.
     """
 
     DESCRIPTOR: google.protobuf.descriptor.Descriptor
@@ -203,18 +207,31 @@ class Tool(google.protobuf.message.Message):
     NAME_FIELD_NUMBER: builtins.int
     DESCRIPTION_FIELD_NUMBER: builtins.int
     ARGUMENTS_SCHEMA_JSON_FIELD_NUMBER: builtins.int
+    READ_ONLY_HINT_FIELD_NUMBER: builtins.int
+    DESTRUCTIVE_HINT_FIELD_NUMBER: builtins.int
     name: builtins.str
     description: builtins.str
     arguments_schema_json: builtins.str
     """The JSON Schema (draft 2020-12) of the tool's arguments object, as JSON text."""
+    read_only_hint: builtins.bool
+    """The tool does not mutate the world. Absent (an older server): false."""
+    destructive_hint: builtins.bool
+    """The tool mutates the world irreversibly. Absent (an older server): true, the cautious reading."""
     def __init__(
         self,
         *,
         name: builtins.str = ...,
         description: builtins.str = ...,
         arguments_schema_json: builtins.str = ...,
+        read_only_hint: builtins.bool | None = ...,
+        destructive_hint: builtins.bool | None = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["arguments_schema_json", b"arguments_schema_json", "description", b"description", "name", b"name"]) -> None: ...
+    def HasField(self, field_name: typing.Literal["_destructive_hint", b"_destructive_hint", "_read_only_hint", b"_read_only_hint", "destructive_hint", b"destructive_hint", "read_only_hint", b"read_only_hint"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["_destructive_hint", b"_destructive_hint", "_read_only_hint", b"_read_only_hint", "arguments_schema_json", b"arguments_schema_json", "description", b"description", "destructive_hint", b"destructive_hint", "name", b"name", "read_only_hint", b"read_only_hint"]) -> None: ...
+    @typing.overload
+    def WhichOneof(self, oneof_group: typing.Literal["_destructive_hint", b"_destructive_hint"]) -> typing.Literal["destructive_hint"] | None: ...
+    @typing.overload
+    def WhichOneof(self, oneof_group: typing.Literal["_read_only_hint", b"_read_only_hint"]) -> typing.Literal["read_only_hint"] | None: ...
 
 Global___Tool: typing_extensions.TypeAlias = Tool
 

@@ -345,7 +345,8 @@ def _seconds(ts: timestamp_pb2.Timestamp) -> float:
 
 def tool_to_proto(tool: ToolView) -> types_pb2.Tool:
     return types_pb2.Tool(
-        name=tool.name, description=tool.description, arguments_schema_json=dump_json(dict(tool.schema))
+        name=tool.name, description=tool.description, arguments_schema_json=dump_json(dict(tool.schema)),
+        read_only_hint=tool.read_only_hint, destructive_hint=tool.destructive_hint,
     )
 
 
@@ -423,7 +424,11 @@ def _optional(msg: Message, name: str) -> Any:
 
 
 def tool_from_proto(msg: types_pb2.Tool) -> ToolView:
-    return ToolView(msg.name, msg.description, json.loads(msg.arguments_schema_json or "{}"))
+    # A hint an older server did not send keeps ToolView's cautious default (may mutate,
+    # irreversibly), never proto3's false.
+    hints: dict[str, bool] = {name: getattr(msg, name) for name in ("read_only_hint", "destructive_hint")
+                              if msg.HasField(name)}
+    return ToolView(msg.name, msg.description, json.loads(msg.arguments_schema_json or "{}"), **hints)
 
 
 def observation_from_proto(msg: types_pb2.Observation) -> Observation:

@@ -48,6 +48,8 @@ METHOD_ROLES: Mapping[str, frozenset[Role]] = {
     "/ringfence.v1.RunService/SubmitBatch": _AGENT,
     "/ringfence.v1.RunService/ExecutePlan": _AGENT,
     "/ringfence.v1.RunService/WatchRun": _ANY,
+    # Who may submit may take back its own pending call (the core checks it is the proposer's).
+    "/ringfence.v1.RunService/WithdrawApproval": _AGENT,
     "/ringfence.v1.ApprovalService/ListApprovals": _APPROVER,
     "/ringfence.v1.ApprovalService/WatchApprovals": _APPROVER,
     "/ringfence.v1.ApprovalService/DecideApproval": _APPROVER,

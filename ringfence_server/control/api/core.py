@@ -100,6 +100,11 @@ class Core(Protocol):
 
     def watch_run(self, p: Principal, run_id: str, from_seq: int, stop: threading.Event) -> Iterator[Event]: ...
 
+    def withdraw_approval(self, p: Principal, run_id: str, approval_id: str, reason: str = "") -> Observation:
+        """RunService.WithdrawApproval: the proposer (or an admin) takes back a pending call;
+        its observation (declined) is returned."""
+        ...
+
     # FileService: the run is the principal's tenant's (NotFound otherwise); upload and
     # workspace downloads need a live workspace (FailedPrecondition); both hold the run's lock
     # and go through ringfence_server.control.files.FileDesk.

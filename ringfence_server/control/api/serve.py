@@ -11,6 +11,11 @@ and logs its version and the client versions it serves;
 serves; and on SIGINT/SIGTERM reports NOT_SERVING, lets in-flight calls finish for a few
 seconds, and closes everything.
 
+With --mcp-listen it also serves the MCP front door over Streamable HTTP at http(s)://HOST:PORT/mcp
+(ringfence_server.control.api.mcp_http), a client of the gRPC listener with each caller's token;
+its address is printed on its own line after the gRPC one, and on SIGINT/SIGTERM it stops first
+(its sessions' runs are finished over the gRPC listener, still up).
+
 Exit codes: 0 after a clean shutdown, 2 for a bad configuration or arguments, 1 when the
 engine, the state directory or the address is not usable.
 """
@@ -31,6 +36,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the CLI imports this module: the server's dependencies load only to serve
     from opentelemetry.sdk.trace import TracerProvider
 
+    from ringfence_server.control.api.mcp_http import McpListener
     from ringfence_server.control.api.server import TlsOptions
     from ringfence_server.control.config import Config
     from ringfence_server.control.eventlog import EventHook
@@ -49,6 +55,8 @@ log = logging.getLogger("ringfence.serve")
 
 SHUTDOWN_GRACE_S = 5.0
 REAP_INTERVAL_S = 30.0  # how often a running server removes orphans (past their deadline label)
+MCP_IDLE_TIMEOUT_S = 30 * 60.0  # the MCP listener's defaults (mcp_http's, repeated: the CLI does not import it)
+MCP_SESSIONS_PER_TOKEN = 16
 # The plaintext dev tokens documented in ringfence_server/control/default_config.toml: public knowledge.
 PUBLIC_DEMO_TOKENS = ("demo-agent-token", "demo-approver-token", "demo-admin-token")
 
@@ -78,6 +86,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         f"(default {REAP_INTERVAL_S:g})")
     p.add_argument("--metrics-listen", default=None, metavar="HOST:PORT",
                    help="also serve Prometheus metrics at http://HOST:PORT/metrics (off by default)")
+    p.add_argument("--mcp-listen", default=None, metavar="HOST:PORT",
+                   help="also serve the MCP front door over Streamable HTTP at http://HOST:PORT/mcp (off by default; "
+                        "port 0 picks one). Every request needs 'Authorization: Bearer TOKEN' (a token of the "
+                        "config's tenants); each MCP session is one run. TLS with --tls-cert/--tls-key (required "
+                        "off loopback). Needs the extra: pip install 'ringfence[mcp]'")
+    p.add_argument("--mcp-idle-timeout", default=MCP_IDLE_TIMEOUT_S, type=float, metavar="SECONDS",
+                   help="an MCP session without a request in flight for this long ends, and its run is finished "
+                        f"(default {MCP_IDLE_TIMEOUT_S:g})")
+    p.add_argument("--mcp-sessions-per-token", default=MCP_SESSIONS_PER_TOKEN, type=int, metavar="N",
+                   help="open MCP sessions one token may hold at once; beyond, a new one is refused with 429 "
+                        f"(default {MCP_SESSIONS_PER_TOKEN})")
     p.add_argument("--otlp-endpoint", default=None, metavar="HOST:PORT",
                    help="export traces over OTLP/gRPC to this collector (plaintext to a loopback HOST:PORT or "
                         "http://..., TLS to any other host or https://...; off by default)")
@@ -130,6 +149,21 @@ class _Setup:
     tls: TlsOptions | None
     metrics_at: tuple[str, int] | None
     otlp_endpoint: str | None
+    mcp: McpOptions | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class McpOptions:
+    """--mcp-listen and its bounds, checked."""
+
+    host: str
+    port: int
+    idle_timeout_s: float
+    sessions_per_token: int
+
+    @property
+    def listen(self) -> str:
+        return f"{self.host}:{self.port}"
 
 
 @dataclasses.dataclass
@@ -206,7 +240,28 @@ def _setup(args: argparse.Namespace) -> _Setup:
     otlp_endpoint = getattr(args, "otlp_endpoint", None)
     _check_otlp_endpoint(otlp_endpoint)
     _warn_crash_point()
-    return _Setup(config, listen, tools, registry, tls, metrics_at, otlp_endpoint)
+    mcp = _mcp_options(args, tls)
+    return _Setup(config, listen, tools, registry, tls, metrics_at, otlp_endpoint, mcp)
+
+
+def _mcp_options(args: argparse.Namespace, tls: TlsOptions | None) -> McpOptions | None:
+    """--mcp-listen and its bounds (None: no MCP listener); ValueError for a bad one."""
+    if getattr(args, "mcp_listen", None) is None:
+        return None
+    host, port = _host_port(args.mcp_listen, "--mcp-listen")
+    idle = args.mcp_idle_timeout
+    if not (idle > 0 and idle != float("inf")):
+        raise ValueError("--mcp-idle-timeout must be a positive number of seconds")
+    if args.mcp_sessions_per_token <= 0:
+        raise ValueError("--mcp-sessions-per-token must be at least 1")
+    if tls is not None and tls.client_ca is not None:
+        # The listener is a client of the gRPC listener, and has no client certificate of its own.
+        raise ValueError("--mcp-listen cannot be combined with --tls-client-ca (mTLS) yet")
+    try:
+        import mcp  # noqa: F401 - only checked for: the error names the extra
+    except ImportError:
+        raise ValueError("--mcp-listen needs the MCP Python SDK: pip install 'ringfence[mcp]'") from None
+    return McpOptions(host, port, idle, args.mcp_sessions_per_token)
 
 
 def _configured(config: Config, args: argparse.Namespace) -> Config:
@@ -242,17 +297,40 @@ def _warn_crash_point() -> None:
 
 def _refuses_exposure(setup: _Setup) -> bool:
     """Past loopback: True (after an error on stderr) when the public demo tokens would be
-    served; a warning when the bearer tokens would travel in clear text."""
+    served (on either listener), or the MCP listener would take bearer tokens in clear text (it
+    is HTTP: no mTLS or proxy in front is assumed); a warning when the gRPC listener's would."""
+    if setup.mcp is not None and _listener_refused(setup, setup.mcp.listen, "--mcp-listen"):
+        return True
     if _is_loopback(setup.listen):
         return False
-    listen = setup.listen
+    if _public_tokens_refused(setup, setup.listen):
+        return True
+    if setup.tls is None:
+        print(f"warning: bearer tokens travel in clear text on {setup.listen}; use --tls-cert/--tls-key",
+              file=sys.stderr)
+    return False
+
+
+def _listener_refused(setup: _Setup, listen: str, flag: str) -> bool:
+    """The MCP listener's rule: off loopback, neither the public demo tokens nor clear text."""
+    if _is_loopback(listen):
+        return False
+    if _public_tokens_refused(setup, listen):
+        return True
+    if setup.tls is None:
+        print(f"error: refusing {flag} {listen} without TLS: bearer tokens would travel in clear text; "
+              "use --tls-cert/--tls-key, or listen on 127.0.0.1", file=sys.stderr)
+        return True
+    return False
+
+
+def _public_tokens_refused(setup: _Setup, listen: str) -> bool:
+    """True (after an error on stderr) when the config holds a public demo token."""
     public = [t for t in PUBLIC_DEMO_TOKENS if setup.config.principal_for_token(t) is not None]
     if public:
         print(f"error: refusing to serve the public demo tokens ({', '.join(public)}) on {listen}; "
               "configure [tenants] in --config, or listen on 127.0.0.1", file=sys.stderr)
         return True
-    if setup.tls is None:
-        print(f"warning: bearer tokens travel in clear text on {listen}; use --tls-cert/--tls-key", file=sys.stderr)
     return False
 
 
@@ -312,7 +390,7 @@ def _run(args: argparse.Namespace, setup: _Setup, lock: ImageLock, running: _Run
     running.reaping = Periodic("rf-ws-reaper", config.workspace.reap_interval_s, orchestrator.reap_workspaces,
                                "reaping workspaces")
     running.reaping.start()
-    return asyncio.run(_serve(setup.listen, orchestrator, config, setup.tls))
+    return asyncio.run(_serve(setup.listen, orchestrator, config, setup.tls, setup.mcp))
 
 
 def _open_event_store(config: Config, where: str | Path) -> EventStore | None:
@@ -351,7 +429,8 @@ def _attach_event_hooks(args: argparse.Namespace, setup: _Setup, running: _Runni
         orchestrator.on_event = hooks[0] if len(hooks) == 1 else fan_out(*hooks)
 
 
-async def _serve(listen: str, orchestrator: Orchestrator, config: Config, tls: TlsOptions | None) -> int:
+async def _serve(listen: str, orchestrator: Orchestrator, config: Config, tls: TlsOptions | None,
+                 mcp: McpOptions | None = None) -> int:
     from ringfence._version import __version__
     from ringfence.wire import version
     from ringfence_server.control.api.server import create_server
@@ -361,26 +440,51 @@ async def _serve(listen: str, orchestrator: Orchestrator, config: Config, tls: T
     host = listen.rpartition(":")[0]
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
-    # The handlers go in before the address is announced: a supervisor that reads the line and
-    # stops us at once must find them (a SIGTERM in between would be swallowed and the server hang).
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stopping.set)
-    print(f"ringfence: serving ringfence.v1 on {host}:{port}{' (TLS)' if tls else ''}", flush=True)
-    # A log line of its own (stderr): the line above is parsed by supervisors and tests.
-    log.info("ringfence-server %s, serving clients %s", __version__, version.served_clients(__version__))
+    mcp_listener: McpListener | None = None
     try:
+        if mcp is not None:
+            # Bound before any address is announced: a port in use is said before the first line.
+            mcp_listener = _mcp_listener(mcp, host, port, tls)
+            mcp_listener.bind()
+        # The handlers go in before the address is announced: a supervisor that reads the line and
+        # stops us at once must find them (a SIGTERM in between would be swallowed and the server hang).
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stopping.set)
+        print(f"ringfence: serving ringfence.v1 on {host}:{port}{' (TLS)' if tls else ''}", flush=True)
+        if mcp_listener is not None:
+            await mcp_listener.start()
+            print(f"ringfence: MCP (Streamable HTTP) on {mcp_listener.url}{' (TLS)' if tls else ''}", flush=True)
+        # A log line of its own (stderr): the lines above are parsed by supervisors and tests.
+        log.info("ringfence-server %s, serving clients %s", __version__, version.served_clients(__version__))
         await stopping.wait()
+        if mcp_listener is not None:
+            # Before the gRPC server: the MCP sessions' runs are finished over it.
+            await mcp_listener.stop()
+            mcp_listener = None
         # Nothing of ours outlives us unwatched: the running calls' containers are killed first
         # (each call is recorded `killed`, with why), then in-flight RPCs get the grace period.
         killed = await asyncio.to_thread(orchestrator.backend.kill_all, "the control plane is shutting down")
         log.info("shutting down: NOT_SERVING, %d running call(s) killed, %gs for in-flight RPCs",
                  killed, SHUTDOWN_GRACE_S)
-        await server.stop(SHUTDOWN_GRACE_S)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+        if mcp_listener is not None:  # it failed to start, or serving failed: still stopped first
+            await mcp_listener.stop()
+        await server.stop(SHUTDOWN_GRACE_S)
     print("ringfence: stopped", flush=True)
     return 0
+
+
+def _mcp_listener(mcp: McpOptions, grpc_host: str, grpc_port: int, tls: TlsOptions | None) -> McpListener:
+    """The MCP listener of --mcp-listen, a client of the gRPC listener at grpc_host:grpc_port."""
+    from ringfence_server.control.api.mcp_http import McpListener, McpSettings, connect_target
+
+    return McpListener(McpSettings(
+        mcp.host, mcp.port, connect_target(grpc_host, grpc_port),
+        tls_cert=tls.cert_chain if tls else None, tls_key=tls.private_key if tls else None,
+        idle_timeout_s=mcp.idle_timeout_s, sessions_per_token=mcp.sessions_per_token,
+    ), shutdown_grace_s=SHUTDOWN_GRACE_S)
 
 
 def workspaces(backend: DockerBackend, lock: ImageLock, store_address: str) -> DockerWorkspaces:

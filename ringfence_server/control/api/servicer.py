@@ -693,6 +693,16 @@ class RingfenceMethods:
         async for event in events:
             yield convert.event_to_proto(event)
 
+    async def WithdrawApproval(self, request: runs_pb2.WithdrawApprovalRequest, call: Call) -> types_pb2.Observation:
+        v = convert.Violations()
+        convert.check_id(request.run_id, "run_id", v)
+        convert.check_id(request.approval_id, "approval_id", v)
+        convert.check_text(request.reason, "reason", convert.MAX_REASON_CHARS, v)
+        v.raise_if_any()
+        observation = await call.run(self.core.withdraw_approval, call.principal, request.run_id,
+                                     request.approval_id, request.reason)
+        return convert.observation_to_proto(observation)
+
     # ApprovalService
 
     async def ListApprovals(

@@ -15,6 +15,8 @@ examples:
   ringfence demo routing            supervisor routing: status=review route=latency evidence=fixture:L1
   ringfence demo coding             a workspace: write a module and its test, run them (output live),
                                       fix, run again, download the module
+  ringfence demo mcp                an MCP client (the official SDK's) calls ringfence's tools over stdio:
+                                      echo=executed credit=denied
   ringfence demo --workdir ./demo   keep the run's event log, then: ringfence runs show RUN_ID \\
                                       --state-dir ./demo/state
   ringfence demo --model local      the reference agent driven by a real language model on this
@@ -29,12 +31,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Run a demo end to end on this machine's Docker engine: real containers, a real "
                     "gRPC control plane on a loopback port, nothing mocked but the model.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("which", nargs="?", choices=("reference", "showcase", "plan", "routing", "coding", "all"),
+    p.add_argument("which", nargs="?", choices=("reference", "showcase", "plan", "routing", "coding", "mcp", "all"),
                    default="reference",
                    help="reference (default): the seven-turn incident-response agent; showcase: the "
                         "sandbox alone; plan: an evidence plan checked by an independent verifier; "
                         "routing: a ticket routed to a specialist; coding: an agent writes, tests, fixes "
-                        "and downloads a module in its run's workspace; all: every one")
+                        "and downloads a module in its run's workspace; mcp: an MCP client calls the "
+                        "tools through `ringfence mcp`; all: every one")
     p.add_argument("--workdir", type=Path, default=None,
                    help="keep the demo's state (event log, /input) here instead of a temporary folder")
     p.add_argument("--model", choices=("scripted", "local"), default="scripted",
@@ -59,6 +62,8 @@ def demo_command(args: argparse.Namespace) -> int:
         return _feature(args.which, args.workdir)
     if args.which == "coding":
         return _coding(args.workdir)
+    if args.which == "mcp":
+        return _mcp(args.workdir)
     return _reference(args.workdir)
 
 
@@ -118,6 +123,21 @@ def _coding(workdir: Path | None) -> int:
         return 1
 
 
+def _mcp(workdir: Path | None) -> int:
+    from ringfence_server.sandbox.errors import SandboxError
+
+    try:
+        from ringfence_server.control.demo.mcp_demo import run
+
+        return run(workdir)
+    except ImportError as e:  # the client's `mcp` extra is missing
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except SandboxError as e:
+        print(f"error: {e}\n(is the Docker engine up, and are the images built? `make images`)", file=sys.stderr)
+        return 1
+
+
 def run_all(workdir: Path | None = None) -> int:
     failed = _showcase()
     print("\n" + "-" * 100 + "\n", flush=True)
@@ -126,4 +146,6 @@ def run_all(workdir: Path | None = None) -> int:
         print("\n" + "-" * 100 + "\n", flush=True)
         failed = _feature(which, None) or failed
     print("\n" + "-" * 100 + "\n", flush=True)
-    return _coding(None) or failed
+    failed = _coding(None) or failed
+    print("\n" + "-" * 100 + "\n", flush=True)
+    return _mcp(None) or failed

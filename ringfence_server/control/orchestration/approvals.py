@@ -1,5 +1,6 @@
 """The approval lifecycle (step 6): requested for an ASK verdict, decided by a person who did
-not propose the call, expired when its time is up, used once by the dispatch it authorizes.
+not propose the call, withdrawn by the one who did (or an admin) while nobody has decided yet,
+expired when its time is up, used once by the dispatch it authorizes.
 
 Every transition is an event, so a restart finds each approval where it was; an approved call
 that was not dispatched yet is resumed from the log alone (ringfence_server.control.orchestration.recovery).
@@ -22,6 +23,7 @@ from ringfence.model import (
     Observation,
     ObservationStatus,
     Principal,
+    Role,
     RunOutcome,
 )
 from ringfence_server.control.approvals import approval_digest, new_approval_id
@@ -31,6 +33,7 @@ from ringfence_server.control.events import (
     ApprovalExpired,
     ApprovalRequested,
     ApprovalUsed,
+    ApprovalWithdrawn,
     DispatchStarted,
     GrantAdded,
 )
@@ -229,6 +232,34 @@ class ApprovalDesk:
             else:
                 self.resume(state, pending)
             return state.approvals[approval_id]
+
+    def withdraw(self, p: Principal, state: RunState, approval_id: str, reason: str) -> Observation:
+        """Take back a pending call before anyone decides it: the call never runs, and its
+        observation (returned) is declined with "approval:withdrawn" on its path.
+
+        Only the principal that proposed the call, or an admin, may (PermissionDenied): an
+        agent of the tenant must not cancel another agent's call. A reconciliation task is
+        the approvers' (the call may have run; only a person may say), and an approval no
+        longer pending has nothing left to withdraw: both FailedPrecondition, as a finished run."""
+        with self.repo.writing(state):
+            if state.finished:
+                raise FailedPrecondition(f"run {state.run_id} is finished ({state.outcome})")
+            self.sweep_expired(state)  # an approval whose time is up is expired, not withdrawable
+            approval = state.approvals[approval_id]
+            if approval.kind is ApprovalKind.RECONCILE:
+                raise FailedPrecondition(f"approval {approval_id} is a reconciliation task: only an approver "
+                                         "may resolve it")
+            if approval.status is not ApprovalStatus.PENDING:
+                raise FailedPrecondition(f"approval {approval_id} is {approval.status}: nothing to withdraw")
+            pending = state.pending[approval.call_id]
+            if p.role is not Role.ADMIN and pending.proposed_by != p.subject:
+                raise PermissionDenied(f"{p.subject} did not propose the call of approval {approval_id} "
+                                       "and cannot withdraw it")
+            self.repo.append(state, ApprovalWithdrawn(approval_id=approval_id, by=p.subject, reason=reason))
+            spans.approval_wait(spans.run_context(state), state.approvals[approval_id], "withdrawn", self._clock())
+            return self.repo.observe(state, self.unresolved(
+                pending, f"withdrawn by {p.subject}" + (f": {reason}" if reason else ""), "approval_withdrawn",
+                "approval:withdrawn"))
 
     def resume(self, state: RunState, pending: PendingCall) -> Observation:
         """Dispatch an approved call, re-deriving everything from the log."""

@@ -34,6 +34,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from ringfence.errors import (
@@ -71,7 +72,7 @@ from ringfence_server.control.orchestration.stops import RunStops
 from ringfence_server.control.orchestration.workspaces import RunWorkspaces
 from ringfence_server.control.plans.service import PlanVerification
 from ringfence_server.control.policy import PolicyEngine
-from ringfence_server.control.registry import Registry
+from ringfence_server.control.registry import Registry, ToolManifest
 from ringfence_server.control.routing.service import TicketRouter
 from ringfence_server.control.state import RunState
 from ringfence_server.control.store.base import EventStore
@@ -87,6 +88,14 @@ _READ_ROLES = (Role.AGENT, Role.APPROVER, Role.VERIFIER, Role.ADMIN)
 _CANCEL_ROLES = (Role.AGENT, Role.APPROVER, Role.ADMIN)  # a verifier judges; it never acts on a run
 _AGENT_ROLES = (Role.AGENT, Role.ADMIN)
 _APPROVER_ROLES = (Role.APPROVER, Role.ADMIN)
+
+
+def hinted_view(manifest: ToolManifest) -> ToolView:
+    """What a caller sees of a tool: its view, with the only two hints of its risk metadata
+    that cross (an MCP front door annotates with them): read-only when it does not mutate,
+    destructive when it mutates and cannot be undone."""
+    return replace(manifest.view(), read_only_hint=not manifest.mutates,
+                   destructive_hint=manifest.mutates and manifest.irreversible)
 
 
 class Orchestrator:
@@ -180,8 +189,11 @@ class Orchestrator:
     # ------------------------------------------------------------------ runs
 
     def list_tools(self, p: Principal, query: str = "") -> list[ToolView]:
+        """The registry's tools (narrowed by `query`), each with the two hints derived from its
+        manifest (`hinted_view`): nothing else of its risk metadata leaves the control plane."""
         self._require(p, _READ_ROLES)
-        return self.registry.list(query)
+        manifests = [self.registry.get(view.name) for view in self.registry.list(query)]
+        return [hinted_view(m) for m in manifests if m is not None]
 
     def start_run(self, p: Principal, goal: str, run_id: str | None = None, *,
                   workspace: WorkspaceRequest | None = None) -> RunView:
@@ -383,6 +395,24 @@ class Orchestrator:
         state = self.desk.find(p, approval_id)
         with self._write(state):
             return self.desk.decide(p, state, approval_id, approve, reason, remember=remember, digest=digest)
+
+    def withdraw_approval(self, p: Principal, run_id: str, approval_id: str, reason: str = "") -> Observation:
+        """Withdraw a pending approval of a call in run `run_id` (its proposer or an admin): the
+        call never runs; its observation, declined ("approval:withdrawn"), is returned. Another
+        tenant's run, or an approval not of this run, is NotFound; see ApprovalDesk.withdraw
+        for the rest."""
+        self._require(p, _AGENT_ROLES)
+        violations = [FieldViolation(name, "required") for name, value in (("run_id", run_id),
+                                                                          ("approval_id", approval_id)) if not value]
+        if violations:
+            raise InvalidArgument("nothing to withdraw", violations)
+        if not isinstance(reason, str) or len(reason.encode()) > 4096:
+            raise InvalidArgument("reason is too long", [FieldViolation("reason", "at most 4096 bytes")])
+        state = self.runs.get(p.tenant, run_id)
+        if approval_id not in state.approvals:
+            raise NotFound(f"approval {approval_id!r} not found in run {run_id!r}")
+        with self._write(state):
+            return self.desk.withdraw(p, state, approval_id, reason)
 
     # ------------------------------------------------------------------ lifecycle
 
