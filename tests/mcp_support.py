@@ -1,6 +1,6 @@
-"""Shared helpers of the MCP front door's tests (stdio here; the Streamable HTTP tests may reuse
-all but `stdio_session`): a `ringfence serve` config with the ledger as an egress service, the
-MCP SDK's own client over stdio, the session's run found by its goal, its log read to the end,
+"""Shared helpers of the MCP front door's tests: a `ringfence serve` config with the ledger as an
+egress service, the MCP SDK's own client over stdio (`stdio_session`) and over Streamable HTTP
+(`http_session`), the session's run found by its goal, its log read to the end,
 and the progress notifications a call received.
 
 Everything a test starts is stopped by the context manager that started it, also on failure.
@@ -18,7 +18,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import anyio
+import httpx2
 from mcp import ClientSession, Implementation, StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 
 from ringfence import Client
 from ringfence.model import Event
@@ -113,3 +116,22 @@ class Progress:
         match = APPROVAL_ID.search(self.messages[0])
         assert match, self.messages
         return match.group(0)
+
+
+@asynccontextmanager
+async def http_session(url: str, name: str, *, token: str = AGENT, session_ids: list[str] | None = None,
+                       terminate_on_close: bool = True) -> AsyncIterator[ClientSession]:
+    """An initialized MCP session over the SDK's Streamable HTTP client with `Authorization: Bearer
+    token`; its session id appended to `session_ids`. Closed at exit (DELETE, unless
+    terminate_on_close is False)."""
+    async def remember(response: httpx2.Response) -> None:
+        sid = response.headers.get("mcp-session-id")
+        if session_ids is not None and sid and sid not in session_ids:
+            session_ids.append(sid)
+
+    http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
+    http.event_hooks["response"].append(remember)
+    async with http, streamable_http_client(url, http_client=http, terminate_on_close=terminate_on_close) as (
+            read, write), ClientSession(read, write, client_info=Implementation(name=name, version="1.2.3")) as s:
+        await s.initialize()
+        yield s

@@ -44,6 +44,8 @@ RINGFENCE = str(Path(sys.executable).with_name("ringfence"))
 AGENT_TOKEN = "demo-agent-token"  # the embedded defaults' dev tenant (a config without [tenants] keeps it)
 GOAL = "Read the incident report with read_file: its path is /input/incident.md. Then answer with what it says."
 OUTCOMES = {o.value for o in RunOutcome}
+DEMO_TIMEOUT_S = 600
+"""The ceiling of one `ringfence demo --model local` or `ringfence eval --model` subprocess."""
 
 
 @pytest.fixture(scope="module")
@@ -163,9 +165,18 @@ def test_a_call_cut_short_is_never_sent_but_shown_to_the_model_to_repair(served,
         assert shown[0]["status"] == "invalid" and "not a JSON object" in shown[0]["error"]
 
 
+@pytest.mark.timeout(DEMO_TIMEOUT_S + 60)
 def test_ringfence_demo_with_the_local_model(tmp_path):
-    proc = subprocess.run([RINGFENCE, "demo", "--model", "local", "--workdir", str(tmp_path)],
-                          capture_output=True, text=True, timeout=900)
+    # 35 s on a quiet 2-core machine; a busy one has taken over 300 s, so the demo gets its own
+    # ceiling, and a demo that outlives it is shown (its turns so far, the model server's log).
+    try:
+        proc = subprocess.run([RINGFENCE, "demo", "--model", "local", "--workdir", str(tmp_path)],
+                              capture_output=True, text=True, timeout=DEMO_TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:
+        log = tmp_path / "local-model.log"
+        pytest.fail(f"the demo ran past {DEMO_TIMEOUT_S} s; its output so far:\n{_text(e.stdout)}\n"
+                    f"{_text(e.stderr)[-3000:]}\nthe model server's log ends:\n"
+                    f"{log.read_text(errors='replace')[-3000:] if log.exists() else '(none)'}")
     out = proc.stdout
     print(out)
     # The demo checks its own contract (exit 1 and UNEXPECTED lines otherwise).
@@ -194,6 +205,10 @@ def test_ringfence_demo_with_the_local_model(tmp_path):
     assert events[-1].data["outcome"] == (outcome if ended_by == "server" or outcome == "completed" else "cancelled")
 
 
+def _text(data: str | bytes | None) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
+
+
 SUITE = """\
 from dataclasses import replace
 
@@ -205,11 +220,12 @@ CASES = [replace(c, options=LoopOptions(max_turns=2)) for c in ALL if c.name in 
 """
 
 
+@pytest.mark.timeout(DEMO_TIMEOUT_S + 60)
 def test_eval_compares_the_local_model_with_the_script_paired_by_case(local_model, tmp_path):
     suite = tmp_path / "two_cases.py"
     suite.write_text(SUITE)
     proc = subprocess.run([RINGFENCE, "eval", str(suite), "--model", f"openai:{local_model.base_url}", "--json"],
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=DEMO_TIMEOUT_S)
     print(proc.stderr[-3000:])
     assert proc.returncode in (0, 1), proc.stdout[-4000:] + proc.stderr[-4000:]
     report = json.loads(proc.stdout)

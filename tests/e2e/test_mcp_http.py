@@ -22,8 +22,6 @@ import ssl
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +30,13 @@ import httpx2
 import pytest
 from mcp import ClientSession, Implementation
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_support import (
     APPROVER,
     Progress,
     client_name,
     events_of,
+    http_session,
     observation_meta,
     run_events,
     session_run_id,
@@ -110,25 +108,6 @@ def world(docker_client, pinned_images, tmp_path_factory):
             served.stop()
 
 
-@asynccontextmanager
-async def http_session(url: str, name: str, *, token: str = AGENT, session_ids: list[str] | None = None,
-                       terminate_on_close: bool = True) -> AsyncIterator[ClientSession]:
-    """An initialized MCP session over the SDK's Streamable HTTP client with `Authorization: Bearer
-    token`; its session id appended to `session_ids`. Closed at exit (DELETE, unless
-    terminate_on_close is False)."""
-    async def remember(response: httpx2.Response) -> None:
-        sid = response.headers.get("mcp-session-id")
-        if session_ids is not None and sid and sid not in session_ids:
-            session_ids.append(sid)
-
-    http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
-    http.event_hooks["response"].append(remember)
-    async with http, streamable_http_client(url, http_client=http, terminate_on_close=terminate_on_close) as (
-            read, write), ClientSession(read, write, client_info=Implementation(name=name, version="1.2.3")) as s:
-        await s.initialize()
-        yield s
-
-
 def run(coro_fn: Any, *args: Any) -> Any:
     return anyio.run(coro_fn, *args)
 
@@ -164,7 +143,7 @@ def test_initialize_and_tools_list_equal_list_tools(world):
         assert tool.input_schema == expected, tool.name
         assert tool.description == view.description
     # The annotations (and the absence of risk metadata) are the mapping's, the same for both
-    # transports: tests/e2e/test_mcp_stdio.py checks them.
+    # transports: tests/e2e/test_mcp_calls.py checks them over both.
 
 
 def test_an_allowed_read_runs_in_a_container_and_delete_finishes_the_run(world):

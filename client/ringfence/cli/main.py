@@ -56,7 +56,11 @@ def build() -> tuple[argparse.ArgumentParser, CommandLine]:
 
 def main(argv: list[str] | None = None) -> int:
     parser, cli = build()
-    args = parser.parse_args(cli.route(list(sys.argv[1:] if argv is None else argv)))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["mcp"] and importlib.util.find_spec("mcp") is None:
+        # Not a typo but a missing extra: say how to get the command rather than "invalid choice".
+        parser.error(f"`ringfence mcp` needs the MCP SDK: {mcp.EXTRA_HINT}")
+    args = parser.parse_args(cli.route(argv))
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

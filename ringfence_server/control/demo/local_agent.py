@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
@@ -97,7 +98,9 @@ class _Told(Narrated):
     """Narrated, saying also what a real model's turn carries that a script's never does."""
 
     def next_turn(self, context: AgentContext) -> ModelTurn:
+        started = time.monotonic()
         turn = super().next_turn(context)
+        took = time.monotonic() - started
         for call in turn.tool_calls:
             if call.invalid_arguments is not None:
                 print(f"   (its arguments for {call.name}: {call.invalid_arguments[:120]})", file=self.out)
@@ -105,7 +108,7 @@ class _Told(Narrated):
             print(f"   its response was cut by the length limit (finish reason {turn.finish_reason!r})", file=self.out)
         usage = turn.usage
         said = (f"{usage.input_tokens} in, {usage.output_tokens} out" if usage is not None else "no usage reported")
-        print(f"   model: finish reason {turn.finish_reason or '-'}, {said}", file=self.out, flush=True)
+        print(f"   model: finish reason {turn.finish_reason or '-'}, {said}, {took:.1f} s", file=self.out, flush=True)
         return turn
 
 
@@ -145,7 +148,12 @@ def _events(client: Client, run_id: str) -> list[Event]:
 def run(workdir: Path | None = None, out: TextIO = sys.stdout) -> int:
     from ringfence_server.control.demo.stack import DemoStack
 
-    server = LocalModelServer()
+    # With a workdir the model server's log stays beside the run's state, for a look afterwards.
+    log_path = None
+    if workdir is not None:
+        Path(workdir).mkdir(parents=True, exist_ok=True)
+        log_path = Path(workdir) / "local-model.log"
+    server = LocalModelServer(log_path=log_path)
     with server, tempfile.TemporaryDirectory(prefix="ringfence-demo-") as tmp:
         model = local_models(server)
         where = Path(workdir) if workdir is not None else Path(tmp)

@@ -1,7 +1,9 @@
-"""The MCP front door over stdio, with real parts only: a real `ringfence serve` on a loopback port
-(the embedded defaults' demo tenant and rules, /input, and the ledger as the egress service that
-`credit` reaches), real containers for every call, and the MCP SDK's own client (ClientSession
-over its stdio transport) launching `python -m ringfence.cli mcp --server ADDR` as a host would.
+"""The MCP front door over both transports, with real parts only: a real `ringfence serve` on a
+loopback port (the embedded defaults' demo tenant and rules, /input, the ledger as the egress
+service that `credit` reaches, and its Streamable HTTP listener), real containers for every call,
+and the MCP SDK's own client: over stdio, launching `python -m ringfence.cli mcp --server ADDR` as
+a host would, and over Streamable HTTP to `serve --mcp-listen` with a bearer token. Every test
+runs once per transport.
 
 What is asserted is meaning: the schemas and hints tools/list gives against ListTools; the exact
 events of each call in the session's run's log; the effects counted at the ledger itself; the
@@ -25,6 +27,7 @@ from mcp_support import (
     Progress,
     client_name,
     events_of,
+    http_session,
     observation_meta,
     run_events,
     session_run_id,
@@ -54,9 +57,13 @@ def account() -> str:
     return f"acme-{next(_accounts)}"
 
 
-@pytest.fixture(scope="module")
-def world(docker_client, pinned_images, tmp_path_factory):
-    """(served, ledger): `ringfence serve` whose `credit` reaches the ledger; both removed at the end."""
+MCP_LINE = "ringfence: MCP (Streamable HTTP) on "
+
+
+@pytest.fixture(scope="module", params=["stdio", "http"])
+def world(request, docker_client, pinned_images, tmp_path_factory):
+    """(served, ledger): `ringfence serve` whose `credit` reaches the ledger, with its MCP listener;
+    `served.transport` is the transport this module's tests use. Both removed at the end."""
     from ringfence_server.demo_services.ledger.container import Ledger
 
     tmp = tmp_path_factory.mktemp("mcp")
@@ -68,11 +75,21 @@ def world(docker_client, pinned_images, tmp_path_factory):
     with Ledger(docker_client, lock=pinned_images) as ledger:
         config = write_config(tmp / "ringfence.toml", inputs=inputs, ledger_services=ledger.services(),
                               ledger_network=ledger.network)
-        served = Served(config, tmp / "state")
+        served = Served(config, tmp / "state", "--mcp-listen", "127.0.0.1:0")
         try:
+            line = served.line_starting(MCP_LINE)
+            served.transport = request.param  # type: ignore[attr-defined]
+            served.mcp_url = line[len(MCP_LINE):].split()[0]  # type: ignore[attr-defined]
             yield served, ledger
         finally:
             served.stop()
+
+
+def mcp_session(served: Any, name: str) -> Any:
+    """An initialized MCP session over the world's transport (closed at exit)."""
+    if served.transport == "http":
+        return http_session(served.mcp_url, name)
+    return stdio_session(served.address, name)
 
 
 def run(coro_fn: Any, *args: Any) -> Any:
@@ -108,7 +125,7 @@ def test_initialize_and_tools_list_match_list_tools(world):
     name = client_name("list")
 
     async def go():
-        async with stdio_session(served.address, name) as session:
+        async with mcp_session(served, name) as session:
             assert session.initialize_result.server_info.name == "ringfence"
             return (await session.list_tools()).tools
 
@@ -143,7 +160,7 @@ def test_an_allowed_read_runs_in_a_container_and_the_sessions_end_finishes_its_r
     name = client_name("read")
 
     async def go():
-        async with stdio_session(served.address, name) as session:
+        async with mcp_session(served, name) as session:
             result = await session.call_tool("read_file", {"path": "/input/hello.txt"})
             with Client(served.address, AGENT) as client:
                 during = client.get_run(session_run_id(client, name))
@@ -180,7 +197,7 @@ def test_a_denied_call_is_an_error_result_equal_to_submit_batchs_observation(wor
     name = client_name("deny")
 
     async def go():
-        async with stdio_session(served.address, name) as session:
+        async with mcp_session(served, name) as session:
             return await session.call_tool(tool, arguments)
 
     result = run(go)
@@ -221,7 +238,7 @@ def test_an_ask_approved_by_a_second_client_runs_while_progress_arrives(world):
     async def go():
         progress = Progress()
         decided: dict[str, str] = {}
-        async with stdio_session(served.address, name) as session, anyio.create_task_group() as tg:
+        async with mcp_session(served, name) as session, anyio.create_task_group() as tg:
             async def approve() -> None:
                 decided["id"] = await _decide_when_asked(served.address, progress, True, "known customer")
 
@@ -253,7 +270,7 @@ def test_an_ask_declined_is_an_error_result_with_the_reason(world):
 
     async def go():
         progress = Progress()
-        async with stdio_session(served.address, name) as session, anyio.create_task_group() as tg:
+        async with mcp_session(served, name) as session, anyio.create_task_group() as tg:
             tg.start_soon(_decide_when_asked, served.address, progress, False, "not this customer")
             return await session.call_tool("credit", {"account": acct, "amount": 60}, progress_callback=progress)
 
@@ -275,7 +292,7 @@ def test_a_cancelled_request_withdraws_its_approval_and_the_call_never_runs(worl
 
     async def go():
         progress = Progress()
-        async with stdio_session(served.address, name) as session:
+        async with mcp_session(served, name) as session:
             with anyio.CancelScope() as scope:
                 async with anyio.create_task_group() as tg:
                     async def cancel_when_waiting() -> None:
@@ -324,7 +341,7 @@ def test_a_mutation_sent_twice_with_the_same_meta_key_takes_effect_once(world):
 
     async def one_session() -> Any:
         progress = Progress()
-        async with stdio_session(served.address, client_name("key")) as session, anyio.create_task_group() as tg:
+        async with mcp_session(served, client_name("key")) as session, anyio.create_task_group() as tg:
             tg.start_soon(_decide_when_asked, served.address, progress, True, "ok")
             result = await session.call_tool("credit", {"account": acct, "amount": 20}, progress_callback=progress,
                                              meta=cast(RequestParamsMeta, {"io.ringfence/idempotency-key": key}))
@@ -347,7 +364,7 @@ def test_unknown_tool_and_invalid_arguments_are_json_rpc_errors_with_the_schema_
 
     async def go():
         errors: dict[str, MCPError] = {}
-        async with stdio_session(served.address, client_name("bad")) as session:
+        async with mcp_session(served, client_name("bad")) as session:
             for label, tool, arguments in (("unknown", "no_such_tool", {}),
                                            ("invalid", "credit", {"account": "acme-1", "amount": "lots"})):
                 with pytest.raises(MCPError) as caught:
