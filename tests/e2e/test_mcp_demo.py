@@ -2,17 +2,23 @@
 SDK's client launches `ringfence mcp` over stdio against a real control plane on a loopback port;
 the closing line is checked byte for byte, and what it claims is checked again in the run's own
 event log (kept with --workdir): echo was dispatched to a sandbox, credit was decided `deny` and
-never dispatched, and the session's end finished the run.
+never dispatched, and the session's end finished the run. And the README's host configuration,
+as written, reaches a real `ringfence serve`.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import anyio
 import pytest
+from docs_support import README, blocks, section
+from mcp import ClientSession, StdioServerParameters, stdio_client
+from serve_support import Served
 
 from ringfence_server.control.store import SqliteEventStore
 
@@ -51,3 +57,27 @@ def test_the_mcp_demo_runs_end_to_end(pinned_images, docker_client, tmp_path):
     assert denied.data["verdict"] == "deny"
     assert events[0].type == "run_started" and events[0].data["goal"].startswith("MCP session")
     assert events[-1].type == "run_finished"
+
+
+def test_the_readmes_host_configuration_launches_a_working_front_door(pinned_images, docker_client, tmp_path):
+    [(_lang, _file, text)] = [b for b in blocks(section(README, "Any MCP agent")) if b[0] == "json"]
+    [entry] = json.loads(text)["mcpServers"].values()
+    assert entry["command"] == "ringfence" and entry["args"][:2] == ["mcp", "--server"]
+    served = Served(None, tmp_path / "state")
+    try:
+        # As written, but for the server's address (a free port here, not 50051) and the command's
+        # path (this venv's `ringfence`, as a host with it on PATH would find it).
+        params = StdioServerParameters(command=RINGFENCE, args=[*entry["args"][:2], served.address],
+                                       env=entry["env"])
+
+        async def session() -> tuple[list[str], bool, str]:
+            async with stdio_client(params) as (read, write), ClientSession(read, write) as s:
+                await s.initialize()
+                tools = [t.name for t in (await s.list_tools()).tools]
+                result = await s.call_tool("echo", {"text": "from the README"})
+                return tools, result.is_error, json.dumps(result.structured_content)
+
+        tools, is_error, content = anyio.run(session)
+    finally:
+        served.stop()
+    assert "echo" in tools and not is_error and "from the README" in content
