@@ -90,6 +90,9 @@ def _fields(type_: str, d: Mapping[str, Any]) -> dict[str, Any]:  # noqa: C901 -
     elif type_ == EventType.APPROVAL_DECIDED:
         keep("approval_id", "approved", "by", "remember")
         out["reason"] = _text(d.get("reason"))
+    elif type_ == EventType.APPROVAL_WITHDRAWN:
+        keep("approval_id", "by")
+        out["reason"] = _text(d.get("reason"))
     elif type_ in (EventType.APPROVAL_EXPIRED, EventType.APPROVAL_USED):
         keep("approval_id")
     elif type_ == EventType.GRANT_ADDED:
@@ -155,7 +158,7 @@ class EventLogger:
             "seq": event.seq,
         }
         call_id = d.get("call_id")
-        if call_id is None and d.get("approval_id") is not None:  # approval_decided/_used/_expired
+        if call_id is None and d.get("approval_id") is not None:  # approval_decided/_used/_expired/_withdrawn
             approval = (getattr(state, "approvals", None) or {}).get(d["approval_id"])
             call_id = getattr(approval, "call_id", None)
         if call_id is not None:

@@ -117,6 +117,33 @@ def test_the_proposer_withdraws_and_the_call_never_runs(core, clients):
         assert again.orchestrator.runs.get("acme", "w1").view() == fold(stored).view() == live.view()
 
 
+def test_the_withdrawal_reads_as_such_in_the_cli_the_log_lines_and_the_trace(core, clients):
+    from ringfence.cli.render import event_detail
+    from ringfence_server.control.eventlog import EventLogger
+    from ringfence_server.control.tracing.from_events import trace_from_events
+
+    agent = clients(AGENT_TOKEN)
+    approval_id = ask(agent, "w9")
+    agent.withdraw_approval("w9", approval_id, "changed my mind")
+    agent.finish_run("w9")
+    [withdrawn] = [e for e in core.store.read("w9") if e.type == "approval_withdrawn"]
+
+    assert event_detail(withdrawn) == f"{approval_id} withdrawn by acme-agent: changed my mind"
+    line = EventLogger().line(core.orchestrator.runs.get("acme", "w9"), withdrawn)
+    assert {k: line[k] for k in ("event", "call_id", "approval_id", "by", "reason")} == {
+        "event": "approval_withdrawn", "call_id": "note", "approval_id": approval_id, "by": "acme-agent",
+        "reason": "changed my mind"}
+
+    def nodes(node):
+        yield node
+        for child in node.children:
+            yield from nodes(child)
+
+    [approval] = [n for n in nodes(trace_from_events(core.store.read("w9"))) if n.attributes.get("decision")]
+    assert approval.labels[-1] == "withdrawn by acme-agent: changed my mind"
+    assert approval.attributes["decision"] == "withdrawn" and approval.end == withdrawn.at
+
+
 def test_without_a_reason_the_error_names_who_withdrew(core, clients):
     agent = clients(AGENT_TOKEN)
     approval_id = ask(agent, "w2")

@@ -33,6 +33,9 @@ def event_detail(event: Event) -> str:  # noqa: C901 - one arm per event type: t
         return f"{d.get('approval_id')} {word} by {d.get('by')}" + (f": {short(reason, 50)}" if reason else "")
     if t == EventType.APPROVAL_EXPIRED:
         return f"{d.get('approval_id')} expired"
+    if t == EventType.APPROVAL_WITHDRAWN:
+        reason = d.get("reason") or ""
+        return f"{d.get('approval_id')} withdrawn by {d.get('by')}" + (f": {short(reason, 50)}" if reason else "")
     if t == EventType.APPROVAL_USED:
         return f"{d.get('approval_id')} used"
     if t == EventType.GRANT_ADDED:

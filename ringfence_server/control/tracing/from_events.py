@@ -45,6 +45,7 @@ from ringfence_server.control.events import (
     ApprovalExpired,
     ApprovalRequested,
     ApprovalUsed,
+    ApprovalWithdrawn,
     ArtifactCollected,
     AttemptFinished,
     BatchStarted,
@@ -216,6 +217,8 @@ class _Builder:
                     self.on_approval_expired(approval_id, at)
                 case ApprovalUsed(approval_id=approval_id):
                     self.on_approval_used(approval_id, at)
+                case ApprovalWithdrawn():
+                    self.on_approval_withdrawn(payload, at)
                 case GrantAdded():
                     self.on_grant_added(payload, at)
                 case DispatchStarted():
@@ -335,6 +338,14 @@ class _Builder:
         if decided.remember:
             node.labels.append("remembered for the run")
         node.attributes.update({"decision": decision, "by": by, "remember": bool(decided.remember)})
+
+    def on_approval_withdrawn(self, withdrawn: ApprovalWithdrawn, at: float) -> None:
+        node, _call = self._approval(withdrawn.approval_id, at)
+        if node is not None:
+            node.end = at
+            by = withdrawn.by or "?"
+            node.labels.append(f"withdrawn by {by}" + (f": {short(withdrawn.reason, 60)}" if withdrawn.reason else ""))
+            node.attributes.update({"decision": "withdrawn", "by": by})
 
     def on_approval_expired(self, approval_id: str, at: float) -> None:
         node, _call = self._approval(approval_id, at)
