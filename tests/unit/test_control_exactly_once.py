@@ -206,6 +206,44 @@ def test_a_client_key_whose_call_failed_is_not_run_again(tmp_path):
     assert h.emulator.tools() == ["write_note"]
 
 
+@pytest.mark.parametrize("ending", ["declined", "withdrawn", "expired"])
+def test_a_crash_after_an_approval_ends_a_call_still_gives_it_its_observation_and_never_runs_it(tmp_path, ending):
+    """Killed between the approval's event (decided no, withdrawn, expired) and the call's
+    observation: the restarted server writes the observation the call would have had, and the
+    call never reaches the sandbox."""
+    h = Harness(tmp_path)
+    run = h.run()
+    [pending] = h.submit(run, ("credit", {"account": "acme-9", "amount": 50}))
+    event_type = {"declined": "approval_decided", "withdrawn": "approval_withdrawn", "expired": "approval_expired"}
+
+    def die_after_the_approvals_event(state, event):
+        if event.type == event_type[ending]:
+            raise Crash()
+
+    h.orch.on_event = die_after_the_approvals_event
+    with pytest.raises(Crash):
+        if ending == "declined":
+            h.orch.decide_approval(APPROVER, pending.approval_id, False, "not today")
+        elif ending == "withdrawn":
+            h.orch.withdraw_approval(AGENT, run, pending.approval_id, "changed my mind")
+        else:
+            h.clock.advance(10 ** 6)
+            h.orch.list_approvals(APPROVER, run)
+    h.restart()
+    [observation] = h.orch.get_run(AGENT, run).trajectory
+    expected = {"declined": (f"declined by {APPROVER.subject}: not today", None),
+                "withdrawn": (f"withdrawn by {AGENT.subject}: changed my mind", "approval_withdrawn"),
+                "expired": ("approval expired", "approval_expired")}[ending]
+    assert (observation.call_id, observation.status, observation.executed) == (pending.call_id, S.DECLINED, False)
+    assert (observation.error, observation.error_class) == expected
+    assert observation.verdict_path[-1] == f"approval:{ending}"
+    assert h.backend.starts == 0 and h.emulator.tools() == []
+    events = [e.type for e in h.store.read(run)]
+    assert events[-2:] == [event_type[ending], "observation"]
+    h.restart()  # a second restart finds nothing left to do
+    assert [e.type for e in h.store.read(run)] == events
+
+
 def test_an_approval_is_found_through_the_store_after_a_restart(tmp_path):
     h = Harness(tmp_path)
     run = h.run()

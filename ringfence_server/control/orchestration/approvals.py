@@ -157,6 +157,30 @@ class ApprovalDesk:
                            error_class=error_class, verdict_path=(*pending.verdict_path, step),
                            approval_id=pending.approval_id)
 
+    def refusal(self, pending: PendingCall, approval: Approval) -> Observation | None:
+        """The observation of a pending call whose approval ended without letting it run
+        (declined, withdrawn, expired), built from the approval as the log folds it; None while
+        the call may still run. Written right after the approval's event, or by recovery when a
+        crash came in between (the same observation either way)."""
+        by = approval.decided_by or "?"
+        because = f": {approval.reason}" if approval.reason else ""
+        match approval.status:
+            case ApprovalStatus.DECLINED:
+                return self.unresolved(pending, f"declined by {by}{because}", None, "approval:declined")
+            case ApprovalStatus.WITHDRAWN:
+                return self.unresolved(pending, f"withdrawn by {by}{because}", "approval_withdrawn",
+                                       "approval:withdrawn")
+            case ApprovalStatus.EXPIRED:
+                return self.unresolved(pending, "approval expired", "approval_expired", "approval:expired")
+            case _:
+                return None
+
+    def _refuse(self, state: RunState, pending: PendingCall) -> Observation:
+        """Write the refusal of `pending`, whose approval (in `state`) has just ended it."""
+        refused = self.refusal(pending, state.approvals[pending.approval_id])
+        assert refused is not None, "called right after the approval's declining event"
+        return self.repo.observe(state, refused)
+
     def sweep_expired(self, state: RunState) -> None:
         """Expire pending approvals whose time is up (an event, so replay agrees)."""
         now = self._clock()
@@ -166,8 +190,7 @@ class ApprovalDesk:
                 self.repo.append(state, ApprovalExpired(approval_id=approval.approval_id))
                 spans.approval_wait(spans.run_context(state), approval, "expired", now)
                 if pending is not None:
-                    self.repo.observe(state, self.unresolved(pending, "approval expired", "approval_expired",
-                                                             "approval:expired"))
+                    self._refuse(state, pending)
 
     def try_sweep(self, state: RunState) -> None:
         """Expire what is due, unless a batch holds the run (it sweeps itself; readers never wait)."""
@@ -227,8 +250,7 @@ class ApprovalDesk:
             spans.approval_wait(spans.run_context(state), state.approvals[approval_id],
                                 "approved" if approve else "declined", self._clock())
             if not approve:
-                self.repo.observe(state, self.unresolved(
-                    pending, f"declined by {p.subject}" + (f": {reason}" if reason else ""), None, "approval:declined"))
+                self._refuse(state, pending)
             else:
                 self.resume(state, pending)
             return state.approvals[approval_id]
@@ -257,9 +279,7 @@ class ApprovalDesk:
                                        "and cannot withdraw it")
             self.repo.append(state, ApprovalWithdrawn(approval_id=approval_id, by=p.subject, reason=reason))
             spans.approval_wait(spans.run_context(state), state.approvals[approval_id], "withdrawn", self._clock())
-            return self.repo.observe(state, self.unresolved(
-                pending, f"withdrawn by {p.subject}" + (f": {reason}" if reason else ""), "approval_withdrawn",
-                "approval:withdrawn"))
+            return self._refuse(state, pending)
 
     def resume(self, state: RunState, pending: PendingCall) -> Observation:
         """Dispatch an approved call, re-deriving everything from the log."""

@@ -13,7 +13,9 @@
   person says whether it happened. The rest of the run goes on either way;
 - a read in the same state: recorded as interrupted (reads have no effect);
 - a call policy said to ASK about whose approval request was never written: requested now;
-- an approved call not yet dispatched: dispatched now (the approval is in the log).
+- an approved call not yet dispatched: dispatched now (the approval is in the log);
+- a call whose approval was declined, withdrawn or expired but whose observation was never
+  written: written now, the same observation it would have had (it never runs).
 """
 
 from __future__ import annotations
@@ -29,13 +31,17 @@ from ringfence_server.control.orchestration.runs import RunRepository
 from ringfence_server.control.registry import Registry
 from ringfence_server.control.state import RunState
 
+# An approval in one of these states has ended its call's wait: a call still pending under it
+# was interrupted before its observation (approved: before its dispatch).
+_ENDED = (ApprovalStatus.APPROVED, ApprovalStatus.USED, ApprovalStatus.DECLINED, ApprovalStatus.WITHDRAWN,
+          ApprovalStatus.EXPIRED)
+
 
 def needs_recovery(state: RunState) -> bool:
     """The log shows work interrupted mid-way: something recovery must finish or report."""
-    approved = any(state.approvals.get(p.approval_id) is not None
-                   and state.approvals[p.approval_id].status in (ApprovalStatus.APPROVED, ApprovalStatus.USED)
-                   for p in state.pending.values())
-    return bool(state.unobserved or state.inflight or state.admitted or state.asked or approved)
+    ended = any(state.approvals.get(p.approval_id) is not None and state.approvals[p.approval_id].status in _ENDED
+                for p in state.pending.values())
+    return bool(state.unobserved or state.inflight or state.admitted or state.asked or ended)
 
 
 def recover_run(state: RunState, *, repo: RunRepository, desk: ApprovalDesk, execution: Execution,
@@ -88,8 +94,12 @@ def recover_run(state: RunState, *, repo: RunRepository, desk: ApprovalDesk, exe
                      asked.proposed_by or "")
     for pending in list(state.pending.values()):
         approval = state.approvals.get(pending.approval_id)
-        if approval is not None and approval.status in (ApprovalStatus.APPROVED, ApprovalStatus.USED):
+        if approval is None:
+            continue
+        if approval.status in (ApprovalStatus.APPROVED, ApprovalStatus.USED):
             desk.resume(state, pending)
+        elif (refused := desk.refusal(pending, approval)) is not None:
+            repo.observe(state, refused)
 
 
 def reconcile(state: RunState, started: DispatchStarted, *, repo: RunRepository, desk: ApprovalDesk,
