@@ -29,26 +29,40 @@ from ringfence.model import Event
 ROOT = Path(__file__).resolve().parents[1]
 AGENT = "demo-agent-token"  # the embedded defaults' demo tenant (public dev tokens)
 APPROVER = "demo-approver-token"
+HELLO = "hello from /input\n"
+"""What /input/hello.txt holds (hello_inputs)."""
 
 LEDGER_HOST = "ledger.ringfence.internal"
 APPROVAL_ID = re.compile(r"\bapr-[0-9a-z]+")
 
 
-def write_config(path: Path, *, inputs: Path, ledger_services: dict[str, tuple[str, ...]], ledger_network: str) -> Path:
+def hello_inputs(root: Path) -> Path:
+    """`root`/input holding hello.txt (HELLO), readable by the sandbox user through a read-only
+    bind mount: the folder a config maps to /input."""
+    inputs = root / "input"
+    inputs.mkdir()
+    inputs.chmod(0o755)
+    (inputs / "hello.txt").write_text(HELLO)
+    (inputs / "hello.txt").chmod(0o644)
+    return inputs
+
+
+def write_config(path: Path, *, inputs: Path, ledger_services: dict[str, tuple[str, ...]] | None = None,
+                 ledger_network: str | None = None) -> Path:
     """A config merged over the embedded defaults (their demo tenant and rules: read_file and echo
-    allowed, credit asked up to 100 and denied above): /input mapped to `inputs`, and `credit`
-    granted the ledger, which the egress proxy knows at its pinned address."""
-    services = ", ".join(f'"{name}" = [{", ".join(f"{a!r}" for a in addrs)}]'.replace("'", '"')
-                         for name, addrs in ledger_services.items())
-    path.write_text(
-        "[inputs]\n"
-        f'"/input" = "{inputs}"\n'
-        "[policy.egress]\n"
-        f'credit = ["{LEDGER_HOST}"]\n'
-        "[egress]\n"
-        f"services = {{ {services} }}\n"
-        f'networks = ["{ledger_network}"]\n'
-    )
+    allowed, credit asked up to 100 and denied above): /input mapped to `inputs`, and, given the
+    ledger's services and network, `credit` granted the ledger, which the egress proxy knows at its
+    pinned address."""
+    text = "[inputs]\n" f'"/input" = "{inputs}"\n'
+    if ledger_services is not None and ledger_network is not None:
+        services = ", ".join(f'"{name}" = [{", ".join(f"{a!r}" for a in addrs)}]'.replace("'", '"')
+                             for name, addrs in ledger_services.items())
+        text += ("[policy.egress]\n"
+                 f'credit = ["{LEDGER_HOST}"]\n'
+                 "[egress]\n"
+                 f"services = {{ {services} }}\n"
+                 f'networks = ["{ledger_network}"]\n')
+    path.write_text(text)
     return path
 
 

@@ -24,9 +24,11 @@ import pytest
 from mcp.shared.exceptions import MCPError
 from mcp_support import (
     APPROVER,
+    HELLO,
     Progress,
     client_name,
     events_of,
+    hello_inputs,
     http_session,
     observation_meta,
     run_events,
@@ -45,7 +47,6 @@ from ringfence.models._common import clean_schema
 pytestmark = pytest.mark.docker
 
 AGENT = "demo-agent-token"
-HELLO = "hello from /input\n"
 # Risk metadata a manifest carries beside its schema: none of it may reach an MCP client.
 RISK_KEYS = {"mutates", "reversible", "cost", "paths", "egress_hosts", "limits", "reconcile", "approval", "image",
              "roots", "serial", "workspace"}
@@ -67,11 +68,7 @@ def world(request, docker_client, pinned_images, tmp_path_factory):
     from ringfence_server.demo_services.ledger.container import Ledger
 
     tmp = tmp_path_factory.mktemp("mcp")
-    inputs = tmp / "input"
-    inputs.mkdir()
-    inputs.chmod(0o755)
-    (inputs / "hello.txt").write_text(HELLO)
-    (inputs / "hello.txt").chmod(0o644)
+    inputs = hello_inputs(tmp)
     with Ledger(docker_client, lock=pinned_images) as ledger:
         config = write_config(tmp / "ringfence.toml", inputs=inputs, ledger_services=ledger.services(),
                               ledger_network=ledger.network)
@@ -172,9 +169,12 @@ def test_an_allowed_read_runs_in_a_container_and_the_sessions_end_finishes_its_r
     meta = observation_meta(result)
     assert meta["status"] == "executed" and meta["executed"] is True
     assert during.status is RunStatus.RUNNING  # started at initialize, not yet finished
+    assert during.run_id == meta["run_id"]  # the session's run is the call's
     with Client(served.address, AGENT) as client:
-        view = client.get_run(meta["run_id"])
+        # The log first: it ends at run_finished. Over HTTP the session's end (DELETE) is answered
+        # before the server has finished the run, so the run's status is read once it has.
         events = run_events(client, meta["run_id"])
+        view = client.get_run(meta["run_id"])
     assert view.status is RunStatus.FINISHED
     [observation] = view.trajectory
     assert result.structured_content == dict(observation.content)

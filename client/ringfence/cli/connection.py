@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ringfence.cli.errors import UsageError
 
 if TYPE_CHECKING:  # grpc and the client are loaded when a command connects: the CLI starts without grpc
+    from ringfence.options import TlsConfig
     from ringfence.sync import Client
 
 
@@ -80,15 +81,20 @@ def settings_from(args: argparse.Namespace) -> Settings:
                     timeout=float(timeout), json=bool(option(args, "json")))
 
 
+def tls_of(s: Settings) -> TlsConfig | None:
+    """The TLS settings `s` names (its files read now); None for plaintext."""
+    from ringfence.options import TlsConfig
+
+    if not s.tls:
+        return None
+    return TlsConfig.from_files(s.tls_ca, certificate_chain=s.tls_cert, private_key=s.tls_key,
+                                server_name=s.tls_server_name)
+
+
 def connect(s: Settings) -> Client:
     """A client for the server `s` names (a context manager: it closes its channel)."""
     # grpc (and the client, which needs it) only once a command connects: see failures.py.
-    from ringfence.options import TlsConfig
     from ringfence.sync import Client
 
-    tls = None
-    if s.tls:
-        tls = TlsConfig.from_files(s.tls_ca, certificate_chain=s.tls_cert, private_key=s.tls_key,
-                                   server_name=s.tls_server_name)
     # Streams get no deadline: `watch` and `submit` follow a run for as long as it runs.
-    return Client(s.server, s.token, tls=tls, timeout=s.timeout, stream_timeout=None)
+    return Client(s.server, s.token, tls=tls_of(s), timeout=s.timeout, stream_timeout=None)

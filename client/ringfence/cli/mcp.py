@@ -13,7 +13,7 @@ import signal
 import sys
 from typing import Any
 
-from ringfence.cli.connection import Settings
+from ringfence.cli.connection import Settings, tls_of
 from ringfence.cli.errors import EXIT_OK, EXIT_USAGE, CommandFailed, UsageError
 from ringfence.cli.failures import guarded
 from ringfence.cli.options import SubParsers, add_command
@@ -64,12 +64,8 @@ async def _serve(s: Settings, front_door: Any, progress_every_s: float) -> None:
     from mcp.server.stdio import stdio_server
 
     from ringfence.aio import AsyncClient
-    from ringfence.options import TlsConfig
 
-    tls = None
-    if s.tls:
-        tls = TlsConfig.from_files(s.tls_ca, certificate_chain=s.tls_cert, private_key=s.tls_key,
-                                   server_name=s.tls_server_name)
+    tls = tls_of(s)
 
     def client() -> AsyncClient:
         # Streams without a deadline: a call waiting for approval follows the run's log as long as it waits.

@@ -18,7 +18,8 @@ serve_loop under HTTP), so the run is finished there. `aclose()` finishes every 
 
 FrontDoor IS the lowlevel Server (a subclass): the Streamable HTTP session manager calls more of
 its `app` than a few methods (serve_loop reads its handlers, middleware, lifespan and identity),
-and a subclass provides all of it. `server` is the same object, for callers that want the Server.
+and a subclass provides all of it. Its `run` (the lowlevel Server's) serves one connection; when it
+returns, the connection's exit stack has finished the session's run and closed its client.
 """
 
 from __future__ import annotations
@@ -34,10 +35,7 @@ import mcp_types as types
 from mcp.server.connection import Connection
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
-from mcp.server.models import InitializationOptions
-from mcp.shared._stream_protocols import ReadStream, WriteStream
 from mcp.shared.exceptions import MCPError
-from mcp.shared.message import SessionMessage
 from mcp_types import INVALID_PARAMS, ErrorData
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
@@ -142,17 +140,6 @@ class FrontDoor(Server[Any]):
         self._connect = connect
         self.progress_every_s = progress_every_s
         self._sessions: dict[Connection, _Session] = {}
-
-    @property
-    def server(self) -> Server[Any]:
-        """The MCP lowlevel Server whose handlers are FrontDoor's (FrontDoor itself)."""
-        return self
-
-    async def run(self, read_stream: ReadStream[SessionMessage | Exception], write_stream: WriteStream[SessionMessage],
-                  initialization_options: InitializationOptions, raise_exceptions: bool = False) -> None:
-        """Serve one connection (the lowlevel Server.run); when it ends, so has the session: its
-        connection's exit stack finished the run and closed its client."""
-        await super().run(read_stream, write_stream, initialization_options, raise_exceptions)
 
     async def aclose(self) -> None:
         """Finish every open session's run and close its client (a server shutting down)."""

@@ -8,13 +8,13 @@ identity a session is bound to (`token_digest`).
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from ringfence.aio import AsyncClient
 from ringfence.errors import PermissionDenied, Unauthenticated
+from ringfence_server.control import config
 
 __all__ = ["BearerError", "TokenCheck", "bearer_token", "token_digest"]
 
@@ -39,7 +39,7 @@ def bearer_token(authorization: str | None) -> str:
 
 def token_digest(token: str) -> str:
     """The identity of a token in this process (sessions, cache, logs): never the token itself."""
-    return "sha256:" + hashlib.sha256(token.encode()).hexdigest()
+    return "sha256:" + config.token_digest(token)
 
 
 @dataclass(frozen=True)
