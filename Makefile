@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 export TESTCONTAINERS_RYUK_DISABLED := true
 
-.PHONY: help venv docker packages gvisor postgres images protos test test-unit demo bench lint clean gc dist \
+.PHONY: help venv docker packages gvisor postgres images mcp-wheels mcp-images protos test test-unit demo bench lint clean gc dist \
 	local-model demo-local
 
 help: ## list the targets
@@ -51,10 +51,35 @@ images: venv docker packages ## build the pinned images (only what is missing or
 	$(VENV)/bin/ringfence images build
 	$(VENV)/bin/ringfence images verify
 
+# The worked example of third-party MCP servers (examples/mcp/: `ringfence mcp-servers add` made
+# its images dir and declarations), and a flat wheelhouse of the same packages with every
+# dependency, for the image's interpreter, so that a test can run `ringfence mcp-servers add`
+# offline (PIP_NO_INDEX=1 PIP_FIND_LINKS=$(MCP_WHEELHOUSE)). The wheelhouse is downloaded once
+# per package list (its .packages file records the list it holds).
+MCP_IMAGES := examples/mcp/images
+MCP_TEST_IMAGES := tests/mcp_servers/images
+MCP_PACKAGES := mcp-server-time==2026.10.19 mcp-server-fetch==2026.10.24 mcp-server-git==2026.10.19
+MCP_WHEELHOUSE := images/.build/mcp-wheelhouse
+
+mcp-wheels: venv ## a flat wheelhouse of the example MCP servers' wheels (images/.build/mcp-wheelhouse), for offline tests
+	@if [ "$$(cat $(MCP_WHEELHOUSE)/.packages 2>/dev/null)" = "$(MCP_PACKAGES)" ]; then \
+		echo "==> $(MCP_WHEELHOUSE): present" >&2; \
+	else \
+		$(PY) -m ringfence_server.control.mcp_servers.scaffold_cli wheelhouse $(MCP_WHEELHOUSE) $(MCP_PACKAGES) \
+		&& echo "$(MCP_PACKAGES)" > $(MCP_WHEELHOUSE)/.packages; \
+	fi
+
+mcp-images: venv docker packages images mcp-wheels ## build the MCP servers' pinned images (examples/mcp/images, and the tests' rogue server in tests/mcp_servers/images; only what is missing or stale) and verify them
+	$(VENV)/bin/ringfence images fetch --images-dir $(MCP_IMAGES)
+	$(VENV)/bin/ringfence images build --images-dir $(MCP_IMAGES)
+	$(VENV)/bin/ringfence images verify --images-dir $(MCP_IMAGES)
+	$(VENV)/bin/ringfence images build --images-dir $(MCP_TEST_IMAGES)
+	$(VENV)/bin/ringfence images verify --images-dir $(MCP_TEST_IMAGES)
+
 protos: venv ## regenerate the protobuf/gRPC modules from protos/
 	$(PY) -m ringfence_server.control.api.protos_gen
 
-test: venv lint images gvisor postgres local-model ## lint, then run every test: unit, integration, escape battery, end to end
+test: venv lint images mcp-images gvisor postgres local-model ## lint, then run every test: unit, integration, escape battery, end to end
 	$(VENV)/bin/pytest tests
 
 test-unit: venv ## the fast tests that need no Docker
@@ -97,4 +122,4 @@ gc: venv ## remove containers and networks left by dead ringfence instances
 	$(VENV)/bin/ringfence sandbox gc
 
 clean: ## remove the venv and build outputs (not the Docker images)
-	rm -rf $(VENV) images/.build .pytest_cache dist build/lib client/build
+	rm -rf $(VENV) images/.build $(MCP_IMAGES)/.build $(MCP_TEST_IMAGES)/.build .pytest_cache dist build/lib client/build

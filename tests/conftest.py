@@ -96,6 +96,23 @@ def pinned_images(docker_client):
 
 
 @pytest.fixture(scope="session")
+def mcp_images(docker_client, pinned_images):
+    """The MCP servers' test images (tests/mcp_servers/images: the rogue server, over the
+    built-in images), present with their locked IDs (`make mcp-images`)."""
+    from mcp_sandbox_support import MCP_TEST_IMAGES
+
+    from ringfence_server.imagebuild import verify
+    from ringfence_server.sandbox.pinned_images import lock_for
+
+    lock = lock_for(MCP_TEST_IMAGES)
+    problems = verify(docker_client, lock, images_dir=MCP_TEST_IMAGES)
+    if problems:
+        _unavailable("the MCP test images are missing or drifted (run `make mcp-images`): "
+                     + "; ".join(map(str, problems)))
+    return lock
+
+
+@pytest.fixture(scope="session")
 def backend(docker_client, pinned_images):
     from ringfence_server.sandbox.docker_backend import DockerBackend
 

@@ -1,7 +1,8 @@
 """The server's commands, added to the client's one `ringfence` command (entry point group
 `ringfence.cli`, declared in pyproject.toml): serve the control plane, run sandboxes, build
 and verify images, run the conformance suite, write and check your own tools, inspect and
-verify the runs in the event store, the demos and the evaluation suites."""
+verify the runs in the event store, add third-party MCP servers, the demos and the evaluation
+suites."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ def extend(cli: CommandLine) -> None:
     from ringfence_server.control.api import serve
     from ringfence_server.control.demo import cli as demo_cli
     from ringfence_server.control.evals import cli as eval_cli
+    from ringfence_server.control.mcp_servers import scaffold_cli as mcp_servers_cli
     from ringfence_server.control.store import cli as store_cli
     from ringfence_server.control.toolpkg import cli as toolpkg_cli
     from ringfence_server.control.tracing import cli as trace_cli
@@ -36,6 +38,7 @@ def extend(cli: CommandLine) -> None:
     cli.extend_runs(store_cli.add_actions, _STORE_ACTIONS + "\n\n" + store_cli.DESCRIPTION)
     cli.add_tool_action("new", toolpkg_cli.add_new_parser, _OWN_TOOLS)
     cli.add_tool_action("check", toolpkg_cli.add_check_parser)
+    mcp_servers_cli.register(cli.commands)  # `ringfence mcp-servers add`: a PyPI MCP server's image and declaration
     trace_cli.register(cli.commands)  # `ringfence trace RUN_ID`: a run's span tree, from the event store
     demo_cli.register(cli.commands)  # the demos run a server in-process
     eval_cli.register(cli.commands)  # `ringfence eval SUITE`: scripted agents on a real stack, scored

@@ -64,7 +64,7 @@ class TenantConfig:
 @dataclass(frozen=True)
 class RuleConfig:
     tool: str
-    """A tool name, or "*" for every tool."""
+    """A tool name, "*" for every tool, or "SERVER.*" for every tool of a declared MCP server."""
     verdict: Verdict
     when: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """argument name -> {predicate: operand}; every predicate must hold for the rule to match."""
@@ -92,7 +92,9 @@ class PolicyConfig:
     granted, nothing reachable."""
 
     def egress_for(self, tool: str) -> tuple[str, ...]:
-        return tuple(self.egress.get(tool, ())) + tuple(self.egress.get("*", ()))
+        server = f"{tool.split('.', 1)[0]}.*" if "." in tool else None  # a declared MCP server's tools
+        return (tuple(self.egress.get(tool, ())) + (tuple(self.egress.get(server, ())) if server else ())
+                + tuple(self.egress.get("*", ())))
 
 
 @dataclass(frozen=True)
@@ -338,6 +340,18 @@ class ToolsConfig:
         return {name: float(getattr(self, f"max_{name}")) for name in TOOL_LIMIT_CAPS}
 
 
+@dataclass(frozen=True)
+class McpConfig:
+    """`[mcp]`: MCP servers run in session sandboxes (ringfence_server.control.mcp_servers,
+    docs/mcp-servers.md). Each server's tools are registered as `SERVER.TOOL`, with the risk
+    metadata and the exposure its declaration (the operator's) gives them."""
+
+    servers: tuple[Path, ...] = ()
+    """Folders of server declarations, relative to the config file: every sub-folder holding a
+    server.toml is one (a folder that holds one itself is a single server). A server's limits
+    are held to the `[tools]` caps like any tool's."""
+
+
 # A manifest's limits with a cap in `[tools]`, and the sandbox's own ceiling of each
 # (ringfence_server.sandbox.profile.SandboxProfile), past which no config may set a cap.
 TOOL_LIMIT_CAPS: dict[str, float] = {
@@ -379,6 +393,9 @@ class Config:
 
     tools: ToolsConfig = field(default_factory=ToolsConfig)
     """`[tools]`: folders of tool packages, and the caps of a tool's limits."""
+
+    mcp: McpConfig = field(default_factory=McpConfig)
+    """`[mcp]`: the declared MCP servers (their folders)."""
 
     images_dir: Path | None = None
     """`[images] dir`: the user's images dir (image specs and their images.lock), relative to
@@ -455,7 +472,8 @@ def _known(key: str, table: Mapping[str, Any], allowed: set[str]) -> None:
 def parse_config(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> Config:
     base_dir = base_dir or Path.cwd()
     _known("", raw, {"state_dir", "listen", "tools_dir", "tenants", "policy", "limits", "inputs", "egress",
-                     "pool", "database_url", "routing", "workspace", "files", "images", "tools", "edge"})
+                     "pool", "database_url", "routing", "workspace", "files", "images", "tools", "edge",
+                     "mcp"})
     state_dir = Path(_expect("state_dir", raw.get("state_dir", "./.state"), str, "a path"))
     if not state_dir.is_absolute():
         state_dir = base_dir / state_dir
@@ -493,6 +511,7 @@ def parse_config(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> Con
     edge = _parse_edge(_expect("edge", raw.get("edge", {}), Mapping, "a table"))
     images_dir = _parse_images(_expect("images", raw.get("images", {}), Mapping, "a table"), base_dir)
     tools = _parse_tools(_expect("tools", raw.get("tools", {}), Mapping, "a table"), base_dir)
+    mcp = _parse_mcp(_expect("mcp", raw.get("mcp", {}), Mapping, "a table"), base_dir)
     database_url = _expect("database_url", raw.get("database_url", ""), str, "a postgresql:// URL")
     if database_url and not database_url.startswith(("postgresql://", "postgres://")):
         raise ConfigError("database_url", "must be a postgresql:// URL (or empty for SQLite)")
@@ -513,21 +532,32 @@ def parse_config(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> Con
         edge=edge,
         images_dir=images_dir,
         tools=tools,
+        mcp=mcp,
     )
+
+
+def _folders(key: str, raw: Any, base_dir: Path) -> tuple[Path, ...]:
+    folders = _expect(key, raw, list, "a list of folders")
+    out = []
+    for i, value in enumerate(folders):
+        item = f"{key}[{i}]"
+        path = Path(_expect(item, value, str, "a folder"))
+        if not path.is_absolute():
+            path = base_dir / path
+        if not path.is_dir():
+            raise ConfigError(item, f"{path} is not a directory")
+        out.append(path)
+    return tuple(out)
+
+
+def _parse_mcp(raw: Mapping[str, Any], base_dir: Path) -> McpConfig:
+    _known("mcp", raw, {f.name for f in fields(McpConfig)})
+    return McpConfig(servers=_folders("mcp.servers", raw.get("servers", []), base_dir))
 
 
 def _parse_tools(raw: Mapping[str, Any], base_dir: Path) -> ToolsConfig:
     _known("tools", raw, {f.name for f in fields(ToolsConfig)})
-    folders = _expect("tools.packages", raw.get("packages", []), list, "a list of folders")
-    packages = []
-    for i, value in enumerate(folders):
-        key = f"tools.packages[{i}]"
-        path = Path(_expect(key, value, str, "a folder"))
-        if not path.is_absolute():
-            path = base_dir / path
-        if not path.is_dir():
-            raise ConfigError(key, f"{path} is not a directory")
-        packages.append(path)
+    packages = _folders("tools.packages", raw.get("packages", []), base_dir)
     d = ToolsConfig()
     caps: dict[str, Any] = {}
     for name, ceiling in TOOL_LIMIT_CAPS.items():

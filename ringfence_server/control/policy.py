@@ -69,8 +69,18 @@ def _holds(op: str, operand: Any, present: bool, value: Any) -> bool:
     return False
 
 
+def tool_matches(pattern: str, tool: str) -> bool:
+    """A rule's `tool`: "*" (every tool), "SERVER.*" (every tool of a declared MCP server,
+    ringfence_server.control.mcp_servers), or one tool's exact name."""
+    if pattern == "*":
+        return True
+    if pattern.endswith(".*"):
+        return tool.startswith(pattern[:-1])
+    return pattern == tool
+
+
 def rule_matches(rule: RuleConfig, tool: str, arguments: Mapping[str, Any]) -> bool:
-    if rule.tool != "*" and rule.tool != tool:
+    if not tool_matches(rule.tool, tool):
         return False
     for arg, preds in rule.when.items():
         present = arg in arguments

@@ -76,6 +76,19 @@ class Reconcile:
 
 
 @dataclass(frozen=True)
+class McpBinding:
+    """A tool served by a declared MCP server (ringfence_server.control.mcp_servers): its calls
+    go to the run's session sandbox of that server, not to a container of their own."""
+
+    server: str
+    """The declared server's name; the tool is registered as `server.tool`."""
+    tool: str
+    """The tool's name as the server lists it."""
+    command: tuple[str, ...]
+    """The server's command in its image (the session sandbox's argv)."""
+
+
+@dataclass(frozen=True)
 class ToolManifest:
     name: str
     description: str
@@ -103,6 +116,9 @@ class ToolManifest:
     outputs: tuple[str, ...] = ()
     """Paths relative to /workspace collected into the run's artifacts after every successful
     call (needs `workspace`); one that is absent is listed as missing, never an error."""
+    mcp: McpBinding | None = None
+    """Set for a tool of a declared MCP server (never from a manifest file: from the server's
+    declaration, ringfence_server.control.mcp_servers)."""
 
     @property
     def irreversible(self) -> bool:

@@ -3,12 +3,16 @@
 Fetch (`ringfence images fetch`): for each pinned wheel not yet in the wheelhouse,
 `pip download --only-binary=:all: --no-deps --require-hashes` of exactly `name==version
 --hash=sha256:...`, for the image's interpreter and platform rather than the host's
-(`--python-version 3.11 --implementation cp --abi cp311 --platform manylinux_2_36_x86_64`: the
-version and the glibc the root image's package manifest names; pip also takes pure-python and
-older manylinux wheels). pip reads its usual configuration (an index mirror, a proxy), so a
-user's index works; the hash decides what is accepted, not where it came from. Dependencies are
-not followed (--no-deps): every wheel the tool needs is listed, each with its hash. The file is
-kept as `<wheelhouse>/<sha256>/<file>.whl`, so two files of one name never clash.
+(`--python-version 3.11 --implementation cp --abi cp311`, and one `--platform` per manylinux tag
+the image's glibc runs: `manylinux_2_36_x86_64`, `manylinux_2_35_x86_64`, ... down to
+`manylinux_2_17_x86_64`, then the legacy aliases `manylinux2014_x86_64`, `manylinux2010_x86_64`
+and `manylinux1_x86_64`; the version and the glibc are the ones the root image's package manifest
+names. pip takes exactly the platforms given, not the older ones a newer glibc also runs, so
+each is listed; pure-python wheels match any). pip reads its usual configuration (an index
+mirror, a proxy, PIP_NO_INDEX and PIP_FIND_LINKS for a local wheelhouse), so a user's index
+works; the hash decides what is accepted, not where it came from. Dependencies are not followed
+(--no-deps): every wheel the tool needs is listed, each with its hash. The file is kept as
+`<wheelhouse>/<sha256>/<file>.whl`, so two files of one name never clash.
 
 Install (the build, no network, no pip): each wheel's sha256 is checked against the pin (a
 mismatch refuses the build, naming the wheel), then its archive is unpacked into
@@ -41,6 +45,8 @@ from ringfence_server.sandbox.pinned_images import LockedWheel
 
 SITE = "opt/ringfence/site"
 Progress = Callable[[str], None]
+# The manylinux tags of PEP 513/571/599, by the glibc each stands for (PEP 600 names them manylinux_2_X).
+_LEGACY_MANYLINUX = {"manylinux2014": (2, 17), "manylinux2010": (2, 12), "manylinux1": (2, 5)}
 # PEP 427: {distribution}-{version}(-{build tag})?-{python tag}-{abi tag}-{platform tag}.whl
 _WHEEL_FILE = re.compile(r"(?P<name>[^-]+)-(?P<version>[^-]+)(?:-\d[^-]*)?"
                          r"-(?P<py>[^-]+)-(?P<abi>[^-]+)-(?P<plat>[^-]+)\.whl")
@@ -58,9 +64,28 @@ class Target:
     def nodot(self) -> str:
         return self.python.replace(".", "")
 
+    @property
+    def glibc_version(self) -> tuple[int, int]:
+        major, minor = self.glibc.split(".")[:2]
+        return int(major), int(minor)
+
+    def platforms(self) -> list[str]:
+        """Every manylinux platform tag this glibc runs, newest first: pip accepts exactly the
+        `--platform`s it is given (a manylinux_2_36 target does not take a manylinux_2_17 wheel
+        on its own), so each one is named: manylinux_2_N for N from the glibc's minor down to 17
+        (PEP 600), then the legacy aliases manylinux2014 (2.17), manylinux2010 (2.12) and
+        manylinux1 (2.5)."""
+        major, minor = self.glibc_version
+        tags = [f"manylinux_{major}_{n}_{self.machine}" for n in range(minor, 16, -1)] if major == 2 else []
+        tags += [f"{legacy}_{self.machine}" for legacy, needs in _LEGACY_MANYLINUX.items()
+                 if (major, minor) >= needs]
+        return tags
+
     def pip_args(self) -> list[str]:
-        return ["--python-version", self.python, "--implementation", "cp", "--abi", f"cp{self.nodot}",
-                "--platform", f"manylinux_{self.glibc.replace('.', '_')}_{self.machine}"]
+        args = ["--python-version", self.python, "--implementation", "cp", "--abi", f"cp{self.nodot}"]
+        for tag in self.platforms():
+            args += ["--platform", tag]
+        return args
 
     def accepts(self, filename: str) -> bool:
         """Whether a wheel's tags fit this interpreter (what pip checked when it chose it)."""
@@ -73,10 +98,18 @@ class Target:
             "abi3" in abis and any(p.startswith(f"cp{major}") and p[2:].isdigit() and int(p[2:]) <= int(self.nodot)
                                    for p in pys))
         abi_ok = bool(abis & {"none", "abi3", f"cp{self.nodot}"})
-        plat_ok = "any" in plats or any(
-            p.endswith(f"_{self.machine}") and p.startswith(("manylinux1", "manylinux2010", "manylinux2014",
-                                                              "manylinux_")) for p in plats)
+        plat_ok = "any" in plats or any(self._runs(p) for p in plats)
         return py_ok and abi_ok and plat_ok
+
+    def _runs(self, plat: str) -> bool:
+        """Whether a manylinux platform tag (PEP 600, or a legacy alias) runs on this glibc."""
+        if not plat.endswith(f"_{self.machine}"):
+            return False
+        tag = plat[: -len(self.machine) - 1]
+        if tag in _LEGACY_MANYLINUX:
+            return _LEGACY_MANYLINUX[tag] <= self.glibc_version
+        m = re.fullmatch(r"manylinux_(\d+)_(\d+)", tag)
+        return m is not None and (int(m.group(1)), int(m.group(2))) <= self.glibc_version
 
 
 def target_from_packages(packages: Iterable[str], machine: str) -> Target:

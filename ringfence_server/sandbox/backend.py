@@ -10,11 +10,14 @@ import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ringfence_server.sandbox.errors import ProfileError
 from ringfence_server.sandbox.profile import SandboxProfile
 from ringfence_server.sandbox.result import SandboxResult
+
+if TYPE_CHECKING:
+    from ringfence_server.sandbox.mcp_session import McpCall
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$")
 
@@ -45,6 +48,11 @@ class SandboxRequest:
     reports are not the tool's and are never passed). It must be quick and must not raise: the
     call's wall clock runs while it works. The result's stdout/stderr are the same bytes."""
 
+    mcp: McpCall | None = None
+    """A tools/call for an MCP server (ringfence_server.sandbox.mcp_session): it runs in the
+    run's session sandbox of that server (started on the run's first call to it, with this
+    profile and `argv` as the server's command), not in a container of its own."""
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "argv", tuple(self.argv))
         for arg in self.argv:
@@ -74,6 +82,11 @@ class SandboxBackend(Protocol):
     def kill_run(self, run_id: str, reason: str) -> int:
         """Kill every sandbox of `run_id` now (cancel, a run deadline); each call then ends
         `killed` with `reason`. Returns how many were killed."""
+        ...
+
+    def end_run(self, run_id: str) -> int:
+        """The run ended: release what it held between calls (its MCP servers' session
+        sandboxes, removed). Returns how many were released."""
         ...
 
     def kill_all(self, reason: str) -> int:

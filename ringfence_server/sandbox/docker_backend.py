@@ -54,6 +54,7 @@ from ringfence_server.sandbox.engine import ENGINE_ERRORS, container_id
 from ringfence_server.sandbox.errors import EngineError, ImageError, ProfileError
 from ringfence_server.sandbox.host_config import applied_settings, host_config_kwargs, workspace_source
 from ringfence_server.sandbox.inflight import Inflight, Progress
+from ringfence_server.sandbox.mcp_session import McpSessions
 from ringfence_server.sandbox.pinned_images import Lock, load_lock, resolve_pinned
 from ringfence_server.sandbox.pool import (
     LAUNCHER_ARGV,
@@ -118,6 +119,9 @@ class DockerBackend:
         self._shape_digests: dict[str, str] = {}
         # Warm containers are removed after their call off its critical path (drained on close).
         self._remover = Remover(self._remove)
+        # MCP servers' session sandboxes (ringfence_server.sandbox.mcp_session), made on first use.
+        self._mcp: McpSessions | None = None
+        self._mcp_mutex = threading.Lock()
         if pool is not None and pool.size > 0:
             self.pool = WarmPool(pool, shape=self._pool_shape, make=self._make_warm, discard=self._discard_warm,
                                  alive=warm_alive, busy=self._busy)
@@ -131,7 +135,17 @@ class DockerBackend:
         """The egress proxy in use (started on the first egress call), or None."""
         return self._egress_proxy
 
+    @property
+    def mcp_sessions(self) -> McpSessions:
+        """The session sandboxes of MCP servers (started on a run's first call to a server)."""
+        with self._mcp_mutex:
+            if self._mcp is None:
+                self._mcp = McpSessions(self)
+            return self._mcp
+
     def close(self) -> None:
+        if self._mcp is not None:
+            self._mcp.close()  # before the proxy: a session's egress grant is the proxy's
         if self.pool is not None:
             self.pool.close()  # before the proxy: warm egress containers hold its directories
         self._remover.close(60)
@@ -179,6 +193,8 @@ class DockerBackend:
     def run(self, request: SandboxRequest) -> SandboxResult:
         reports: list[EgressReport] = []
         try:
+            if request.mcp is not None:
+                return self.mcp_sessions.call(request)
             result = self._run(request, reports)
         except ENGINE_ERRORS as e:
             # Before any container existed (the image look-up, the runtime list): the engine's
@@ -445,7 +461,7 @@ class DockerBackend:
         nothing of ours may outlive us with nobody enforcing its wall time. Each call ends
         `killed` with `reason`; the calls' own code then removes the containers."""
         targets = self._inflight.stop(reason)  # and nothing starts from now on
-        killed = 0
+        killed = self._mcp.kill_all(reason) if self._mcp is not None else 0
         for cid, progress in targets:
             progress.killed_reason = reason
             try:
@@ -466,7 +482,7 @@ class DockerBackend:
         """Kill the run's containers now, ours and any other instance's (by label). Ours end
         `killed` with `reason`; the kill is the engine's, so setsid children die too."""
         self._inflight.mark_run(run_id, reason)
-        killed = 0
+        killed = self._mcp.kill_run(run_id, reason) if self._mcp is not None else 0
         try:
             found = listing.containers(self._client, {"label": f"{L.RUN_LABEL}={run_id}"}, stopped=False)
             # Warm containers were created before their calls: their names say whose call they run.
@@ -482,6 +498,10 @@ class DockerBackend:
             except ENGINE_ERRORS:
                 pass  # it exited meanwhile
         return killed
+
+    def end_run(self, run_id: str) -> int:
+        """The run ended: its MCP session sandboxes close and are removed."""
+        return self._mcp.end_run(run_id) if self._mcp is not None else 0
 
     def _default_command(self, image_id: str) -> list[str]:
         """The image's own Cmd: our entrypoint (tini with its flags) replaces the image's, and

@@ -43,6 +43,7 @@ class FakeBackend:
         self._lock = threading.Lock()
         self.requests: list[SandboxRequest] = []
         self.kills: list[tuple[str, str]] = []
+        self.ended_runs: list[str] = []
         self.closed = False
         # Health: while this holds an error message, ping() raises it as the engine's failure.
         self.unhealthy: str | None = None
@@ -78,6 +79,12 @@ class FakeBackend:
         """Records the kill; a handler that models a running call may look at `kills`."""
         with self._lock:
             self.kills.append((run_id, reason))
+        return 0
+
+    def end_run(self, run_id: str) -> int:
+        """Records the run's end (the real backend closes its MCP session sandboxes then)."""
+        with self._lock:
+            self.ended_runs.append(run_id)
         return 0
 
     def close(self) -> None:

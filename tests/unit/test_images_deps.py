@@ -305,6 +305,12 @@ def test_a_wheel_whose_hash_is_not_the_pin_is_refused_by_name(tmp_path):
     ("x-1-cp311-cp311-manylinux_2_17_aarch64.whl", False),
     ("x-1-cp311-cp311-macosx_11_0_x86_64.whl", False),
     ("x-1-cp311-cp311-musllinux_1_1_x86_64.whl", False),
+    ("x-1-cp311-cp311-manylinux_2_36_x86_64.whl", True),
+    ("x-1-cp311-cp311-manylinux_2_5_x86_64.manylinux1_x86_64.whl", True),
+    ("x-1-cp311-cp311-manylinux2010_x86_64.whl", True),
+    # Built against a newer glibc than the image's: it would not load there.
+    ("x-1-cp311-cp311-manylinux_2_38_x86_64.whl", False),
+    ("x-1-cp311-cp311-manylinux_3_0_x86_64.whl", False),
 ])
 def test_wheel_tags_are_checked_for_the_image_interpreter(filename, ok):
     assert TARGET.accepts(filename) is ok
@@ -314,6 +320,21 @@ def test_the_target_is_read_from_the_root_manifest():
     t = wheels.target_from_packages(["libc6=2.36-9+deb12u14", "python3.11-minimal=3.11.2-6"], "x86_64")
     assert t == wheels.Target("3.11", "x86_64", "2.36")
     assert "--platform" in t.pip_args() and "manylinux_2_36_x86_64" in t.pip_args()
+
+
+def test_pip_is_given_every_manylinux_platform_the_glibc_runs():
+    # pip takes exactly the --platform values given: with manylinux_2_36 alone it finds no
+    # manylinux_2_17 wheel (rpds-py's, pydantic-core's), so each tag down to 2_17 is named.
+    args = TARGET.pip_args()
+    assert args[:6] == ["--python-version", "3.11", "--implementation", "cp", "--abi", "cp311"]
+    flags, platforms = args[6::2], args[7::2]
+    assert set(flags) == {"--platform"}
+    assert platforms == [f"manylinux_2_{n}_x86_64" for n in range(36, 16, -1)] + [
+        "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"]
+    # Every tag named is one the target accepts, and an older glibc names fewer.
+    assert all(TARGET.accepts(f"x-1-cp311-cp311-{p}.whl") for p in platforms)
+    assert wheels.Target("3.11", "aarch64", "2.17").platforms() == [
+        "manylinux_2_17_aarch64", "manylinux2014_aarch64", "manylinux2010_aarch64", "manylinux1_aarch64"]
 
 
 # -- specs, the lock, layering -----------------------------------------------------------------

@@ -29,7 +29,15 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from ringfence.model import ToolView
 from ringfence.models import ModelError, ModelRequestRefused, ModelUnavailable
-from ringfence.models._common import ModelRetry, Transport, clean_schema, is_transient, retry_after_s, tool_specs
+from ringfence.models._common import (
+    ModelRetry,
+    Transport,
+    arguments_of,
+    clean_schema,
+    is_transient,
+    retry_after_s,
+    tool_specs,
+)
 from ringfence.models.anthropic import AnthropicMessagesModel
 from ringfence.models.openai import OpenAIChatModel
 
@@ -148,6 +156,18 @@ def test_clean_schema_keeps_the_schema_and_drops_everything_else_at_every_depth(
         "required": ["target"],
         "additionalProperties": {"type": "string"},
     }
+
+
+def test_a_declared_mcp_servers_tool_reaches_the_model_under_a_name_providers_take():
+    """SERVER.TOOL has a dot, which neither provider takes in a tool's name: it is sent as
+    SERVER--TOOL, and a call of that name is a call of SERVER.TOOL."""
+    import re
+
+    (spec,) = tool_specs([ToolView("time.get_current_time", "Now.", {"type": "object"})])
+    assert spec.name == "time--get_current_time" and re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", spec.name)
+    call = arguments_of("time--get_current_time", '{"timezone": "UTC"}', "c1")
+    assert call.name == "time.get_current_time" and dict(call.arguments) == {"timezone": "UTC"}
+    assert arguments_of("echo", "{}", "c2").name == "echo"
 
 
 def test_a_tool_without_a_schema_gets_an_empty_object_schema():

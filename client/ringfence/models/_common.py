@@ -64,9 +64,11 @@ __all__ = [
     "first_user_text",
     "is_error_result",
     "is_transient",
+    "model_name",
     "result_json",
     "retry_after_s",
     "system_text",
+    "tool_name",
     "tool_specs",
     "turn_call_ids",
     "usage_of",
@@ -342,6 +344,18 @@ class ToolSpec:
     parameters: Mapping[str, Any]
 
 
+def model_name(tool: str) -> str:
+    """A tool's name as the providers take it (^[a-zA-Z0-9_-]{1,64}$): a declared MCP server's
+    tools are registered as SERVER.TOOL, and the dot becomes "--" (no built-in tool or server
+    name holds a "-", so `tool_name` reads it back)."""
+    return tool.replace(".", "--")
+
+
+def tool_name(model_tool: str) -> str:
+    """The registered name of a tool as a model named it (`model_name` undone)."""
+    return model_tool.replace("--", ".")
+
+
 def tool_specs(tools: Sequence[ToolView]) -> list[ToolSpec]:
     """The catalogue (ListTools' views) as the model receives it: the schemas cleaned
     (clean_schema), an object schema always (both providers require one at the top)."""
@@ -351,7 +365,7 @@ def tool_specs(tools: Sequence[ToolView]) -> list[ToolSpec]:
         if not isinstance(parameters, dict) or not parameters:
             parameters = {"type": "object", "properties": {}}
         parameters.setdefault("type", "object")
-        specs.append(ToolSpec(tool.name, tool.description, parameters))
+        specs.append(ToolSpec(model_name(tool.name), tool.description, parameters))
     return specs
 
 
@@ -419,7 +433,9 @@ def usage_of(input_tokens: int, output_tokens: int, cached_input_tokens: int) ->
 def arguments_of(name: str, raw: Any, call_id: str) -> ToolCall:
     """A call from the model's arguments: a JSON object (as text, or already parsed) becomes the
     call; anything else a malformed call, which the loop shows the model as an `invalid`
-    observation to repair. An empty string is a call without arguments (some servers send it)."""
+    observation to repair. An empty string is a call without arguments (some servers send it).
+    `name` is the model's (model_name): the call names the registered tool."""
+    name = tool_name(name)
     if isinstance(raw, Mapping):
         return ToolCall(name, raw, call_id) if name else ToolCall.malformed(name, canonical_json(raw),
                                                                            "the call names no tool", call_id)

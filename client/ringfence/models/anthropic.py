@@ -48,6 +48,7 @@ from ringfence.models._common import (
     error_detail,
     first_user_text,
     is_error_result,
+    model_name,
     result_json,
     retry_after_s,
     system_text,
@@ -130,7 +131,7 @@ class AnthropicMessagesModel:
             if not record.calls:
                 continue
             uses: list[ToolUseBlockParam] = [
-                {"type": "tool_use", "id": call_id, "name": call.name, "input": dict(call.arguments)}
+                {"type": "tool_use", "id": call_id, "name": model_name(call.name), "input": dict(call.arguments)}
                 for call_id, call in zip(ids, record.calls, strict=True)
             ]
             results: list[ToolResultBlockParam] = []

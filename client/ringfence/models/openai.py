@@ -53,6 +53,7 @@ from ringfence.models._common import (
     chat_span,
     error_detail,
     first_user_text,
+    model_name,
     result_json,
     retry_after_s,
     system_text,
@@ -154,7 +155,7 @@ class OpenAIChatModel:
             ids = turn_call_ids(record)
             calls: list[ChatCompletionMessageFunctionToolCallParam] = [
                 {"id": call_id, "type": "function",
-                 "function": {"name": call.name, "arguments": canonical_json(dict(call.arguments))}}
+                 "function": {"name": model_name(call.name), "arguments": canonical_json(dict(call.arguments))}}
                 for call_id, call in zip(ids, record.calls, strict=True)
             ]
             if calls:

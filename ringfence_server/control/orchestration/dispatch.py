@@ -68,6 +68,7 @@ from ringfence_server.control.store.base import KeyTaken, StoreError
 from ringfence_server.control.validation import signature
 from ringfence_server.sandbox.backend import SandboxBackend, SandboxRequest
 from ringfence_server.sandbox.errors import EngineError, ImageError, SandboxError
+from ringfence_server.sandbox.mcp_session import McpCall
 from ringfence_server.sandbox.profile import InputMount, SandboxProfile, WorkspaceMount
 from ringfence_server.sandbox.runner_protocol import read_success
 
@@ -414,6 +415,17 @@ class Dispatcher:
         warm = a.manifest.name not in self.config.pool.exclude and a.manifest.workspace is None
         request = SandboxRequest(profile=profile, argv=(), stdin=body, run_id=sandbox_run_id(state),
                                  call_id=f"{a.call_id}.a{n}", warm=warm, on_output=output)
+        binding = a.manifest.mcp
+        if binding is not None:
+            # A declared MCP server's tool: the call goes to the run's session sandbox of that
+            # server (ringfence_server.sandbox.mcp_session), with the same profile, caps and
+            # classification as any call; the idempotency key travels in the request's _meta.
+            key = json.loads(body).get("idempotency_key")
+            request = SandboxRequest(profile=profile, argv=binding.command, run_id=sandbox_run_id(state),
+                                     call_id=f"{a.call_id}.a{n}", warm=False,
+                                     mcp=McpCall(server=binding.server, tool=binding.tool,
+                                                 arguments=dict(a.arguments), mutates=a.manifest.mutates,
+                                                 idempotency_key=key))
         try:
             try:
                 result = self.backend.run(request)

@@ -74,7 +74,7 @@ from ringfence_server.control.plans.service import PlanVerification
 from ringfence_server.control.policy import PolicyEngine
 from ringfence_server.control.registry import Registry, ToolManifest
 from ringfence_server.control.routing.service import TicketRouter
-from ringfence_server.control.state import RunState
+from ringfence_server.control.state import RunState, sandbox_run_id
 from ringfence_server.control.store.base import EventStore
 from ringfence_server.control.toolpkg.packages import registry_from_config
 from ringfence_server.control.validation import signature, validate_arguments
@@ -128,7 +128,7 @@ class Orchestrator:
         # one); whatever ends a run removes its workspace just before run_finished.
         self.workspace_store = workspaces
         self.run_workspaces = RunWorkspaces(repo=self.runs, store=workspaces, config=config.workspace)
-        self.runs.before_finish = self.run_workspaces.remove
+        self.runs.before_finish = self._before_finish
         # Files in and out of workspaces, and the outputs tools declare (ringfence_server.control.files).
         self.files = FileDesk(repo=self.runs, backend=backend, config=config)
         # Cancel and the run deadline: nothing more is dispatched, and what runs is killed.
@@ -157,6 +157,15 @@ class Orchestrator:
                 self.reap_workspaces()
             except EngineError as e:
                 log.warning("reaping workspaces at start-up: %s (the next sweep retries)", e)
+
+    def _before_finish(self, state: RunState, outcome: RunOutcome) -> None:
+        """Whatever ends a run releases what it held, just before run_finished: its MCP
+        servers' session sandboxes first (they may mount the workspace), then its workspace."""
+        try:
+            self.backend.end_run(sandbox_run_id(state))
+        except EngineError as e:
+            log.warning("ending the MCP sessions of run %s: %s (the reaper removes them)", state.run_id, e)
+        self.run_workspaces.remove(state, outcome)
 
     @classmethod
     def from_config(cls, config: Config, backend: SandboxBackend, store: EventStore,

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from ringfence.errors import ConfigError
 from ringfence_server.control.config import load_config
 from ringfence_server.control.toolpkg import scaffold
-from ringfence_server.control.toolpkg.check import Checker, Images, builtin_tools, targets
+from ringfence_server.control.toolpkg.check import Checker, Images, Target, builtin_tools, targets
 from ringfence_server.sandbox.errors import SandboxError
 
 if TYPE_CHECKING:
@@ -47,12 +47,16 @@ def cmd_check(args: argparse.Namespace) -> int:
     except (ConfigError, SandboxError) as e:
         print(f"tools check: {e}", file=sys.stderr)
         return EXIT_USAGE
-    found = []
+    from ringfence_server.control.mcp_servers.check import check_server
+    from ringfence_server.control.mcp_servers.declaration import server_folders
+
+    found: list[Target | Path] = []
     for d in args.dirs:
-        here = targets(d)
+        # A declared MCP server's folder (server.toml) is checked as one (mcp_servers.check).
+        here: list[Target | Path] = [*server_folders(d)] or [*targets(d)]
         if not here:
-            print(f"tools check: {d}: no tool package (a folder with a manifest.json, or folders of them)",
-                  file=sys.stderr)
+            print(f"tools check: {d}: no tool package or MCP server (a folder with a manifest.json or a "
+                  "server.toml, or folders of them)", file=sys.stderr)
             return EXIT_USAGE
         found += here
 
@@ -71,7 +75,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     reports = []
     try:
         for target in found:
-            report = checker.check(target)
+            report = (checker.check(target) if isinstance(target, Target)
+                      else check_server(target, caps=config.tools, images=images, backend=backend))
             reports.append(report)
             if not args.json:
                 print(f"{report.path}: {report.name or '?'}")

@@ -143,11 +143,16 @@ def unique(packages: Iterable[ToolPackage]) -> list[ToolPackage]:
 
 
 def load_all(config: Config) -> list[ToolPackage]:
-    """The built-in tools (`tools_dir`), then every package of `[tools] packages`."""
+    """The built-in tools (`tools_dir`), then every package of `[tools] packages`, then the
+    exposed tools of every MCP server of `[mcp] servers` (SERVER.TOOL, from its declaration)."""
+    from ringfence_server.control.mcp_servers.declaration import load_servers
+
     caps = config.tools
     found = load_flat(config.tools_dir, caps)
     for folder in config.tools.packages:
         found += [load_package(p, caps) for p in package_folders(folder)]
+    for server in load_servers(config):
+        found += [ToolPackage(m, server.source) for m in server.manifests]
     return unique(found)
 
 

@@ -1,0 +1,44 @@
+"""Test support for MCP servers in session sandboxes: requests for the rogue server
+(tests/mcp_servers: a stdlib MCP server that misbehaves on demand), and the containers of a
+run's sessions, found by label."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from ringfence_server.control.mcp_servers.pinning import listing_request
+from ringfence_server.sandbox import labels as L
+from ringfence_server.sandbox import listing
+from ringfence_server.sandbox.backend import SandboxRequest
+from ringfence_server.sandbox.mcp_session import SERVER_LABEL, McpCall
+from ringfence_server.sandbox.result import SandboxResult
+
+MCP_TEST_IMAGES = Path(__file__).resolve().parent / "mcp_servers" / "images"
+"""The test servers' images dir: the rogue server's image, over the built-in images."""
+SERVERS = Path(__file__).resolve().parent / "mcp_servers" / "servers"
+"""Their declarations: rogue, rogue_ws (the run's workspace), rogue_net (one allowed host)."""
+
+
+def rogue_request(run_id: str, tool: str, arguments: dict[str, Any] | None = None, *, server: str = "rogue",
+                  mutates: bool = False, key: str | None = None, **profile: Any) -> SandboxRequest:
+    """A call of the rogue server's `tool` in `run_id`'s session, with its declaration's sandbox
+    (`profile` overrides some of it: timeout_s, memory_bytes, ...)."""
+    base = listing_request(SERVERS / server)
+    return dataclasses.replace(
+        base, run_id=run_id, profile=dataclasses.replace(base.profile, **profile),
+        mcp=McpCall(server=server, tool=tool, arguments=arguments or {}, mutates=mutates, idempotency_key=key))
+
+
+def content(result: SandboxResult) -> Any:
+    """The content of an ok result (the runner's success line)."""
+    assert result.ok, (result.outcome, result.message)
+    return json.loads(result.stdout)["content"]
+
+
+def session_containers(client, run_id: str, *, stopped: bool = True) -> list:
+    """The session sandboxes of `run_id` the engine has (any server)."""
+    return [c for c in listing.containers(client, {"label": f"{L.RUN_LABEL}={run_id}"}, stopped=stopped)
+            if SERVER_LABEL in (c.labels or {})]
