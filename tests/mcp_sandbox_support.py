@@ -42,3 +42,19 @@ def session_containers(client, run_id: str, *, stopped: bool = True) -> list:
     """The session sandboxes of `run_id` the engine has (any server)."""
     return [c for c in listing.containers(client, {"label": f"{L.RUN_LABEL}={run_id}"}, stopped=stopped)
             if SERVER_LABEL in (c.labels or {})]
+
+
+EXAMPLE_IMAGES = Path(__file__).resolve().parents[1] / "examples" / "mcp" / "images"
+"""The example servers' images dir (`make mcp-images`): mcp-time, mcp-fetch, mcp-git."""
+EXAMPLE_SERVERS = Path(__file__).resolve().parents[1] / "examples" / "mcp" / "servers"
+"""Their declarations, pinned and judged: time, fetch (allowed.test), git (the run's workspace)."""
+
+
+def product_containers(client) -> list:
+    """The containers of this test session (its label) that carry the product label: what
+    `docker ps -a --filter label=ringfence.product` lists of ours."""
+    import os
+
+    session = os.environ.get(L.TEST_SESSION_ENV, "")
+    return listing.containers(client, {"label": [f"{L.PRODUCT_LABEL}={L.PRODUCT}",
+                                                 f"{L.TEST_SESSION_LABEL}={session}"]})

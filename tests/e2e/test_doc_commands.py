@@ -20,6 +20,9 @@ untested. What is changed, and why:
 - the lines that build the two wheels and install them into venvs of their own (the README's
   client venv, docs/operations.md's `make dist` and install) are what tests/e2e/test_distributions.py
   does, into fresh venvs in tmp, with normal resolution from the package index;
+- the lines of the README's "Third-party MCP servers, sandboxed" run as written in a project
+  folder of their own, with an MCP host calling the tools and an approver, in
+  tests/e2e/test_mcp_servers_readme.py: accounted for here, run there;
 - the lines of "Your own tools" (docs/tools-and-images.md) run, as written and in their order, in a project folder of
   their own in tests/e2e/test_own_tools.py (which fetches from the Debian mirror and PyPI and
   builds an image twice): they are accounted for here, run there.
@@ -37,7 +40,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from docs_support import DOCS, doc_commands, section, sh_lines
+from docs_support import DOCS, README, doc_commands, section, sh_lines
 from serve_support import ROOT, Served
 
 from ringfence import Client
@@ -108,6 +111,12 @@ def test_every_command_of_every_page_works_as_written(pinned_images, tmp_path):
     own = sh_lines(section(DOCS / "tools-and-images.md", "Your own tools"))
     assert own and (ROOT / "tests/e2e/test_own_tools.py").is_file()
     for line in own:
+        todo.remove(line)
+    # The README's third-party MCP server: run as written, in their order, in a project folder of
+    # their own, with an MCP host and an approver, by tests/e2e/test_mcp_servers_readme.py.
+    worked = sh_lines(section(README, "Third-party MCP servers, sandboxed"))
+    assert len(worked) == 6 and (ROOT / "tests/e2e/test_mcp_servers_readme.py").is_file(), worked
+    for line in worked:
         todo.remove(line)
     take(r"^make (demo|test)$")
     assert len(take(r"ringfence eval contract")) == 2 and (ROOT / "tests/e2e/test_eval_contract.py").is_file()

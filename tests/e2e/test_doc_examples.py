@@ -1,5 +1,5 @@
 """The pages' Python examples run as written: the README's "A first agent", "A real model" (against
-the local model: Gemma 3 270M on llama.cpp's server) and "The same with Anthropic" (against a local
+the local model: Gemma 3 270M on llama.cpp's server), docs/agent-harness.md's "The same with Anthropic" (against a local
 server replaying the Messages API's documented responses), docs/control-plane.md's
 "Plans an independent verifier checks" and "Routing tickets to specialists", and
 docs/workspaces.md's "An agent's workspace, end to end", unchanged, against `ringfence serve` on
@@ -70,7 +70,7 @@ def test_the_readme_anthropic_example_runs_as_written_against_replayed_responses
     with ReplayServer(replies) as fake:
         env = {"RINGFENCE_MODEL": "claude-test", "RINGFENCE_MODEL_URL": fake.url,
                "ANTHROPIC_API_KEY": "sk-ant-replayed"}
-        proc = run_against_serve(python_block(README, "The same with Anthropic"), tmp_path, env)
+        proc = run_against_serve(python_block(DOCS / "agent-harness.md", "The same with Anthropic"), tmp_path, env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout == "completed the model gave its final answer\n[('echo', 'executed')]\n"
     # The echo's result went back to the model as a tool_result for its tool_use.
