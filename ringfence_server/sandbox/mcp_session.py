@@ -305,9 +305,17 @@ class McpSession:
         meta: dict[str, Any] = {}
         if mcp.idempotency_key:
             meta[IDEMPOTENCY_META] = mcp.idempotency_key
+        if self.ended:
+            return self._not_sent(request, started)
         try:
             result = self._portal.call(self._call, mcp.tool, dict(mcp.arguments), meta or None,
                                        request.profile.timeout_s)
+        except RuntimeError:
+            # The portal stopped under us: another call's kill ended the session between our
+            # look-up and the send. Anything else is a bug, and stays one.
+            if not self._has_ended():
+                raise
+            return self._not_sent(request, started)
         except TimeoutError:
             self.kill(f"wall time of {request.profile.timeout_s}s reached")
             return self._result(request, Outcome.TIMEOUT, started,
@@ -362,6 +370,15 @@ class McpSession:
                         return tools
 
         return self._portal.call(everything)
+
+    def _has_ended(self) -> bool:
+        """`ended`, read again (another thread may have ended the session meanwhile)."""
+        return self.ended
+
+    def _not_sent(self, request: SandboxRequest, started: float) -> SandboxResult:
+        """The session ended before this call was sent: nothing reached a server (retried)."""
+        return self._result(request, Outcome.START_FAILED, started,
+                            f"the MCP session ended before the call was sent ({self.killed_reason or 'closed'})")
 
     def _lost(self, request: SandboxRequest, started: float) -> SandboxResult:
         """The connection closed under a call: say why, from what we know and the engine."""

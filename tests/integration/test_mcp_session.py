@@ -168,3 +168,13 @@ def test_an_idle_session_is_closed_by_the_sweep(backend, docker_client, run_id):
     assert len(session_containers(docker_client, run_id)) == 1
     assert backend.mcp_sessions.sweep(now=time.monotonic() + 10_000) >= 1
     assert session_containers(docker_client, run_id) == []
+
+
+def test_a_call_that_finds_its_session_ended_was_never_sent(backend, run_id):
+    """A session killed between a call's look-up and its send (another call's timeout): the call
+    is start_failed (nothing reached a server, so it is retried), never an error of the run."""
+    backend.run(rogue_request(run_id, "mark", {"text": "x"}))
+    [session] = backend.mcp_sessions.of_run(run_id)
+    session.kill("another call's wall time")
+    result = session.call(rogue_request(run_id, "mark", {"text": "y"}))
+    assert result.outcome is Outcome.START_FAILED and "before the call was sent" in result.message

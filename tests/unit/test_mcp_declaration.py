@@ -186,3 +186,46 @@ def test_a_mutation_carries_its_idempotency_key_to_the_session(tmp_path):
     finally:
         orch.close()
         store.close()
+
+
+def test_an_mcp_call_has_the_spans_of_any_call(tmp_path, spans):
+    """The call's execute_tool span is under its batch's reads, names the registered tool and its image,
+    and has its attempt under it: a session's call is traced as a container's is."""
+    from ringfence.model import ProposedCall
+
+    backend = FakeBackend(lambda request: ok_result(b'{"ok": true, "content": {"text": "hi"}}\n'))
+    orch, store = _orchestrator(tmp_path, backend)
+    try:
+        run = orch.start_run(AGENT, "spans").run_id
+        orch.submit_batch(AGENT, run, [ProposedCall("r", "rogue.echo", {"text": "hi"})])
+        finished = spans.get_finished_spans()
+        [tool] = [s for s in finished if s.name == "execute_tool" and s.attributes["ringfence.run_id"] == run]
+        [parent] = [s for s in finished if s.context.span_id == tool.parent.span_id]
+        # A read: under its batch's parallel group, itself under the batch.
+        [batch] = [s for s in finished if s.context.span_id == parent.parent.span_id]
+        assert (parent.name, batch.name) == ("parallel", "batch") and batch.context.trace_id == tool.context.trace_id
+        assert tool.attributes["gen_ai.tool.name"] == "rogue.echo"
+        assert tool.attributes["ringfence.outcome"] == "ok" and tool.attributes["ringfence.tool.mutates"] is False
+        [attempt] = [s for s in finished if s.name == "attempt" and s.parent.span_id == tool.context.span_id]
+        assert attempt.context.trace_id == tool.context.trace_id
+    finally:
+        orch.close()
+        store.close()
+
+
+def test_an_mcp_servers_result_passes_the_result_guardrail(tmp_path):
+    """A secret in what the server answered is redacted before the observation (and the log)."""
+    from ringfence.model import ProposedCall
+
+    secret = "AKIAIOSFODNN7EXAMPLE"
+    backend = FakeBackend(lambda request: ok_result(
+        json.dumps({"ok": True, "content": {"text": f"key {secret}"}}).encode() + b"\n"))
+    orch, store = _orchestrator(tmp_path, backend)
+    try:
+        run = orch.start_run(AGENT, "guard").run_id
+        [obs] = orch.submit_batch(AGENT, run, [ProposedCall("r", "rogue.echo", {"text": "x"})])
+        assert obs.status is S.EXECUTED and secret not in json.dumps(obs.content)
+        assert all(secret not in json.dumps(dict(e.data)) for e in store.read(f"acme/{run}") or store.read(run))
+    finally:
+        orch.close()
+        store.close()
