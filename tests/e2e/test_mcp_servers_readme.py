@@ -25,8 +25,11 @@ import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -64,33 +67,40 @@ def run(project: Path, line: str, **env: str) -> subprocess.CompletedProcess[str
     return proc
 
 
-async def host(address: str, approve: object) -> dict[str, object]:
+@dataclass
+class Seen:
+    """What the MCP host saw."""
+
+    tools: list[str] = field(default_factory=list)
+    now: Any = None
+    converted: Any = None
+    progress: list[str | None] = field(default_factory=list)
+    approval_ids: list[str] = field(default_factory=list)
+
+
+async def host(address: str, approve: Callable[[str], None]) -> Seen:
     """The MCP host of "Any MCP agent": list, call the allowed tool, call the asked one while
     `approve(approval_id)` (the page's approver line) runs once its approval is pending."""
     params = StdioServerParameters(command=RINGFENCE, args=["mcp", "--server", address],
                                    env={"RINGFENCE_TOKEN": "demo-agent-token", "PATH": os.environ["PATH"]},
                                    cwd=str(ROOT))
-    seen: dict[str, object] = {"progress": []}
+    seen = Seen()
     async with stdio_client(params) as (read, write), ClientSession(
             read, write, client_info=Implementation(name="readme-host", version="1")) as session:
         await session.initialize()
-        tools = {t.name: t for t in (await session.list_tools()).tools}
-        seen["tools"] = sorted(tools)
-        now = await session.call_tool("time.get_current_time", {"timezone": "UTC"})
-        seen["now"] = now
-        approval_ids: list[str] = []
+        seen.tools = sorted(t.name for t in (await session.list_tools()).tools)
+        seen.now = await session.call_tool("time.get_current_time", {"timezone": "UTC"})
 
-        async def progress(value: float, total: float | None, message: str | None) -> None:
-            seen["progress"].append(message)  # type: ignore[union-attr]
+        async def progress(progress: float, total: float | None, message: str | None) -> None:
+            seen.progress.append(message)
             found = re.search(r"(apr-[0-9a-f]+)", message or "")
-            if found and not approval_ids:
-                approval_ids.append(found.group(1))
+            if found and not seen.approval_ids:
+                seen.approval_ids.append(found.group(1))
                 await anyio.to_thread.run_sync(approve, found.group(1))
 
-        converted = await session.call_tool(
+        seen.converted = await session.call_tool(
             "time.convert_time", {"source_timezone": "UTC", "time": "12:00", "target_timezone": "Asia/Tokyo"},
             progress_callback=progress)
-        seen["converted"], seen["approval_ids"] = converted, approval_ids
     return seen
 
 
@@ -125,17 +135,15 @@ def test_the_readme_adds_judges_checks_serves_and_an_mcp_host_calls_with_an_appr
             seen = anyio.run(host, served.address, approve)
         finally:
             assert served.stop() == 0, served.lines
-        assert {"time.get_current_time", "time.convert_time"} <= set(seen["tools"])  # type: ignore[arg-type]
-        now = seen["now"]
-        assert not now.is_error, now  # type: ignore[attr-defined]
-        when = json.loads(now.content[0].text)  # type: ignore[attr-defined]
+        assert {"time.get_current_time", "time.convert_time"} <= set(seen.tools)
+        assert not seen.now.is_error, seen.now
+        when = json.loads(seen.now.content[0].text)
         assert when["timezone"] == "UTC" and datetime.fromisoformat(when["datetime"])
-        converted = seen["converted"]
-        assert not converted.is_error, converted  # type: ignore[attr-defined]
-        result = json.loads(converted.content[0].text)  # type: ignore[attr-defined]
+        assert not seen.converted.is_error, seen.converted
+        result = json.loads(seen.converted.content[0].text)
         assert result["target"]["timezone"] == "Asia/Tokyo" and result["target"]["datetime"].endswith("+09:00")
-        [approval_id] = seen["approval_ids"]  # type: ignore[misc]
-        assert any(approval_id in (m or "") for m in seen["progress"])  # type: ignore[union-attr]
+        [approval_id] = seen.approval_ids
+        assert any(approval_id in (m or "") for m in seen.progress)
         # The host left: its run ended, and its session sandbox with it.
         left = listing.containers(docker_client, {"label": "ringfence.mcp-server=time"})
         assert [c.name for c in left] == []
