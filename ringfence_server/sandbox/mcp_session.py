@@ -39,6 +39,7 @@ may do was decided by the operator's declaration before it got this far.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import threading
@@ -170,6 +171,7 @@ class McpSession:
         self.setup_ms = 0
         self.ended = False
         self._end_lock = threading.Lock()
+        self._egress_seen = 0  # how many of the proxy's decisions earlier calls took
 
     # -- start -------------------------------------------------------------------------
 
@@ -298,6 +300,31 @@ class McpSession:
     # -- calls -------------------------------------------------------------------------
 
     def call(self, request: SandboxRequest) -> SandboxResult:
+        """One tools/call, with the egress proxy's decisions taken while it ran."""
+        result = self._call_once(request)
+        decisions = self._egress_since()
+        return dataclasses.replace(result, egress_events=decisions) if decisions else result
+
+    def _egress_since(self) -> tuple[dict[str, Any], ...]:
+        """The proxy's decisions for this session since the last call asked (a call's, when
+        calls come one at a time; with parallel calls of one session, the first to finish
+        takes what happened while they ran)."""
+        if self._egress is None or self.backend.egress_proxy is None:
+            return ()
+        channel = self.backend.egress_proxy.channel
+        if channel is None:
+            return ()
+        try:
+            summary = channel.events(self._egress.username)
+        except EgressError:
+            return ()  # the grant is gone (the session ended): close_call has them
+        events = summary.get("events")
+        found = [e for e in events if isinstance(e, dict)] if isinstance(events, list) else []
+        with self._end_lock:
+            fresh, self._egress_seen = found[self._egress_seen:], max(self._egress_seen, len(found))
+        return tuple(fresh)
+
+    def _call_once(self, request: SandboxRequest) -> SandboxResult:
         assert request.mcp is not None and self._portal is not None
         mcp = request.mcp
         self.last_used = time.monotonic()

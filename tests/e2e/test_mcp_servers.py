@@ -239,3 +239,19 @@ def test_a_hanging_server_is_killed_at_the_wall_time(stack, docker_client):
         [mark] = agent.submit_batch(run.run_id, [{"call_id": "m", "tool": "rogue.mark", "arguments": {"text": "y"}}])
         assert mark.content == {"before": None}
         agent.finish_run(run.run_id)
+
+
+def test_the_proxys_decisions_are_the_calls_events(stack):
+    """A session's egress is attributed to the call it happened in, as a call container's is."""
+    server, _backend, _testbed = stack
+    with Client(server.address, AGENT) as agent:
+        run = agent.start_run("egress events")
+        calls = [{"call_id": "in", "tool": "rogue_net.http_get", "arguments": {"url": "http://allowed.test/"}},
+                 {"call_id": "out", "tool": "rogue_net.http_get", "arguments": {"url": "http://denied.test/"}}]
+        allowed, denied = (agent.submit_batch(run.run_id, [c])[0] for c in calls)
+        assert allowed.content["status"] == 200 and denied.content["status"] is None
+        agent.finish_run(run.run_id)
+        egress = {e.data["call_id"]: e.data["decisions"] for e in agent.watch_run(run.run_id, timeout=30)
+                  if e.type == "egress"}
+    assert [(d["host"], d["decision"]) for d in egress["in"]] == [("allowed.test", "allowed")], egress
+    assert [(d["host"], d["decision"]) for d in egress["out"]] == [("denied.test", "denied")], egress
