@@ -8,6 +8,11 @@ What is asserted is meaning: the server's own answers (the time as its JSON, the
 server reports), the exact statuses and verdict paths, and effects counted at the receiver: the
 connections the decoys saw, and the commits of the workspace's repository read by the host's own
 `git` from a download of its .git.
+
+Red checks (each done by hand): `url_arguments` taken out of fetch's table -> the fetch of
+denied.test is admitted and reaches the server (the proxy refuses it: executed, failed), and the
+fetch test fails; `paths` taken out of git_status's table -> a repo_path of /etc reaches the
+server, and the admission test fails for each path.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import io
 import re
 import subprocess
 import tarfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -27,7 +34,7 @@ from mcp_sandbox_support import EXAMPLE_IMAGES, EXAMPLE_SERVERS, product_contain
 from mcp_support import client_name, run_events, session_run_id, stdio_session, text_of
 
 from ringfence import Client
-from ringfence.model import ApprovalStatus, ObservationStatus, RunStatus
+from ringfence.model import ApprovalStatus, ObservationStatus, RunStatus, RunView
 from ringfence.models._common import clean_schema
 from ringfence_server.control.api.background import BackgroundServer
 from ringfence_server.control.config import load_config, token_digest
@@ -108,10 +115,27 @@ def stack(nothing_left, docker_client, example_images, testbed, tmp_path_factory
         backend.close()
 
 
-def finish(agent: Client, run_id: str, docker_client) -> None:
-    """Finish the run; its session sandboxes (and workspace) go with it."""
-    agent.finish_run(run_id)
-    assert session_containers(docker_client, f"acme:{run_id}") == []
+@contextmanager
+def started(agent: Client, docker_client, goal: str, *, workspace: bool = False) -> Iterator[RunView]:
+    """A run, finished at the end whatever happened; when the body passed, none of its session
+    sandboxes is left (they go with the run)."""
+    run = agent.start_run(goal, workspace=workspace)
+    try:
+        yield run
+    finally:
+        agent.finish_run(run.run_id)
+    assert session_containers(docker_client, f"acme:{run.run_id}") == []
+
+
+def workspace_objects(docker_client, run_id: str) -> list[str]:
+    """The workspace store's containers and volumes of `run_id` (labelled with its key)."""
+    from ringfence_server.sandbox.workspace import WORKSPACE_LABEL
+
+    selector = {"label": WORKSPACE_LABEL}
+    found = [c.name for c in product_containers(docker_client) if run_id in c.labels.get(WORKSPACE_LABEL, "")]
+    found += [v.name for v in docker_client.volumes.list(filters=selector)
+              if run_id in (v.attrs.get("Labels") or {}).get(WORKSPACE_LABEL, "")]
+    return found
 
 
 # --- the declarations, as a client sees them --------------------------------------------------------
@@ -140,20 +164,16 @@ def test_the_example_servers_tools_are_listed_with_their_pinned_schemas_and_the_
 
 def test_time_get_current_time_runs_in_the_runs_session_and_gives_the_servers_json(stack, docker_client):
     server, _tb = stack
-    with Client(server.address, AGENT) as agent:
-        run = agent.start_run("what time is it")
-        try:
-            [obs] = agent.submit_batch(run.run_id, [{"call_id": "now", "tool": "time.get_current_time",
-                                                     "arguments": {"timezone": "UTC"}}])
-            assert obs.status is ObservationStatus.EXECUTED and obs.executed and obs.error is None, obs
-            assert obs.verdict_path == (*ALLOWED, "policy:rule[0]:allow", "admitted", "result:ok")
-            now = time_result(obs.content)
-            assert now["timezone"] == "UTC"
-            assert datetime.fromisoformat(now["datetime"]).utcoffset().total_seconds() == 0
-            [session] = session_containers(docker_client, f"acme:{run.run_id}")
-            assert session.labels["ringfence.mcp-server"] == "time"
-        finally:
-            finish(agent, run.run_id, docker_client)
+    with Client(server.address, AGENT) as agent, started(agent, docker_client, "what time is it") as run:
+        [obs] = agent.submit_batch(run.run_id, [{"call_id": "now", "tool": "time.get_current_time",
+                                                 "arguments": {"timezone": "UTC"}}])
+        assert obs.status is ObservationStatus.EXECUTED and obs.executed and obs.error is None, obs
+        assert obs.verdict_path == (*ALLOWED, "policy:rule[0]:allow", "admitted", "result:ok")
+        now = time_result(obs.content)
+        assert now["timezone"] == "UTC"
+        assert datetime.fromisoformat(now["datetime"]).utcoffset().total_seconds() == 0
+        [session] = session_containers(docker_client, f"acme:{run.run_id}")
+        assert session.labels["ringfence.mcp-server"] == "time"
 
 
 def time_result(content: Any) -> dict[str, Any]:
@@ -164,32 +184,30 @@ def time_result(content: Any) -> dict[str, Any]:
 
 def test_time_convert_time_is_asked_and_runs_once_an_approver_decides(stack, docker_client):
     server, _tb = stack
-    with Client(server.address, AGENT) as agent, Client(server.address, APPROVER) as approver:
-        run = agent.start_run("convert a time")
-        try:
-            arguments = {"source_timezone": "UTC", "time": "12:00", "target_timezone": "Asia/Tokyo"}
-            [obs] = agent.submit_batch(run.run_id, [{"call_id": "conv", "tool": "time.convert_time",
-                                                     "arguments": arguments}])
-            assert obs.status is ObservationStatus.PENDING_APPROVAL and not obs.executed, obs
-            assert obs.verdict_path == (*ALLOWED, "policy:rule[0]:allow", "policy:rule[1]:ask",
-                                        "approval:requested")
-            assert session_containers(docker_client, f"acme:{run.run_id}") == []  # asked: not sent
-            [approval] = [a for a in approver.list_approvals(run.run_id) if a.status is ApprovalStatus.PENDING]
-            approver.decide_approval(approval.approval_id, True, "a read", digest=approval.digest)
-            done = {o.call_id: o for o in agent.get_run(run.run_id).trajectory}["conv"]
-            assert done.status is ObservationStatus.EXECUTED and done.executed and done.error is None, done
-            assert done.verdict_path == (*ALLOWED, "policy:rule[0]:allow", "policy:rule[1]:ask", "approval:requested",
-                                         "approval:approved", "admitted", "result:ok")
-            converted = time_result(done.content)
-            assert converted["source"]["timezone"] == "UTC" and converted["target"]["timezone"] == "Asia/Tokyo"
-            # Tokyo is UTC+9 all year (no DST): 12:00 UTC is 21:00 there, the same day.
-            source = datetime.fromisoformat(converted["source"]["datetime"])
-            target = datetime.fromisoformat(converted["target"]["datetime"])
-            assert (source.hour, source.minute, target.hour, target.minute) == (12, 0, 21, 0)
-            assert target == source and target.utcoffset().total_seconds() == 9 * 3600
-            assert converted["time_difference"] == "+9.0h"
-        finally:
-            finish(agent, run.run_id, docker_client)
+    with (Client(server.address, AGENT) as agent, Client(server.address, APPROVER) as approver,
+          started(agent, docker_client, "convert a time") as run):
+        arguments = {"source_timezone": "UTC", "time": "12:00", "target_timezone": "Asia/Tokyo"}
+        [obs] = agent.submit_batch(run.run_id, [{"call_id": "conv", "tool": "time.convert_time",
+                                                 "arguments": arguments}])
+        assert obs.status is ObservationStatus.PENDING_APPROVAL and not obs.executed, obs
+        assert obs.verdict_path == (*ALLOWED, "policy:rule[0]:allow", "policy:rule[1]:ask",
+                                    "approval:requested")
+        assert session_containers(docker_client, f"acme:{run.run_id}") == []  # asked: not sent
+        [approval] = [a for a in approver.list_approvals(run.run_id) if a.status is ApprovalStatus.PENDING]
+        approver.decide_approval(approval.approval_id, True, "a read", digest=approval.digest)
+        done = {o.call_id: o for o in agent.get_run(run.run_id).trajectory}["conv"]
+        assert done.status is ObservationStatus.EXECUTED and done.executed and done.error is None, done
+        assert done.verdict_path == (*ALLOWED, "policy:rule[0]:allow", "policy:rule[1]:ask", "approval:requested",
+                                     "approval:approved", "admitted", "result:ok")
+        converted = time_result(done.content)
+        assert converted["source"]["timezone"] == "UTC" and converted["target"]["timezone"] == "Asia/Tokyo"
+        # Tokyo is UTC+9 all year (no DST): 12:00 UTC is 21:00 there, the same day.
+        source = datetime.fromisoformat(converted["source"]["datetime"])
+        target = datetime.fromisoformat(converted["target"]["datetime"])
+        assert (source.hour, source.minute, target.hour, target.minute) == (12, 0, 21, 0)
+        assert target.date() == source.date()
+        assert target == source and target.utcoffset().total_seconds() == 9 * 3600
+        assert converted["time_difference"] == "+9.0h"
 
 
 def test_time_through_the_mcp_front_door_as_a_host_calls_it(stack, docker_client):
@@ -228,23 +246,24 @@ def test_fetch_reaches_the_allowed_host_through_the_proxy_and_is_denied_any_othe
     server, testbed = stack
     allowed, denied = testbed.decoys["allowed"], testbed.decoys["denied"]
     allowed_before, denied_before = len(allowed.connections()), len(denied.connections())
-    with Client(server.address, AGENT) as agent:
-        run = agent.start_run("fetch a page")
-        try:
-            [obs] = agent.submit_batch(run.run_id, [{"call_id": "ok", "tool": "fetch.fetch",
-                                                     "arguments": {"url": "http://allowed.test/"}}])
-            assert obs.status is ObservationStatus.EXECUTED and obs.executed and obs.error is None, obs
-            assert obs.verdict_path == (*ALLOWED, "policy:rule[2]:allow", "admitted", "result:ok")
-            assert "Contents of http://allowed.test/" in obs.content["text"]
-            assert len(allowed.connections()) == allowed_before + 1  # one GET, at the decoy itself
+    with Client(server.address, AGENT) as agent, started(agent, docker_client, "fetch a page") as run:
+        [obs] = agent.submit_batch(run.run_id, [{"call_id": "ok", "tool": "fetch.fetch",
+                                                 "arguments": {"url": "http://allowed.test/"}}])
+        assert obs.status is ObservationStatus.EXECUTED and obs.executed and obs.error is None, obs
+        assert obs.verdict_path == (*ALLOWED, "policy:rule[2]:allow", "admitted", "result:ok")
+        assert "Contents of http://allowed.test/" in obs.content["text"]
+        assert len(allowed.connections()) == allowed_before + 1  # one GET, at the decoy itself
 
-            [no] = agent.submit_batch(run.run_id, [{"call_id": "no", "tool": "fetch.fetch",
-                                                    "arguments": {"url": "http://denied.test/"}}])
-            assert no.status is ObservationStatus.DENIED and not no.executed, no
-            assert no.verdict_path == ("registry:ok", "validation:ok", "guardrail:pass", "resource:deny")
-            assert no.error_class == "resource" and "denied.test:80 is not on the call's egress allowlist" in no.error
-        finally:
-            finish(agent, run.run_id, docker_client)
+        [no] = agent.submit_batch(run.run_id, [{"call_id": "no", "tool": "fetch.fetch",
+                                                "arguments": {"url": "http://denied.test/"}}])
+        assert no.status is ObservationStatus.DENIED and not no.executed, no
+        assert no.verdict_path == ("registry:ok", "validation:ok", "guardrail:pass", "resource:deny")
+        assert no.error_class == "resource" and "denied.test:80 is not on the call's egress allowlist" in no.error
+    # The proxy's decision is the call's egress event in the run's log (its audit trail).
+    with Client(server.address, AGENT) as agent:
+        egress = [e.data for e in agent.watch_run(run.run_id, timeout=30) if e.type == "egress"]
+    assert [(e["call_id"], [(d["host"], d["port"], d["decision"]) for d in e["decisions"]]) for e in egress] == [
+        ("ok", [("allowed.test", 80, "allowed")])]
     assert len(denied.connections()) == denied_before
     assert len(allowed.connections()) == allowed_before + 1
 
@@ -306,12 +325,14 @@ def downloaded_repository(agent: Client, run_id: str, root: Path) -> Path:
     return repo
 
 
-def call(agent: Client, run_id: str, call_id: str, tool: str, **arguments: Any) -> Any:
+def git_call(agent: Client, run_id: str, call_id: str, tool: str, **arguments: Any) -> Any:
+    """One call of the git server's `tool` in the run; its observation."""
     [obs] = agent.submit_batch(run_id, [{"call_id": call_id, "tool": f"git.{tool}", "arguments": arguments}])
     return obs
 
 
 def executed_text(obs: Any) -> str:
+    """The server's answer to a call that ran and succeeded."""
     assert obs.status is ObservationStatus.EXECUTED and obs.executed and obs.error is None, obs
     assert obs.verdict_path[-1] == "result:ok", obs.verdict_path
     text: str = obs.content["text"]
@@ -323,50 +344,46 @@ def test_git_works_on_the_runs_workspace_and_its_commit_is_in_the_downloaded_rep
     server, _tb = stack
     repo = small_repository(tmp_path)
     first = git(repo, "rev-parse", "HEAD").strip()
-    with Client(server.address, AGENT) as agent:
-        run = agent.start_run("commit a note", workspace=True)
-        try:
-            agent.upload_tar(run.run_id, tar_of(repo))
-            status = executed_text(call(agent, run.run_id, "st1", "git_status", repo_path="/workspace"))
-            assert "On branch main" in status and "nothing to commit, working tree clean" in status
-            log = executed_text(call(agent, run.run_id, "log1", "git_log", repo_path="/workspace"))
-            assert re.findall(r"Commit: ([0-9a-f]{40})", log) == [first]
-            assert "Author: Ada Example" in log
+    with (Client(server.address, AGENT) as agent,
+          started(agent, docker_client, "commit a note", workspace=True) as run):
+        assert workspace_objects(docker_client, run.run_id)  # the run has its workspace
+        agent.upload_tar(run.run_id, tar_of(repo))
+        status = executed_text(git_call(agent, run.run_id, "st1", "git_status", repo_path="/workspace"))
+        assert "On branch main" in status and "nothing to commit, working tree clean" in status
+        log = executed_text(git_call(agent, run.run_id, "log1", "git_log", repo_path="/workspace"))
+        assert re.findall(r"Commit: ([0-9a-f]{40})", log) == [first]
+        assert "Author: Ada Example" in log
 
-            agent.upload_files(run.run_id, {"notes/todo.txt": b"write the tests\n"})
-            status = executed_text(call(agent, run.run_id, "st2", "git_status", repo_path="/workspace"))
-            assert "Untracked files" in status and "notes/" in status
-            added = call(agent, run.run_id, "add", "git_add", repo_path="/workspace", files=["notes/todo.txt"])
-            assert executed_text(added) == "Files staged successfully"
-            assert added.verdict_path == (*ALLOWED, "workspace:write", "policy:rule[3]:allow", "admitted", "result:ok")
-            committed = executed_text(call(agent, run.run_id, "commit", "git_commit", repo_path="/workspace",
-                                           message="add a note"))
-            [second] = re.findall(r"Changes committed successfully with hash ([0-9a-f]{40})", committed)
-            log = executed_text(call(agent, run.run_id, "log2", "git_log", repo_path="/workspace"))
-            assert re.findall(r"Commit: ([0-9a-f]{40})", log) == [second, first]
+        agent.upload_files(run.run_id, {"notes/todo.txt": b"write the tests\n"})
+        status = executed_text(git_call(agent, run.run_id, "st2", "git_status", repo_path="/workspace"))
+        assert "Untracked files" in status and "notes/" in status
+        added = git_call(agent, run.run_id, "add", "git_add", repo_path="/workspace", files=["notes/todo.txt"])
+        assert executed_text(added) == "Files staged successfully"
+        assert added.verdict_path == (*ALLOWED, "workspace:write", "policy:rule[3]:allow", "admitted", "result:ok")
+        committed = executed_text(git_call(agent, run.run_id, "commit", "git_commit", repo_path="/workspace",
+                                       message="add a note"))
+        [second] = re.findall(r"Changes committed successfully with hash ([0-9a-f]{40})", committed)
+        log = executed_text(git_call(agent, run.run_id, "log2", "git_log", repo_path="/workspace"))
+        assert re.findall(r"Commit: ([0-9a-f]{40})", log) == [second, first]
 
-            # At the receiver: the workspace's .git, downloaded, read by the host's own git.
-            got = downloaded_repository(agent, run.run_id, tmp_path)
-            assert git(got, "log", "--format=%H %an %s").splitlines() == [
-                f"{second} Sandboxed Agent add a note", f"{first} Ada Example first commit"]
-            assert git(got, "show", f"{second}:notes/todo.txt") == "write the tests\n"
-            assert git(got, "status", "--porcelain") == ""
-        finally:
-            finish(agent, run.run_id, docker_client)
+        # At the receiver: the workspace's .git, downloaded, read by the host's own git.
+        got = downloaded_repository(agent, run.run_id, tmp_path)
+        assert git(got, "log", "--format=%H %an %s").splitlines() == [
+            f"{second} Sandboxed Agent add a note", f"{first} Ada Example first commit"]
+        assert git(got, "show", f"{second}:notes/todo.txt") == "write the tests\n"
+        assert git(got, "status", "--porcelain") == ""
+    assert workspace_objects(docker_client, run.run_id) == []  # gone with the run
 
 
 @pytest.mark.parametrize("repo_path", ["/etc", "/workspace/../etc", "/opt/ringfence", "relative/../../etc"])
 def test_git_refuses_a_repo_path_outside_the_workspace_at_admission(stack, docker_client, repo_path):
     server, _tb = stack
-    with Client(server.address, AGENT) as agent:
-        run = agent.start_run("look elsewhere", workspace=True)
-        try:
-            for tool, more in (("git_status", {}), ("git_log", {}), ("git_add", {"files": ["passwd"]})):
-                obs = call(agent, run.run_id, f"{tool}-x", tool, repo_path=repo_path, **more)
-                assert obs.status is ObservationStatus.DENIED and not obs.executed, obs
-                assert obs.verdict_path == ("registry:ok", "validation:ok", "guardrail:pass", "resource:deny")
-                assert obs.error_class == "resource" and "outside /workspace" in obs.error
-            # Never sent: no session was started for the run.
-            assert session_containers(docker_client, f"acme:{run.run_id}") == []
-        finally:
-            finish(agent, run.run_id, docker_client)
+    with (Client(server.address, AGENT) as agent,
+          started(agent, docker_client, "look elsewhere", workspace=True) as run):
+        for tool, more in (("git_status", {}), ("git_log", {}), ("git_add", {"files": ["passwd"]})):
+            obs = git_call(agent, run.run_id, f"{tool}-x", tool, repo_path=repo_path, **more)
+            assert obs.status is ObservationStatus.DENIED and not obs.executed, obs
+            assert obs.verdict_path == ("registry:ok", "validation:ok", "guardrail:pass", "resource:deny")
+            assert obs.error_class == "resource" and "outside /workspace" in obs.error
+        # Never sent: no session was started for the run.
+        assert session_containers(docker_client, f"acme:{run.run_id}") == []

@@ -229,3 +229,25 @@ def test_an_mcp_servers_result_passes_the_result_guardrail(tmp_path):
     finally:
         orch.close()
         store.close()
+
+
+def test_judge_writes_the_table_in_place_of_pins_template_and_refuses_what_it_cannot_say(rogue):
+    from ringfence_server.control.mcp_servers.judging import TEMPLATE_HEADER, Judgement, judge
+    from ringfence_server.control.mcp_servers.pinning import judgement_template
+
+    listing = json.loads((rogue / "tools.json").read_text())["tools"]
+    template = judgement_template(rogue, listing)
+    assert "# [tools.count]" in template and "# [tools.echo]" not in template  # echo is judged already
+    path = rogue / "server.toml"
+    path.write_text(path.read_text() + "\n" + TEMPLATE_HEADER + template)
+    with pytest.raises(ConfigError, match="non-negative"):
+        judge(rogue, "count", Judgement(mutates=True, reversible=False, cost=-1))
+    judge(rogue, "count", Judgement(mutates=True, reversible=False, cost=2.0))
+    text = path.read_text()
+    assert "# [tools.count]" not in text and TEMPLATE_HEADER not in text and "\n\n\n" not in text
+    [count] = [m for m in load_server(rogue).manifests if m.name == "rogue.count"]
+    assert (count.mutates, count.reversible, count.cost) == (True, False, 2.0)
+    with pytest.raises(ConfigError, match="is judged already"):
+        judge(rogue, "count", Judgement(mutates=False, reversible=True))
+    with pytest.raises(ConfigError, match="the server does not list it"):
+        judge(rogue, "nope", Judgement(mutates=False, reversible=True))

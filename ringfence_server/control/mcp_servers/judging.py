@@ -16,6 +16,10 @@ from pathlib import Path
 from ringfence.errors import ConfigError
 from ringfence_server.control.mcp_servers.declaration import SERVER_FILE, load_server, read_listing
 
+TEMPLATE_HEADER = ("# Judge each tool: uncomment its table and say what it does; a tool without a table is "
+                   "never exposed.\n")
+"""The line `pin` writes above the templates (ringfence_server.control.mcp_servers.pinning)."""
+
 
 @dataclass(frozen=True)
 class Judgement:
@@ -49,9 +53,14 @@ def judge(folder: Path, tool: str, judgement: Judgement) -> Path:
         raise ConfigError(f"{path}:tools.{tool}", "is judged already: edit its table in server.toml")
     if judgement.cost < 0:
         raise ConfigError(f"{path}:tools.{tool}.cost", "must be a non-negative number")
-    # The template `pin` wrote: "# [tools.TOOL]" and its commented keys, up to a blank line.
-    template = re.compile(rf"^# \[tools\.{re.escape(_key(tool))}\]\n(?:# .*\n)*", re.M)
-    text = template.sub("", text).rstrip("\n")
+    # The template `pin` wrote: the tool's description and the server's claims, "# [tools.TOOL]"
+    # and its commented keys; and the header, once no template is left.
+    template = re.compile(rf"^(?:# {re.escape(tool)}: .*\n)?(?:# \(the server says .*\n)?"
+                          rf"# \[tools\.{re.escape(_key(tool))}\]\n(?:# .*\n)*\n?", re.M)
+    text = template.sub("", text)
+    if "# [tools." not in text:
+        text = text.replace(TEMPLATE_HEADER, "")
+    text = re.sub(r"\n{3,}", "\n\n", text).rstrip("\n")
     before = path.read_text(encoding="utf-8")
     path.write_text(text + "\n\n" + judgement.table(tool), encoding="utf-8")
     try:

@@ -93,9 +93,11 @@ def pin_and_template(folder: Path, backend: DockerBackend) -> tuple[list[dict[st
     template = judgement_template(folder, tools)
     if template:
         path = Path(folder) / SERVER_FILE
-        path.write_text(path.read_text(encoding="utf-8").rstrip("\n") + "\n\n# Judge each tool: uncomment its "
-                        "table and say what it does; a tool without a table is never exposed.\n" + template,
-                        encoding="utf-8")
+        from ringfence_server.control.mcp_servers.judging import TEMPLATE_HEADER
+
+        text = path.read_text(encoding="utf-8").rstrip("\n")
+        header = "" if TEMPLATE_HEADER in text else "\n\n" + TEMPLATE_HEADER.rstrip("\n")
+        path.write_text(text + header + "\n" + template, encoding="utf-8")
     return tools, template.count("# [tools.")
 
 
