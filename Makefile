@@ -102,7 +102,15 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml setup.py client/pyproject.toml
 	$(PY) -m pip install -q -e ./client -e '.[dev,bench]'
 	@touch $@
 
-bench: venv images postgres $(BENCH_STAMP) ## run the benchmarks in bench/ (ratios against an in-run baseline; results in bench/results/)
+# epicbox, for the side-by-side in bench_speed, in a venv of its own (it needs urllib3 < 2, which the
+# product's venv must not be held to).
+EPICBOX_VENV := .bench-epicbox-venv
+$(EPICBOX_VENV)/.stamp:
+	python3 -m venv $(EPICBOX_VENV)
+	$(EPICBOX_VENV)/bin/pip install -q epicbox==1.1.0 urllib3==1.26.20
+	@touch $@
+
+bench: venv images postgres $(BENCH_STAMP) $(EPICBOX_VENV)/.stamp ## run the benchmarks in bench/ (ratios against an in-run baseline; results in bench/results/)
 	$(PY) -m bench
 
 # mypy runs twice over tests/ (tests/mypy.ini says why): tests/ and tests/escape/ each have a
@@ -122,4 +130,4 @@ gc: venv ## remove containers and networks left by dead ringfence instances
 	$(VENV)/bin/ringfence sandbox gc
 
 clean: ## remove the venv and build outputs (not the Docker images)
-	rm -rf $(VENV) images/.build $(MCP_IMAGES)/.build $(MCP_TEST_IMAGES)/.build .pytest_cache dist build/lib client/build
+	rm -rf $(VENV) $(EPICBOX_VENV) images/.build $(MCP_IMAGES)/.build $(MCP_TEST_IMAGES)/.build .pytest_cache dist build/lib client/build

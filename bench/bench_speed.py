@@ -4,7 +4,12 @@ Every variant runs the same trivial tool in the same pinned `tool` image with th
 the tool runner (the image's own command under tini) reads the dispatcher's request body for
 `echo {"text": "hi"}` on stdin and answers `{"ok":true,...}` on stdout.
 
-    bare         the engine's floor: docker-py's low-level API with the identical hardening
+    floor        what any pool could reach: the same hardened container, created, attached and
+                 started before the clock starts (untimed), its runner waiting on stdin; timed:
+                 the request in, the answer out, the exit. Removal is untimed too. A warm call
+                 that costs more than this pays for ringfence's own steps (admission, the
+                 appends, the claim, the result's parse).
+    bare         the engine's cost per call: docker-py's low-level API with the identical hardening
                  (host_config_kwargs of the echo manifest's profile, ringfence's seccomp JSON,
                  MaskedPaths, tini entrypoint, the image's Cmd, labels): create, attach, start,
                  stdin in / stdout out over the attach socket, wait, remove. Not included: what
@@ -16,6 +21,9 @@ the tool runner (the image's own command under tini) reads the dispatcher's requ
     warm         the same with the warm pool on, waiting (untimed) for the pool to be full
                  before each call: each call claims a ready container (steady state).
     warm_busy    the same pool, back-to-back calls with no waiting: what a burst sees.
+    epicbox      the same runner in the same image by `epicbox.run` (a container per run), from a
+                 venv of its own (bench/epicbox_child.py; `make bench` makes .bench-epicbox-venv),
+                 in the same run: a sandbox library people compare us with.
     overhead     the control plane alone: SubmitBatch on the product's FakeBackend (admission,
                  policy, the durable appends to SQLite, gRPC); rpc_floor is a GetRun beside it,
                  append one SQLite append alone (fsync'd) in a scratch store on the same disk.
@@ -79,7 +87,8 @@ ECHO_STDOUT = b'{"ok":true,"content":{"text":"hi"}}\n'  # what the runner answer
 RSS_RUNS = 100
 
 # The variants with latency samples, in plot and table order.
-LATENCY_VARIANTS = ("bare", "cold", "warm", "warm_busy", "overhead", "rpc_floor", "append")
+LATENCY_VARIANTS = ("floor", "bare", "cold", "warm", "warm_busy", "epicbox", "overhead", "rpc_floor", "append")
+EPICBOX_PYTHON = ROOT / ".bench-epicbox-venv" / "bin" / "python"
 CONCURRENCY_VARIANTS = ("concurrency_bare", "concurrency_ours", "concurrency_wide")
 
 
@@ -100,12 +109,15 @@ def percentile(samples: Sequence[float], q: float) -> float:
 
 
 def summarize(name: str, samples_s: Sequence[float]) -> dict[str, Any]:
-    """`{name}_p50_ms`, `_p95_ms`, `_p99_ms`, `_mean_ms`, `_max_ms` and `_n` of samples in seconds."""
+    """`{name}_p50_ms`, `_p90_ms`, `_p95_ms`, `_p99_ms`, `_mean_ms`, `_max_ms` and `_n` of samples in
+    seconds."""
     ms = [s * 1000 for s in samples_s]
     if not ms:
-        return {f"{name}_{k}": None for k in ("p50_ms", "p95_ms", "p99_ms", "mean_ms", "max_ms")} | {f"{name}_n": 0}
+        return {f"{name}_{k}": None for k in ("p50_ms", "p90_ms", "p95_ms", "p99_ms", "mean_ms", "max_ms")} | {
+            f"{name}_n": 0}
     return {
         f"{name}_p50_ms": round(percentile(ms, 50), 3),
+        f"{name}_p90_ms": round(percentile(ms, 90), 3),
         f"{name}_p95_ms": round(percentile(ms, 95), 3),
         f"{name}_p99_ms": round(percentile(ms, 99), 3),
         f"{name}_mean_ms": round(sum(ms) / len(ms), 3),
@@ -129,18 +141,40 @@ class Target:
     value: Callable[[dict], float | None]
 
 
+def _minus(a: Any, b: Any) -> float | None:
+    if a is None or b is None:
+        return None
+    return float(a) - float(b)
+
+
+def _slowest(r: dict, name: str) -> float | None:
+    found = r.get(f"{name}_ms")
+    return max(found) if found else None
+
+
+# The targets of issue 28 ("speed at the floor"); the older ratios stay beside them.
 TARGETS = (
+    Target("warm_p50_over_floor_ms", "warm p50 - floor p50, ms", "<=", 25.0,
+           lambda r: _minus(r.get("warm_p50_ms"), r.get("floor_p50_ms"))),
     Target("warm_p50_vs_bare", "warm p50 / bare p50", "<=", 0.2,
            lambda r: _ratio(r.get("warm_p50_ms"), r.get("bare_p50_ms"))),
     Target("warm_p99_vs_warm_p50", "warm p99 / warm p50", "<=", 2.0,
            lambda r: _ratio(r.get("warm_p99_ms"), r.get("warm_p50_ms"))),
+    Target("back_to_back_p90_vs_warm_p50", "back-to-back (warm_busy) p90 / warm p50", "<=", 2.0,
+           lambda r: _ratio(r.get("warm_busy_p90_ms"), r.get("warm_p50_ms"))),
+    Target("burst_slowest_vs_bare", "burst: our slowest / bare's slowest (K runs at once)", "<=", 1.0,
+           lambda r: _ratio(_slowest(r, "concurrency_ours"), _slowest(r, "concurrency_bare"))),
+    Target("burst_median_vs_bare", "burst: our median / bare's median", "<=", 0.5,
+           lambda r: _ratio(r.get("concurrency_ours_p50_ms"), r.get("concurrency_bare_p50_ms"))),
     Target("cold_p50_vs_bare", "cold p50 / bare p50", "<=", 1.15,
            lambda r: _ratio(r.get("cold_p50_ms"), r.get("bare_p50_ms"))),
+    Target("epicbox_p50_vs_warm_p50", "epicbox p50 / warm p50 (same image, same run)", ">=", 4.0,
+           lambda r: _ratio(r.get("epicbox_p50_ms"), r.get("warm_p50_ms"))),
     Target("overhead_p50_ms", "control plane alone, p50 ms per call (with the durable append)", "<=", 1.5,
            lambda r: r.get("overhead_p50_ms")),
     Target("throughput_ratio", "cold calls/s / engine's own calls/s", ">=", 0.9,
            lambda r: r.get("throughput_ratio")),
-    Target("throughput_ratio_warm", "warm calls/s / engine's own calls/s", ">", 1.0,
+    Target("throughput_ratio_warm", "warm calls/s / engine's own calls/s", ">=", 1.5,
            lambda r: r.get("throughput_ratio_warm")),
     Target("rss_mb_100_runs", f"control-plane RSS MB with {RSS_RUNS} live runs", "<=", 200.0,
            lambda r: r.get("rss_mb_100_runs")),
@@ -293,6 +327,7 @@ def render_markdown(results: dict) -> str:
 
 
 REQUIRED_KEYS = (
+    "floor_p50_ms", "floor_p95_ms", "floor_p99_ms",
     "bare_p50_ms", "bare_p95_ms", "bare_p99_ms",
     "cold_p50_ms", "cold_p95_ms", "cold_p99_ms",
     "warm_p50_ms", "warm_p95_ms", "warm_p99_ms",
@@ -458,6 +493,43 @@ class BareRunner:
         if status.get("StatusCode") != 0 or b'"ok":true' not in out:
             raise RuntimeError(f"bare call failed: status {status}, output {bytes(out)[-300:]!r}")
         return bytes(out)
+
+
+class FloorRunner:
+    """The floor: BareRunner's container, made and started ahead; only the exchange is timed."""
+
+    def __init__(self, bare: BareRunner) -> None:
+        self.api, self._create_kwargs, self.timeout_s = bare.api, bare._create_kwargs, bare.timeout_s
+
+    def ready(self) -> tuple[str, Any, Any]:
+        """A started container whose runner waits on stdin (untimed)."""
+        container_id = self.api.create_container(**self._create_kwargs)["Id"]
+        attach = self.api.attach_socket(container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+        sock = getattr(attach, "_sock", attach)
+        self.api.start(container_id)
+        return container_id, attach, sock
+
+    def call(self, ready: tuple[str, Any, Any], body: bytes = ECHO_BODY) -> bytes:
+        """Timed: the request in, the answer out, the exit."""
+        container_id, _attach, sock = ready
+        out = bytearray()
+        sock.settimeout(self.timeout_s)
+        sock.sendall(body)
+        sock.shutdown(socket.SHUT_WR)
+        while chunk := sock.recv(65536):
+            out += chunk
+        status = self.api.wait(container_id, timeout=self.timeout_s + 10)
+        if status.get("StatusCode") != 0 or b'"ok":true' not in out:
+            raise RuntimeError(f"floor call failed: status {status}, output {bytes(out)[-300:]!r}")
+        return bytes(out)
+
+    def remove(self, ready: tuple[str, Any, Any]) -> None:
+        container_id, attach, sock = ready
+        with suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+        attach.close()
+        sock.close()
+        self.api.remove_container(container_id, force=True)
 
 
 class ControlPlane:
@@ -650,6 +722,19 @@ class Bench:
                               f"{used} vs {self.profile}")
 
     # -- bare, cold, concurrency, throughput without the pool
+    def run_floor(self) -> None:
+        floor = FloorRunner(self.bare)
+        samples = []
+        for _ in range(self.args.calls + 1):  # the first warms caches, like bare's
+            ready = floor.ready()
+            try:
+                started = time.perf_counter()
+                floor.call(ready)
+                samples.append(time.perf_counter() - started)
+            finally:
+                floor.remove(ready)
+        self.record("floor", samples[1:])
+
     def run_bare(self) -> None:
         self.bare.run()  # warm up caches (image, seccomp JSON)
         self.record("bare", timed_sequence(self.args.calls, lambda i: self.bare.run()))
@@ -805,6 +890,22 @@ class Bench:
                 cp.close()
             backend.close()
 
+    # -- epicbox, from its own venv
+    def run_epicbox(self) -> None:
+        python = Path(self.args.epicbox_python)
+        if not python.is_file():
+            self.notes.append(f"epicbox skipped: no {python} (make bench makes it)")
+            self.log(f"no {python}: epicbox skipped")
+            return
+        proc = subprocess.run([str(python), str(ROOT / "bench" / "epicbox_child.py"), self.image_id,
+                               str(self.args.calls)], capture_output=True, text=True, timeout=900)
+        report = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.stdout.strip() else {}
+        if proc.returncode != 0 or "samples_s" not in report:
+            raise RuntimeError(f"epicbox child failed ({proc.returncode}): "
+                               f"{report.get('error') or proc.stderr.strip()[-800:]}")
+        self.results["epicbox_version"] = report["version"]
+        self.record("epicbox", report["samples_s"])
+
     # -- overhead: the fake backend
     def run_overhead(self) -> None:
         from ringfence_server.sandbox.fake import FakeBackend, ok_result
@@ -927,6 +1028,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--throughput-pool-size", type=int, default=0,
                         help="pool size for the warm throughput (default: --clients)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="where latest.* go")
+    parser.add_argument("--epicbox-python", default=str(EPICBOX_PYTHON),
+                        help="the python of a venv with epicbox (default: .bench-epicbox-venv, `make bench`)")
     parser.add_argument("--quick", action="store_true", help="a smoke run with few calls")
     parser.add_argument("--memory-child", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -950,10 +1053,12 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         with _quiet_urllib3():
+            bench.phase("floor (a started container answering on stdin)", bench.run_floor)
             bench.phase("bare (docker-py, identical hardening)", bench.run_bare)
             bench.phase("engine throughput (bare)", bench.throughput_engine)
             bench.phase("cold (SubmitBatch, no pool) + throughput", bench.run_cold)
             bench.phase("warm (pool) + warm_busy + throughput", bench.run_warm)
+            bench.phase("epicbox (its own venv, same image)", bench.run_epicbox)
             bench.phase("overhead (fake backend)", bench.run_overhead)
             bench.phase("concurrency", bench.run_concurrency)
             bench.phase("memory", bench.run_memory)
