@@ -110,7 +110,7 @@ $(EPICBOX_VENV)/.stamp:
 	$(EPICBOX_VENV)/bin/pip install -q epicbox==1.1.0 urllib3==1.26.20
 	@touch $@
 
-bench: venv images postgres $(BENCH_STAMP) $(EPICBOX_VENV)/.stamp ## run the benchmarks in bench/ (ratios against an in-run baseline; results in bench/results/)
+bench: venv images mcp-images postgres $(BENCH_STAMP) $(EPICBOX_VENV)/.stamp ## run the benchmarks in bench/ (ratios against an in-run baseline; results in bench/results/)
 	$(PY) -m bench
 
 # mypy runs twice over tests/ (tests/mypy.ini says why): tests/ and tests/escape/ each have a
