@@ -350,6 +350,12 @@ class McpConfig:
     """Folders of server declarations, relative to the config file: every sub-folder holding a
     server.toml is one (a folder that holds one itself is a single server). A server's limits
     are held to the `[tools]` caps like any tool's."""
+    max_sessions_per_tenant: int = 16
+    """Session sandboxes one tenant may hold at once on this instance (1-1024). A session lives
+    for its run, and a tenant's open runs are not otherwise bounded: past this, a call that
+    would start one more fails, saying so, until the tenant's runs end."""
+    idle_s: float = 600.0
+    """A session unused this long is closed (seconds; its next call starts a fresh one)."""
 
 
 # A manifest's limits with a cap in `[tools]`, and the sandbox's own ceiling of each
@@ -552,7 +558,14 @@ def _folders(key: str, raw: Any, base_dir: Path) -> tuple[Path, ...]:
 
 def _parse_mcp(raw: Mapping[str, Any], base_dir: Path) -> McpConfig:
     _known("mcp", raw, {f.name for f in fields(McpConfig)})
-    return McpConfig(servers=_folders("mcp.servers", raw.get("servers", []), base_dir))
+    d = McpConfig()
+    cap = _int_in("mcp.max_sessions_per_tenant", raw.get("max_sessions_per_tenant", d.max_sessions_per_tenant),
+                  1, 1024)
+    idle = float(_expect("mcp.idle_s", raw.get("idle_s", d.idle_s), (int, float), "a number of seconds"))
+    if not 1 <= idle <= 86400:
+        raise ConfigError("mcp.idle_s", "must be 1 to 86400 seconds")
+    return McpConfig(servers=_folders("mcp.servers", raw.get("servers", []), base_dir),
+                     max_sessions_per_tenant=cap, idle_s=idle)
 
 
 def _parse_tools(raw: Mapping[str, Any], base_dir: Path) -> ToolsConfig:

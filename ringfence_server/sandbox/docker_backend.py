@@ -54,7 +54,7 @@ from ringfence_server.sandbox.engine import ENGINE_ERRORS, container_id
 from ringfence_server.sandbox.errors import EngineError, ImageError, ProfileError
 from ringfence_server.sandbox.host_config import applied_settings, host_config_kwargs, workspace_source
 from ringfence_server.sandbox.inflight import Inflight, Progress
-from ringfence_server.sandbox.mcp_session import McpSessions
+from ringfence_server.sandbox.mcp_session import McpSessions, McpSettings
 from ringfence_server.sandbox.pinned_images import Lock, load_lock, resolve_pinned
 from ringfence_server.sandbox.pool import (
     LAUNCHER_ARGV,
@@ -87,7 +87,8 @@ class DockerBackend:
 
     def __init__(self, client: docker.DockerClient | None = None, *, lock: Lock | None = None,
                  egress_proxy: EgressProxy | None = None, on_egress_report: EgressReportHook | None = None,
-                 egress_settings: ProxySettings | None = None, pool: PoolSettings | None = None) -> None:
+                 egress_settings: ProxySettings | None = None, pool: PoolSettings | None = None,
+                 mcp: McpSettings | None = None) -> None:
         try:
             # max_pool_size: every concurrent call talks to the engine; past docker-py's default
             # of 10 connections per URL, urllib3 drops connections, and docker-py's per-URL pool
@@ -121,6 +122,7 @@ class DockerBackend:
         self._remover = Remover(self._remove)
         # MCP servers' session sandboxes (ringfence_server.sandbox.mcp_session), made on first use.
         self._mcp: McpSessions | None = None
+        self._mcp_settings = mcp
         self._mcp_mutex = threading.Lock()
         if pool is not None and pool.size > 0:
             self.pool = WarmPool(pool, shape=self._pool_shape, make=self._make_warm, discard=self._discard_warm,
@@ -140,7 +142,7 @@ class DockerBackend:
         """The session sandboxes of MCP servers (started on a run's first call to a server)."""
         with self._mcp_mutex:
             if self._mcp is None:
-                self._mcp = McpSessions(self)
+                self._mcp = McpSessions(self, self._mcp_settings)
             return self._mcp
 
     def close(self) -> None:

@@ -94,6 +94,23 @@ takes it from a client)."""
 
 
 @dataclass(frozen=True)
+class McpSettings:
+    """How many session sandboxes may live at once, and for how long unused."""
+
+    max_per_owner: int = 16
+    """Live sessions of one owner (a tenant: McpCall.owner) at once. A session lives for its
+    run, not for a call, and a tenant's open runs are not otherwise bounded: without this, one
+    tenant could hold a container per run per server until the host is full. A call past it is
+    `start_failed` (retried, then failed), saying so; ending runs frees the slots."""
+    idle_s: float = IDLE_S
+    """A session unused this long is closed (its next call starts a fresh one)."""
+
+    def __post_init__(self) -> None:
+        if self.max_per_owner < 1 or not self.idle_s > 0:
+            raise ValueError("max_per_owner must be at least 1 and idle_s positive")
+
+
+@dataclass(frozen=True)
 class McpCall:
     """One tools/call for a session sandbox (SandboxRequest.mcp): the request's profile is the
     session's sandbox and its argv the server's command."""
@@ -106,6 +123,8 @@ class McpCall:
     mutates: bool = False
     """From the operator's declaration: a broken answer to a mutation is uncertain, not fatal."""
     idempotency_key: str | None = None
+    owner: str = ""
+    """Whose sessions this call's counts against (the run's tenant): McpSettings.max_per_owner."""
 
 
 def content_of(result: Any) -> Any:
@@ -505,6 +524,7 @@ class _StartFailed(Exception):
 
 @dataclass(frozen=True)
 class _Key:
+    owner: str
     run_id: str
     server: str
     profile: str
@@ -515,9 +535,10 @@ class _Key:
 class McpSessions:
     """The backend's session sandboxes."""
 
-    def __init__(self, backend: DockerBackend, *, idle_s: float = IDLE_S) -> None:
+    def __init__(self, backend: DockerBackend, settings: McpSettings | None = None) -> None:
         self._backend = backend
-        self._idle_s = idle_s
+        self.settings = settings or McpSettings()
+        self._idle_s = self.settings.idle_s
         self._sessions: dict[_Key, McpSession] = {}
         self._starting: dict[_Key, threading.Lock] = {}
         self._lock = threading.Lock()
@@ -529,7 +550,7 @@ class McpSessions:
 
     def call(self, request: SandboxRequest) -> SandboxResult:
         assert request.mcp is not None
-        key = _Key(request.run_id, request.mcp.server, repr(request.profile))
+        key = _Key(request.mcp.owner, request.run_id, request.mcp.server, repr(request.profile))
         started = time.monotonic()
         try:
             session = self._session(key, request)
@@ -557,6 +578,12 @@ class McpSessions:
                 found = self._sessions.get(key)
                 if found is not None and not found.ended:
                     return found
+            with self._lock:
+                held = sum(1 for k, s in self._sessions.items() if k.owner == key.owner and not s.ended)
+            if held >= self.settings.max_per_owner:
+                raise _StartFailed(f"{held} sessions are live for this tenant, its cap "
+                                   f"(mcp.max_sessions_per_tenant {self.settings.max_per_owner}): "
+                                   "finish runs that hold them")
             session = McpSession(self._backend, request, on_end=self._forget)
             session.start()
             with self._lock:
@@ -655,4 +682,5 @@ def start_for_listing(backend: DockerBackend, request: SandboxRequest) -> McpSes
     return session
 
 
-__all__ = ["IDEMPOTENCY_META", "McpCall", "McpSession", "McpSessions", "content_of", "start_for_listing"]
+__all__ = ["IDEMPOTENCY_META", "McpCall", "McpSession", "McpSessions", "McpSettings", "content_of",
+           "start_for_listing"]

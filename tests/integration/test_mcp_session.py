@@ -11,6 +11,7 @@ containers the engine has for a run are gone when the run ends.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -178,3 +179,33 @@ def test_a_call_that_finds_its_session_ended_was_never_sent(backend, run_id):
     session.kill("another call's wall time")
     result = session.call(rogue_request(run_id, "mark", {"text": "y"}))
     assert result.outcome is Outcome.START_FAILED and "before the call was sent" in result.message
+
+
+def test_a_tenant_past_its_session_cap_is_refused_and_others_are_not(docker_client, mcp_images):
+    """Sessions live for their runs: past max_per_owner live sessions of one tenant, a call that
+    would start another is start_failed, saying so; another tenant's is not; and a run's end
+    frees its slot. Red check: with the cap at 3, the third run's session starts."""
+    from ringfence_server.sandbox.mcp_session import McpSettings
+
+    for cap in (2, 3):
+        backend = DockerBackend(docker_client, lock=mcp_images, mcp=McpSettings(max_per_owner=cap))
+        runs = [f"cap-{cap}-{i}-{time.time_ns()}" for i in range(3)]
+        try:
+            def call(run_id: str, owner: str, backend=backend):
+                request = rogue_request(run_id, "mark", {"text": "x"})
+                assert request.mcp is not None
+                return backend.run(dataclasses.replace(request, mcp=dataclasses.replace(request.mcp, owner=owner)))
+
+            assert call(runs[0], "acme").ok and call(runs[1], "acme").ok
+            third = call(runs[2], "acme")
+            if cap == 2:
+                assert third.outcome is Outcome.START_FAILED
+                assert "its cap (mcp.max_sessions_per_tenant 2)" in third.message
+                assert session_containers(docker_client, runs[2]) == []
+                assert call(f"other-{time.time_ns()}", "globex").ok  # another tenant's own budget
+                backend.end_run(runs[0])
+                assert call(runs[2], "acme").ok  # a run's end frees its slot
+            else:
+                assert third.ok
+        finally:
+            backend.close()

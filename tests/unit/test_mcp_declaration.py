@@ -158,6 +158,7 @@ def test_a_call_goes_to_the_runs_session_with_its_command_arguments_and_key(tmp_
         assert request.mcp is not None and request.warm is False and request.stdin == b""
         assert (request.mcp.server, request.mcp.tool, dict(request.mcp.arguments)) == ("rogue", "echo", {"text": "hi"})
         assert request.mcp.mutates is False and request.mcp.idempotency_key is None
+        assert request.mcp.owner == "acme"  # the tenant its session counts against
         assert request.argv == ("python3", "-I", "-S", "-B", "/opt/ringfence/rogue_mcp.py")
         assert request.run_id == f"acme:{run}" and request.profile.image == "mcp-rogue"
         assert request.profile.timeout_s == 8.0 and request.profile.stdout_limit == 65536
@@ -251,3 +252,24 @@ def test_judge_writes_the_table_in_place_of_pins_template_and_refuses_what_it_ca
         judge(rogue, "count", Judgement(mutates=False, reversible=True))
     with pytest.raises(ConfigError, match="the server does not list it"):
         judge(rogue, "nope", Judgement(mutates=False, reversible=True))
+
+
+@pytest.mark.parametrize("table, key", [
+    ({"max_sessions_per_tenant": 0}, "mcp.max_sessions_per_tenant"),
+    ({"max_sessions_per_tenant": 2000}, "mcp.max_sessions_per_tenant"),
+    ({"idle_s": 0}, "mcp.idle_s"),
+    ({"idle_s": "long"}, "mcp.idle_s"),
+    ({"sessions": 3}, "mcp.sessions"),
+])
+def test_the_mcp_table_refuses_bad_bounds_naming_the_key(tmp_path, table, key):
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides={"state_dir": str(tmp_path), "mcp": table})
+    assert e.value.key == key
+
+
+def test_the_mcp_tables_defaults_reach_the_backends_settings(tmp_path):
+    from ringfence_server.control.api.serve import mcp_settings
+
+    config = load_config(overrides={"state_dir": str(tmp_path), "mcp": {"max_sessions_per_tenant": 4}})
+    settings = mcp_settings(config)
+    assert (settings.max_per_owner, settings.idle_s) == (4, 600.0)

@@ -47,6 +47,7 @@ if TYPE_CHECKING:  # the CLI imports this module: the server's dependencies load
     from ringfence_server.control.toolpkg.packages import ToolPackage
     from ringfence_server.sandbox.docker_backend import DockerBackend
     from ringfence_server.sandbox.egress.proxy import ProxySettings
+    from ringfence_server.sandbox.mcp_session import McpSettings
     from ringfence_server.sandbox.pinned_images import Lock as ImageLock
     from ringfence_server.sandbox.pool import PoolSettings
     from ringfence_server.sandbox.workspace import DockerWorkspaces
@@ -350,7 +351,8 @@ def _start_backend(config: Config, args: argparse.Namespace) -> tuple[DockerBack
             lock = lock_for(config.images_dir)
         else:
             lock = load_lock()
-        backend = DockerBackend(lock=lock, egress_settings=egress_settings(config), pool=pool_settings(config))
+        backend = DockerBackend(lock=lock, egress_settings=egress_settings(config), pool=pool_settings(config),
+                                mcp=mcp_settings(config))
         # A killed predecessor's containers go now; anything past its deadline label, while we run.
         backend.start_reaper(args.reap_every)
     except SandboxError as e:
@@ -545,6 +547,13 @@ def pool_settings(config: Config) -> PoolSettings | None:
     from ringfence_server.sandbox.pool import PoolSettings
 
     return PoolSettings(size=config.pool.size, idle_s=config.pool.idle_s, max_shapes=config.pool.max_shapes)
+
+
+def mcp_settings(config: Config) -> McpSettings:
+    """The MCP session sandboxes' bounds from the config's [mcp] table."""
+    from ringfence_server.sandbox.mcp_session import McpSettings
+
+    return McpSettings(max_per_owner=config.mcp.max_sessions_per_tenant, idle_s=config.mcp.idle_s)
 
 
 def egress_settings(config: Config) -> ProxySettings | None:

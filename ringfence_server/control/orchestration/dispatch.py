@@ -425,7 +425,7 @@ class Dispatcher:
                                      call_id=f"{a.call_id}.a{n}", warm=False,
                                      mcp=McpCall(server=binding.server, tool=binding.tool,
                                                  arguments=dict(a.arguments), mutates=a.manifest.mutates,
-                                                 idempotency_key=key))
+                                                 idempotency_key=key, owner=state.tenant))
         try:
             try:
                 result = self.backend.run(request)
