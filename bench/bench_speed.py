@@ -153,7 +153,8 @@ def _slowest(r: dict, name: str) -> float | None:
     return max(found) if found else None
 
 
-# The targets of issue 28 ("speed at the floor"); the older ratios stay beside them.
+# What "at the floor" means: a warm call close to a pre-started container, bursts never worse than
+# bare, the pool ahead of its load; the older ratios stay beside them.
 TARGETS = (
     Target("warm_p50_over_floor_ms", "warm p50 - floor p50, ms", "<=", 25.0,
            lambda r: _minus(r.get("warm_p50_ms"), r.get("floor_p50_ms"))),

@@ -95,21 +95,34 @@ def pinned_images(docker_client):
     return lock
 
 
-@pytest.fixture(scope="session")
-def mcp_images(docker_client, pinned_images):
-    """The MCP servers' test images (tests/mcp_servers/images: the rogue server, over the
-    built-in images), present with their locked IDs (`make mcp-images`)."""
-    from mcp_sandbox_support import MCP_TEST_IMAGES
-
+def _verified_lock(docker_client, images_dir, what: str):
+    """The lock of a user's images dir (over the built-in one), its images present with their
+    locked IDs; otherwise unavailable, saying to run `make mcp-images`."""
     from ringfence_server.imagebuild import verify
     from ringfence_server.sandbox.pinned_images import lock_for
 
-    lock = lock_for(MCP_TEST_IMAGES)
-    problems = verify(docker_client, lock, images_dir=MCP_TEST_IMAGES)
+    lock = lock_for(images_dir)
+    problems = verify(docker_client, lock, images_dir=images_dir)
     if problems:
-        _unavailable("the MCP test images are missing or drifted (run `make mcp-images`): "
-                     + "; ".join(map(str, problems)))
+        _unavailable(f"{what} are missing or drifted (run `make mcp-images`): " + "; ".join(map(str, problems)))
     return lock
+
+
+@pytest.fixture(scope="session")
+def mcp_images(docker_client, pinned_images):
+    """The MCP servers' test images (tests/mcp_servers/images: the rogue server, over the
+    built-in images)."""
+    from mcp_sandbox_support import MCP_TEST_IMAGES
+
+    return _verified_lock(docker_client, MCP_TEST_IMAGES, "the MCP test images")
+
+
+@pytest.fixture(scope="session")
+def example_mcp_images(docker_client, pinned_images):
+    """The example servers' images (examples/mcp/images: mcp-time, mcp-fetch, mcp-git)."""
+    from mcp_sandbox_support import EXAMPLE_IMAGES
+
+    return _verified_lock(docker_client, EXAMPLE_IMAGES, "the example MCP servers' images")
 
 
 @pytest.fixture(scope="session")

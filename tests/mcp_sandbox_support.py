@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -58,3 +60,36 @@ def product_containers(client) -> list:
     session = os.environ.get(L.TEST_SESSION_ENV, "")
     return listing.containers(client, {"label": [f"{L.PRODUCT_LABEL}={L.PRODUCT}",
                                                  f"{L.TEST_SESSION_LABEL}={session}"]})
+
+
+@contextmanager
+def served_mcp_servers(docker_client, lock, testbed, state_dir: Path, *, images: Path, servers: Path,
+                       policy: Mapping[str, Any], agent: str, approver: str) -> Iterator[tuple[Any, Any]]:
+    """(the real gRPC server, its DockerBackend): the Orchestrator serving the declarations of
+    `servers` (images from `images`, pinned by `lock`) under `policy`, one tenant `acme` with an
+    agent and an approver token, the egress proxy of `testbed`, real workspaces; all closed at
+    the end."""
+    from ringfence_server.control.api.background import BackgroundServer
+    from ringfence_server.control.config import load_config, token_digest
+    from ringfence_server.control.orchestration import Orchestrator
+    from ringfence_server.control.store import SqliteEventStore
+    from ringfence_server.sandbox.docker_backend import DockerBackend
+    from ringfence_server.sandbox.workspace import DockerWorkspaces
+
+    backend = DockerBackend(docker_client, lock=lock, egress_proxy=testbed.proxy())
+    config = load_config(overrides={
+        "state_dir": str(state_dir),
+        "tenants": {"acme": {"tokens": [
+            {"sha256": token_digest(agent), "role": "agent", "subject": "agent"},
+            {"sha256": token_digest(approver), "role": "approver", "subject": "alice"}]}},
+        "policy": dict(policy), "mcp": {"servers": [str(servers)]}, "images": {"dir": str(images)},
+    })
+    store = SqliteEventStore(config.db_path)
+    orchestrator = Orchestrator.from_config(config, backend, store, workspaces=DockerWorkspaces(docker_client, lock))
+    try:
+        with BackgroundServer(orchestrator, config) as server:
+            yield server, backend
+    finally:
+        orchestrator.close()
+        store.close()
+        backend.close()

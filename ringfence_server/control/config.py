@@ -61,6 +61,16 @@ class TenantConfig:
     tokens: tuple[TokenConfig, ...]
 
 
+def tool_matches(pattern: str, tool: str) -> bool:
+    """A rule's `tool`: "*" (every tool), "SERVER.*" (every tool of a declared MCP server,
+    ringfence_server.control.mcp_servers), or one tool's exact name."""
+    if pattern == "*":
+        return True
+    if pattern.endswith(".*"):
+        return tool.startswith(pattern[:-1])
+    return pattern == tool
+
+
 @dataclass(frozen=True)
 class RuleConfig:
     tool: str
@@ -92,9 +102,8 @@ class PolicyConfig:
     granted, nothing reachable."""
 
     def egress_for(self, tool: str) -> tuple[str, ...]:
-        server = f"{tool.split('.', 1)[0]}.*" if "." in tool else None  # a declared MCP server's tools
-        return (tuple(self.egress.get(tool, ())) + (tuple(self.egress.get(server, ())) if server else ())
-                + tuple(self.egress.get("*", ())))
+        """The hosts policy grants `tool`: every entry whose key matches it (`tool_matches`)."""
+        return tuple(host for pattern, hosts in self.egress.items() if tool_matches(pattern, tool) for host in hosts)
 
 
 @dataclass(frozen=True)

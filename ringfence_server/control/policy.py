@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ringfence_server.control.config import PolicyConfig, RuleConfig, Verdict
+from ringfence_server.control.config import PolicyConfig, RuleConfig, Verdict, tool_matches
 from ringfence_server.control.registry import ToolManifest
 from ringfence_server.control.validation import canonical_json, sha256_hex, signature
 
@@ -67,16 +67,6 @@ def _holds(op: str, operand: Any, present: bool, value: Any) -> bool:
     if op == "prefix":
         return isinstance(value, str) and value.startswith(operand)
     return False
-
-
-def tool_matches(pattern: str, tool: str) -> bool:
-    """A rule's `tool`: "*" (every tool), "SERVER.*" (every tool of a declared MCP server,
-    ringfence_server.control.mcp_servers), or one tool's exact name."""
-    if pattern == "*":
-        return True
-    if pattern.endswith(".*"):
-        return tool.startswith(pattern[:-1])
-    return pattern == tool
 
 
 def rule_matches(rule: RuleConfig, tool: str, arguments: Mapping[str, Any]) -> bool:

@@ -148,7 +148,7 @@ def parse_manifest(doc: Mapping[str, Any], source: str = "<manifest>") -> ToolMa
     cost = _parse_cost(doc, source)
     paths = _parse_paths(doc, source)
     hosts, url_args = _parse_egress(doc, source)
-    limits = _parse_limits(doc, source)
+    limits = parse_limits(doc, source)
     runtime, image = _parse_runtime_image(doc, source, hosts)
     reconcile = _parse_reconcile(doc.get("reconcile"), source, name, doc["mutates"])
     workspace, outputs = _parse_workspace(doc, source)
@@ -255,7 +255,7 @@ def _parse_egress(doc: Mapping[str, Any], source: str) -> tuple[list[str], list[
     return hosts, url_args
 
 
-def _parse_limits(doc: Mapping[str, Any], source: str) -> ToolLimits:
+def parse_limits(doc: Mapping[str, Any], source: str) -> ToolLimits:
     """`limits`: known limits, positive numbers; the others keep ToolLimits' defaults."""
     limits_raw = doc.get("limits", {})
     if not isinstance(limits_raw, Mapping):

@@ -235,14 +235,10 @@ class McpSession:
             except (MCPError, TimeoutError, anyio.EndOfStream, anyio.ClosedResourceError,
                     anyio.BrokenResourceError, OSError) as e:
                 raise _StartFailed(f"the MCP server did not initialize: {self._why(e)}") from e
-        except _StartFailed:
-            self.close()
-            raise
-        except ENGINE_ERRORS as e:
-            self.close()
-            raise _StartFailed(f"engine error: {type(e).__name__}: {e}") from e
-        except BaseException:
-            self.close()
+        except BaseException as e:
+            self.close()  # whatever stopped the start, nothing of it is left
+            if isinstance(e, ENGINE_ERRORS):
+                raise _StartFailed(f"engine error: {type(e).__name__}: {e}") from e
             raise
         self.setup_ms = int((time.monotonic() - started) * 1000)
 

@@ -29,20 +29,19 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import _unavailable
-from mcp_sandbox_support import EXAMPLE_IMAGES, EXAMPLE_SERVERS, product_containers, session_containers
+from mcp_sandbox_support import (
+    EXAMPLE_IMAGES,
+    EXAMPLE_SERVERS,
+    product_containers,
+    served_mcp_servers,
+    session_containers,
+)
 from mcp_support import client_name, run_events, session_run_id, stdio_session, text_of
 
 from ringfence import Client
 from ringfence.model import ApprovalStatus, ObservationStatus, RunStatus, RunView
 from ringfence.models._common import clean_schema
-from ringfence_server.control.api.background import BackgroundServer
-from ringfence_server.control.config import load_config, token_digest
 from ringfence_server.control.mcp_servers.declaration import read_listing
-from ringfence_server.control.orchestration import Orchestrator
-from ringfence_server.control.store import SqliteEventStore
-from ringfence_server.sandbox.docker_backend import DockerBackend
-from ringfence_server.sandbox.workspace import DockerWorkspaces
 
 pytestmark = pytest.mark.docker
 
@@ -58,21 +57,6 @@ ALLOWED = ("registry:ok", "validation:ok", "guardrail:pass", "resource:ok")
 
 
 @pytest.fixture(scope="module")
-def example_images(docker_client, pinned_images):
-    """The example servers' images (examples/mcp/images: over the built-in ones), present with
-    their locked IDs (`make mcp-images`)."""
-    from ringfence_server.imagebuild import verify
-    from ringfence_server.sandbox.pinned_images import lock_for
-
-    lock = lock_for(EXAMPLE_IMAGES)
-    problems = verify(docker_client, lock, images_dir=EXAMPLE_IMAGES)
-    if problems:
-        _unavailable("the example MCP servers' images are missing or drifted (run `make mcp-images`): "
-                     + "; ".join(map(str, problems)))
-    return lock
-
-
-@pytest.fixture(scope="module")
 def nothing_left(docker_client):
     """Set up before the stack and the decoys, so torn down after them: then no container with
     the product label that this module made is left (sessions, workspaces, proxy, decoys).
@@ -84,35 +68,19 @@ def nothing_left(docker_client):
 
 
 @pytest.fixture(scope="module")
-def stack(nothing_left, docker_client, example_images, testbed, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("mcp-real-servers")
-    backend = DockerBackend(docker_client, lock=example_images, egress_proxy=testbed.proxy())
-    config = load_config(overrides={
-        "state_dir": str(tmp / "state"),
-        "tenants": {"acme": {"tokens": [
-            {"sha256": token_digest(AGENT), "role": "agent", "subject": "agent"},
-            {"sha256": token_digest(APPROVER), "role": "approver", "subject": "alice"}]}},
-        # `autonomous`: the git server's reversible mutations that a rule allows run unasked.
-        # The most restrictive matching rule wins: time.convert_time is asked, the rest allowed.
-        "policy": {"autonomy": "autonomous",
-                   "rules": [{"tool": "time.*", "verdict": "allow"},
-                             {"tool": "time.convert_time", "verdict": "ask"},
-                             {"tool": "fetch.*", "verdict": "allow"},
-                             {"tool": "git.*", "verdict": "allow"}],
-                   "egress": {"fetch.*": ["allowed.test"]}},
-        "mcp": {"servers": [str(EXAMPLE_SERVERS)]},
-        "images": {"dir": str(EXAMPLE_IMAGES)},
-    })
-    store = SqliteEventStore(config.db_path)
-    orchestrator = Orchestrator.from_config(config, backend, store,
-                                            workspaces=DockerWorkspaces(docker_client, example_images))
-    try:
-        with BackgroundServer(orchestrator, config) as server:
-            yield server, testbed
-    finally:
-        orchestrator.close()
-        store.close()
-        backend.close()
+def stack(nothing_left, docker_client, example_mcp_images, testbed, tmp_path_factory):
+    # `autonomous`: the git server's reversible mutations that a rule allows run unasked.
+    # The most restrictive matching rule wins: time.convert_time is asked, the rest allowed.
+    policy = {"autonomy": "autonomous",
+              "rules": [{"tool": "time.*", "verdict": "allow"},
+                        {"tool": "time.convert_time", "verdict": "ask"},
+                        {"tool": "fetch.*", "verdict": "allow"},
+                        {"tool": "git.*", "verdict": "allow"}],
+              "egress": {"fetch.*": ["allowed.test"]}}
+    with served_mcp_servers(docker_client, example_mcp_images, testbed,
+                            tmp_path_factory.mktemp("mcp-real-servers") / "state", images=EXAMPLE_IMAGES,
+                            servers=EXAMPLE_SERVERS, policy=policy, agent=AGENT, approver=APPROVER) as (server, _b):
+        yield server, testbed
 
 
 @contextmanager

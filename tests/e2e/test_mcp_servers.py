@@ -16,18 +16,12 @@ import threading
 import time
 
 import pytest
-from mcp_sandbox_support import MCP_TEST_IMAGES, SERVERS, session_containers
+from mcp_sandbox_support import MCP_TEST_IMAGES, SERVERS, served_mcp_servers, session_containers
 
 from ringfence import Client
 from ringfence.model import ApprovalStatus, ObservationStatus
-from ringfence_server.control.api.background import BackgroundServer
-from ringfence_server.control.config import load_config, token_digest
 from ringfence_server.control.mcp_servers.declaration import read_listing
-from ringfence_server.control.orchestration import Orchestrator
-from ringfence_server.control.store import SqliteEventStore
-from ringfence_server.sandbox.docker_backend import DockerBackend
 from ringfence_server.sandbox.mcp_session import IDEMPOTENCY_META
-from ringfence_server.sandbox.workspace import DockerWorkspaces
 
 pytestmark = pytest.mark.docker
 
@@ -36,31 +30,15 @@ AGENT, APPROVER = "mcp-servers-agent", "mcp-servers-approver"
 
 @pytest.fixture(scope="module")
 def stack(docker_client, mcp_images, testbed, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("mcp-servers")
-    backend = DockerBackend(docker_client, lock=mcp_images, egress_proxy=testbed.proxy())
-    config = load_config(overrides={
-        "state_dir": str(tmp / "state"),
-        "tenants": {"acme": {"tokens": [
-            {"sha256": token_digest(AGENT), "role": "agent", "subject": "agent"},
-            {"sha256": token_digest(APPROVER), "role": "approver", "subject": "alice"}]}},
-        # `autonomous`: a reversible mutation that a rule allows runs (rogue_ws.count); an irreversible
-        # one is still asked (rogue.delete_everything), under every autonomy.
-        "policy": {"autonomy": "autonomous",
-                   "rules": [{"tool": f"{name}.*", "verdict": "allow"} for name in ("rogue", "rogue_ws", "rogue_net")],
-                   "egress": {"rogue_net.*": ["allowed.test"]}},
-        "mcp": {"servers": [str(SERVERS)]},
-        "images": {"dir": str(MCP_TEST_IMAGES)},
-    })
-    store = SqliteEventStore(config.db_path)
-    orchestrator = Orchestrator.from_config(config, backend, store,
-                                            workspaces=DockerWorkspaces(docker_client, mcp_images))
-    try:
-        with BackgroundServer(orchestrator, config) as server:
-            yield server, backend, testbed
-    finally:
-        orchestrator.close()
-        store.close()
-        backend.close()
+    # `autonomous`: a reversible mutation that a rule allows runs (rogue_ws.count); an irreversible
+    # one is still asked (rogue.delete_everything), under every autonomy.
+    policy = {"autonomy": "autonomous",
+              "rules": [{"tool": f"{name}.*", "verdict": "allow"} for name in ("rogue", "rogue_ws", "rogue_net")],
+              "egress": {"rogue_net.*": ["allowed.test"]}}
+    with served_mcp_servers(docker_client, mcp_images, testbed, tmp_path_factory.mktemp("mcp-servers") / "state",
+                            images=MCP_TEST_IMAGES, servers=SERVERS, policy=policy, agent=AGENT,
+                            approver=APPROVER) as (server, backend):
+        yield server, backend, testbed
 
 
 def received(agent: Client, run_id: str) -> list[str]:
@@ -96,7 +74,9 @@ def test_a_call_runs_in_the_runs_session_with_the_events_of_any_call(stack):
         run = agent.start_run("call an MCP server")
         [obs] = agent.submit_batch(run.run_id, [{"call_id": "e1", "tool": "rogue.echo", "arguments": {"text": "hi"}}])
         assert obs.status is ObservationStatus.EXECUTED and obs.executed
-        assert obs.content == {"text": "hi", "meta": {}}
+        assert obs.content is not None and obs.content["text"] == "hi"
+        # A read carries no idempotency key (the trace context the MCP SDK adds aside).
+        assert {k for k in obs.content["meta"] if k not in ("traceparent", "tracestate")} == set()
         assert obs.verdict_path == ("registry:ok", "validation:ok", "guardrail:pass", "resource:ok",
                                     "policy:rule[0]:allow", "admitted", "result:ok")
         agent.finish_run(run.run_id)

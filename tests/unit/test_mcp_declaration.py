@@ -14,12 +14,12 @@ from control_support import AGENT
 
 from ringfence.errors import ConfigError
 from ringfence.model import ObservationStatus as S
-from ringfence_server.control.config import PolicyConfig, RuleConfig, Verdict, load_config
+from ringfence_server.control.config import PolicyConfig, RuleConfig, Verdict, load_config, tool_matches
 from ringfence_server.control.idempotency import client_idempotency_key
 from ringfence_server.control.mcp_servers.declaration import load_server, server_folders
 from ringfence_server.control.mcp_servers.pinning import drift
 from ringfence_server.control.orchestration import Orchestrator
-from ringfence_server.control.policy import PolicyEngine, tool_matches
+from ringfence_server.control.policy import PolicyEngine
 from ringfence_server.control.store.sqlite import SqliteEventStore
 from ringfence_server.control.toolpkg.packages import registry_from_config
 from ringfence_server.sandbox.fake import FakeBackend, FakeWorkspaces, ok_result
@@ -226,7 +226,10 @@ def test_an_mcp_servers_result_passes_the_result_guardrail(tmp_path):
         run = orch.start_run(AGENT, "guard").run_id
         [obs] = orch.submit_batch(AGENT, run, [ProposedCall("r", "rogue.echo", {"text": "x"})])
         assert obs.status is S.EXECUTED and secret not in json.dumps(obs.content)
-        assert all(secret not in json.dumps(dict(e.data)) for e in store.read(f"acme/{run}") or store.read(run))
+        events = store.read(run)
+        [completed] = [e for e in events if e.type == "call_completed"]
+        assert completed.data["guard"]["redacted"] == ["aws_access_key"]  # the guardrail saw it
+        assert all(secret not in json.dumps(dict(e.data)) for e in events)
     finally:
         orch.close()
         store.close()

@@ -7,7 +7,6 @@ A tool judged already is refused: its table is edited by hand, where the change 
 
 from __future__ import annotations
 
-import json
 import re
 import tomllib
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from pathlib import Path
 
 from ringfence.errors import ConfigError
 from ringfence_server.control.mcp_servers.declaration import SERVER_FILE, load_server, read_listing
+from ringfence_server.control.mcp_servers.scaffold import toml_key
 
 TEMPLATE_HEADER = ("# Judge each tool: uncomment its table and say what it does; a tool without a table is "
                    "never exposed.\n")
@@ -29,16 +29,10 @@ class Judgement:
     expose: bool = True
 
     def table(self, tool: str) -> str:
-        lines = [f"[tools.{_key(tool)}]", f"mutates = {str(self.mutates).lower()}",
-                 f"reversible = {str(self.reversible).lower()}", f"cost = {float(self.cost)!r}"]
-        if not self.expose:
-            lines.append("expose = false")
-        return "\n".join(lines) + "\n"
+        from ringfence_server.control.mcp_servers.scaffold import tool_table
 
-
-def _key(tool: str) -> str:
-    """A TOML key for the tool's name: bare when it can be, else quoted."""
-    return tool if re.fullmatch(r"[A-Za-z0-9_-]+", tool) else json.dumps(tool)
+        return tool_table(tool, {"mutates": self.mutates, "reversible": self.reversible, "cost": float(self.cost),
+                                 "expose": None if self.expose else False})
 
 
 def judge(folder: Path, tool: str, judgement: Judgement) -> Path:
@@ -56,7 +50,7 @@ def judge(folder: Path, tool: str, judgement: Judgement) -> Path:
     # The template `pin` wrote: the tool's description and the server's claims, "# [tools.TOOL]"
     # and its commented keys; and the header, once no template is left.
     template = re.compile(rf"^(?:# {re.escape(tool)}: .*\n)?(?:# \(the server says .*\n)?"
-                          rf"# \[tools\.{re.escape(_key(tool))}\]\n(?:# .*\n)*\n?", re.M)
+                          rf"# \[tools\.{re.escape(toml_key(tool))}\]\n(?:# .*\n)*\n?", re.M)
     text = template.sub("", text)
     if "# [tools." not in text:
         text = text.replace(TEMPLATE_HEADER, "")

@@ -19,7 +19,7 @@ from typing import Any
 
 from ringfence.errors import ConfigError
 from ringfence_server.control.mcp_servers.declaration import SERVER_FILE, TOOLS_FILE, read_listing
-from ringfence_server.control.registry import _parse_limits
+from ringfence_server.control.registry import parse_limits
 from ringfence_server.sandbox.backend import SandboxRequest
 from ringfence_server.sandbox.docker_backend import DockerBackend
 from ringfence_server.sandbox.mcp_session import McpCall, start_for_listing
@@ -39,7 +39,7 @@ def listing_request(folder: Path) -> SandboxRequest:
     name, image, command = doc.get("name"), doc.get("image"), doc.get("command")
     if not isinstance(name, str) or not isinstance(image, str) or not isinstance(command, list) or not command:
         raise ConfigError(str(source), "needs name, image and command")
-    limits = _parse_limits(doc, str(source))
+    limits = parse_limits(doc, str(source))
     profile = SandboxProfile(image=image, runtime=str(doc.get("runtime", "runc")), memory_bytes=limits.memory_bytes,
                              cpus=limits.cpus, pids=limits.pids, timeout_s=limits.timeout_s,
                              stdout_limit=limits.stdout_limit, stderr_limit=limits.stderr_limit)
@@ -73,16 +73,18 @@ def judgement_template(folder: Path, tools: list[dict[str, Any]]) -> str:
     except (OSError, tomllib.TOMLDecodeError):
         judged = set()
     text = (Path(folder) / SERVER_FILE).read_text(encoding="utf-8")
+    from ringfence_server.control.mcp_servers.scaffold import toml_key
+
     out = []
     for tool in sorted(tools, key=lambda t: str(t["name"])):
         name = str(tool["name"])
-        if name in judged or f"# [tools.{name}]" in text:
+        if name in judged or f"# [tools.{toml_key(name)}]" in text:
             continue
         says = {k: v for k, v in (tool.get("annotations") or {}).items() if k.endswith("Hint")}
         out.append(f"\n# {name}: {' '.join(str(tool.get('description') or '').split())[:150]}\n"
                    + (f"# (the server says {json.dumps(says, sort_keys=True)}: not trusted, judge for yourself)\n"
                       if says else "")
-                   + f"# [tools.{name}]\n# mutates = true\n# reversible = false\n# cost = 0.0\n")
+                   + f"# [tools.{toml_key(name)}]\n# mutates = true\n# reversible = false\n# cost = 0.0\n")
     return "".join(out)
 
 

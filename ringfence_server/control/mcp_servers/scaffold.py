@@ -174,13 +174,18 @@ def declaration_text(*, name: str, image: str, command: Sequence[str], egress_ho
         lines.append(f"runtime = {toml_value(runtime)}")
     lines.append("[limits]")
     lines += [f"{toml_key(k)} = {toml_value(v)}" for k, v in limits.items()]
-    for tool, table in (tools or {}).items():
-        unknown = sorted(set(table) - set(TOOL_KEYS))
-        if unknown:
-            raise ValueError(f"tools.{tool}: unknown keys {unknown} (known: {', '.join(TOOL_KEYS)})")
-        lines.append(f"[tools.{toml_key(tool)}]")
-        lines += [f"{key} = {toml_value(table[key])}" for key in TOOL_KEYS
-                  if key in table and table[key] is not None]
+    text = "\n".join(lines) + "\n"
+    return text + "".join(tool_table(tool, table) for tool, table in (tools or {}).items())
+
+
+def tool_table(tool: str, table: Mapping[str, Any]) -> str:
+    """One [tools.TOOL] table: the keys of TOOL_KEYS it has, in that order (None leaves a key
+    out). A ValueError names an unknown key or a value TOML cannot hold as written here."""
+    unknown = sorted(set(table) - set(TOOL_KEYS))
+    if unknown:
+        raise ValueError(f"tools.{tool}: unknown keys {unknown} (known: {', '.join(TOOL_KEYS)})")
+    lines = [f"[tools.{toml_key(tool)}]"]
+    lines += [f"{key} = {toml_value(table[key])}" for key in TOOL_KEYS if key in table and table[key] is not None]
     return "\n".join(lines) + "\n"
 
 

@@ -256,7 +256,7 @@ class Dispatcher:
                 if n > 1 and not breaker.allow():
                     result = Attempt(n, FailureClass.CIRCUIT_OPEN, message="circuit opened during retries")
                 else:
-                    result = self._attempt(state, a, profile, request_body, n)
+                    result = self._attempt(state, a, profile, request_body, n, key=key)
                     breaker.record(result.failure)
                 tried.append(result)
                 spans.attempt_span(tool_ctx, started_ns, time.time_ns(), result)
@@ -407,7 +407,7 @@ class Dispatcher:
                               stderr_limit=lim.stderr_limit, inputs=tuple(inputs), **extra)
 
     def _attempt(self, state: RunState, a: Admitted, profile: SandboxProfile, body: bytes, n: int, *,
-                 live: bool = True) -> Attempt:
+                 live: bool = True, key: str | None = None) -> Attempt:
         # The call's output, as it runs, becomes call_output events (a reconciliation look-up is
         # not a call of the run: `live` False).
         output = LiveOutput(repo=self.repo, state=state, call_id=a.call_id, attempt=n, clock=self._clock,
@@ -419,8 +419,7 @@ class Dispatcher:
         if binding is not None:
             # A declared MCP server's tool: the call goes to the run's session sandbox of that
             # server (ringfence_server.sandbox.mcp_session), with the same profile, caps and
-            # classification as any call; the idempotency key travels in the request's _meta.
-            key = json.loads(body).get("idempotency_key")
+            # classification as any call; `key` (the body's idempotency key) travels in _meta.
             request = SandboxRequest(profile=profile, argv=binding.command, run_id=sandbox_run_id(state),
                                      call_id=f"{a.call_id}.a{n}", warm=False,
                                      mcp=McpCall(server=binding.server, tool=binding.tool,
