@@ -146,12 +146,15 @@ def test_the_keeper_is_hardened_as_the_engine_reports_it(workspaces, docker_clie
 
 
 def _settled_top(container, wait_s: float = 30.0):
-    """`docker top` once the container's init has started its child (right after start it
-    shows `runc init`, then tini alone)."""
+    """`docker top` once the container's init has started its child and the child has exec'd
+    (right after start it shows `runc init`, then tini alone, then tini's fork, which still
+    carries tini's args until its execve)."""
     give_up = time.monotonic() + wait_s
     while True:
         top = container.top(ps_args="-o pid,uid,args")
-        if len(top["Processes"]) >= 2 or time.monotonic() >= give_up:
+        args = [p[2] for p in top["Processes"]]
+        execed = len(args) >= 2 and len(set(args)) == len(args)
+        if execed or time.monotonic() >= give_up:
             return top
         time.sleep(0.1)
 
