@@ -846,7 +846,8 @@ class Bench:
         from ringfence_server.sandbox.docker_backend import DockerBackend
 
         key_request = SandboxRequest(profile=self.profile, argv=(), stdin=b"", run_id="bench")
-        backend = DockerBackend(pool=PoolSettings(size=self.args.pool_size, idle_s=600))
+        size = self.args.pool_size
+        backend = DockerBackend(pool=PoolSettings(size=size, max_size=max(size, 8), idle_s=600))
         cp = None
         try:
             pool = backend.pool
@@ -881,7 +882,7 @@ class Bench:
             backend.close()
         # Throughput with a pool sized for the clients (a deployment sizes it to its concurrency).
         size = self.args.throughput_pool_size or self.args.clients
-        backend = DockerBackend(pool=PoolSettings(size=size, idle_s=600))
+        backend = DockerBackend(pool=PoolSettings(size=size, max_size=max(size, 8), idle_s=600))
         cp = None
         try:
             pool = backend.pool

@@ -224,7 +224,12 @@ class PoolConfig:
     """Warm containers (ringfence_server.sandbox.pool): started ahead of the calls, one per call, never reused."""
 
     size: int = 2
-    """Ready containers per container shape (image + settings); 0 turns the pool off."""
+    """Ready containers per container shape (image + settings) when it is quiet; 0 turns the
+    pool off."""
+
+    max_size: int = 8
+    """Ready containers a shape may grow to under demand: each recent call that found none
+    ready raises its shape's target by one, up to this (at least `size`)."""
 
     idle_s: float = 300.0
     """A ready container unused this long is replaced; a shape unused this long is let go."""
@@ -660,10 +665,13 @@ def _parse_files(raw: Mapping[str, Any]) -> FilesConfig:
 
 
 def _parse_pool(raw: Mapping[str, Any]) -> PoolConfig:
-    _known("pool", raw, {"size", "idle_s", "max_shapes", "exclude"})
+    _known("pool", raw, {"size", "max_size", "idle_s", "max_shapes", "exclude"})
     size = _expect("pool.size", raw.get("size", PoolConfig.size), int, "an integer")
     if not 0 <= size <= 64:
         raise ConfigError("pool.size", "must be 0 (off) to 64")
+    max_size = _expect("pool.max_size", raw.get("max_size", PoolConfig.max_size), int, "an integer")
+    if not size <= max_size <= 64:
+        raise ConfigError("pool.max_size", f"must be at least pool.size ({size}) and at most 64")
     idle_s = float(_expect("pool.idle_s", raw.get("idle_s", PoolConfig.idle_s), (int, float), "seconds"))
     if not 1 <= idle_s <= 86400:
         raise ConfigError("pool.idle_s", "must be 1 to 86400 seconds")
@@ -673,7 +681,7 @@ def _parse_pool(raw: Mapping[str, Any]) -> PoolConfig:
     exclude = _expect("pool.exclude", raw.get("exclude", []), list, "a list of tool names")
     if not all(isinstance(t, str) and t for t in exclude):
         raise ConfigError("pool.exclude", "must be a list of tool names")
-    return PoolConfig(size=size, idle_s=idle_s, max_shapes=max_shapes, exclude=tuple(exclude))
+    return PoolConfig(size=size, max_size=max_size, idle_s=idle_s, max_shapes=max_shapes, exclude=tuple(exclude))
 
 
 def _parse_egress(raw: Mapping[str, Any]) -> EgressConfig:

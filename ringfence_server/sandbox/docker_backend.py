@@ -32,7 +32,6 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import os
 import socket
 import threading
 import time
@@ -60,6 +59,7 @@ from ringfence_server.sandbox.pool import (
     LAUNCHER_ARGV,
     POOL_DEADLINE_MARGIN_S,
     Demux,
+    Load,
     PoolSettings,
     ShapeKey,
     ShapeSpec,
@@ -106,6 +106,15 @@ class DockerBackend:
         self._inflight = Inflight()
         self._reaper: PeriodicReaper | None = None
         self._image_cmds: dict[str, list[str]] = {}
+        # name -> pinned image ID the engine was seen to hold: checked once, not per call (a
+        # round trip on every call's path). An ID names its content, so it cannot change; if the
+        # image is removed, a cold create says so (ImageError) and the check runs again.
+        self._verified_images: dict[str, str] = {}
+        # Calls running now, and of them cold starts: the pool's refill gives way to them
+        # (ringfence_server.sandbox.pool.Load).
+        self._calls = 0
+        self._cold = 0
+        self._load_mutex = threading.Lock()
         # The egress proxy (ringfence_server.sandbox.egress.proxy.EgressProxy) for
         # calls whose profile has an egress grant; created on first use unless one is given.
         # `on_egress_report(request, EgressReport)` receives each call's proxy decisions.
@@ -126,7 +135,7 @@ class DockerBackend:
         self._mcp_mutex = threading.Lock()
         if pool is not None and pool.size > 0:
             self.pool = WarmPool(pool, shape=self._pool_shape, make=self._make_warm, discard=self._discard_warm,
-                                 alive=warm_alive, busy=self._busy)
+                                 alive=warm_alive, load=self._load)
 
     @property
     def client(self) -> docker.DockerClient:
@@ -186,11 +195,16 @@ class DockerBackend:
         return self._runtimes
 
     def _image_id(self, name: str) -> str:
+        verified = self._verified_images.get(name)
+        if verified is not None:
+            return verified
         if self._lock is None:
             # Read once, on first dispatch (not at construction: a backend may exist before
             # `make images`). A server keeps trusting the lock it started with.
             self._lock = load_lock()
-        return resolve_pinned(self._client, name, self._lock)
+        image_id = resolve_pinned(self._client, name, self._lock)
+        self._verified_images[name] = image_id
+        return image_id
 
     def run(self, request: SandboxRequest) -> SandboxResult:
         reports: list[EgressReport] = []
@@ -213,18 +227,57 @@ class DockerBackend:
         image_id = self._image_id(profile.image)
         if profile.runtime == "gvisor" and "runsc" not in self.runtimes():
             raise ProfileError("runtime", "the engine has no runsc runtime (run `make gvisor`)")
-        if self.pool is not None and self._inflight.stopping is None:
-            shaped = self._pool_shape(request, image_id)
-            warm = self.pool.claim(request, shaped) if shaped is not None else None
-            if warm is not None:
-                return self._run_warm(warm, request, reports)
+        # Counted from before the claim: the refill, woken by the claim, must already see it.
+        with self._load_mutex:
+            self._calls += 1
+        try:
+            if self.pool is not None and self._inflight.stopping is None:
+                shaped = self._pool_shape(request, image_id)
+                warm = self.pool.claim(request, shaped) if shaped is not None else None
+                if warm is not None:
+                    return self._run_warm(warm, request, reports)
+            return self._run_cold(request, image_id, reports, self._cold_start_progress())
+        finally:
+            with self._load_mutex:
+                self._calls -= 1
+            if self.pool is not None:
+                self.pool.nudge()  # the refill gave way while this call ran
+
+    def _cold_start_progress(self) -> Progress:
+        """A cold call's Progress, counted as a cold start (which the refill gives way to) until
+        the engine answered its start, or the call ended without one."""
+        with self._load_mutex:
+            self._cold += 1
+        starting = [True]
+
+        def started() -> None:
+            with self._load_mutex:
+                if not starting[0]:
+                    return
+                starting[0] = False
+                self._cold -= 1
+            if self.pool is not None:
+                self.pool.nudge()
+
+        return Progress(on_started=started)
+
+    def _run_cold(self, request: SandboxRequest, image_id: str, reports: list[EgressReport],
+                  progress: Progress) -> SandboxResult:
+        """The call in a container made for it: create, attach, start, pump, wait, classify, remove."""
+        try:
+            return self._cold_call(request, image_id, reports, progress)
+        finally:
+            progress.started()  # no longer a cold start, if it never got as far as the start
+
+    def _cold_call(self, request: SandboxRequest, image_id: str, reports: list[EgressReport],
+                   progress: Progress) -> SandboxResult:
+        profile = request.profile
         name = f"rf-{request.run_id[:24]}-{request.call_id[:24]}-{uuid.uuid4().hex[:6]}".replace(":", "_")
+        started = time.monotonic()
         container_labels = L.base_labels("call", deadline_s=profile.timeout_s + 60)
         container_labels.update({L.RUN_LABEL: request.run_id, L.CALL_LABEL: request.call_id})
         kwargs = self._container_settings(profile)
-        started = time.monotonic()
         container: Container | None = None
-        progress = Progress()
         egress_call: CallEgress | None = None  # the call's socket and credentials at the proxy, while it runs
         try:
             if profile.egress is not None:
@@ -257,6 +310,7 @@ class DockerBackend:
                     **kwargs,
                 )
             except docker.errors.ImageNotFound as e:
+                self._verified_images.pop(profile.image, None)  # the next call checks the engine again
                 raise ImageError(f"pinned image {image_id} vanished from the engine: {e}") from e
             except docker.errors.APIError as e:
                 return self._start_failed(profile, image_id, started, f"create failed: {e}")
@@ -300,9 +354,10 @@ class DockerBackend:
 
     # -- warm containers (ringfence_server.sandbox.pool) ------------------------------------------------------
 
-    def _busy(self) -> bool:
-        """Live calls first: the pool refills while fewer calls run than there are CPUs."""
-        return self._inflight.running() >= (os.cpu_count() or 1)
+    def _load(self) -> Load:
+        """What runs now, for the pool's refill to give way to (live calls first)."""
+        with self._load_mutex:
+            return Load(calls=self._calls, cold=self._cold)
 
     def _pool_shape(self, request: SandboxRequest, image_id: str | None = None) -> tuple[ShapeKey, ShapeSpec] | None:
         """The request's pool key and what a container of that shape is made from: everything
@@ -560,6 +615,8 @@ class DockerBackend:
             except docker.errors.APIError as e:
                 # The engine answered that it could not start the container: nothing ran.
                 return self._start_failed(profile, image_id, started, f"start failed: {e}")
+            finally:
+                progress.started()
             if progress.killed():
                 engine.kill(container)  # a kill_all that came between the check and the start
             run_started = time.monotonic()

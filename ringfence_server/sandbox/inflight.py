@@ -9,6 +9,7 @@ nothing starts after a kill_all.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -19,6 +20,12 @@ class Progress:
 
     start_issued: bool = False
     killed_reason: str | None = None
+    on_started: Callable[[], None] | None = None
+    """Told once the engine answered the start (the backend's count of cold starts)."""
+
+    def started(self) -> None:
+        if self.on_started is not None:
+            self.on_started()
 
     def killed(self) -> bool:
         """Whether a kill came: kill_run and kill_all set `killed_reason` from other threads."""

@@ -6,19 +6,37 @@ is already running, blocked reading its request on stdin, answers in tens. The p
 one call, and the container is removed after that call like a cold one: never reused, so no
 state, file or process of one call can reach another.
 
-    PoolSettings(size=2, idle_s=300)      per shape: ready containers, and how long one may wait
+    PoolSettings(size=2, max_size=8, idle_s=300)   per shape: ready when quiet, at most under
+                                          demand, and how long one may wait
     pool.claim(request) -> Warm | None   None: none ready (the caller starts one cold)
     pool.prewarm(request)                 fill the request's shape ahead of its first call
     pool.wait_filled(timeout_s) -> bool
+    pool.nudge()                          a call ended: the refill looks again
     pool.stats()
     pool.close()                          every ready container removed
 
+How many are ready follows demand. Each shape keeps `size` ready when it is quiet; every call
+that found none ready (a miss, or a claim that had to wait) raises that shape's target by one,
+up to `max_size`, for DEMAND_WINDOW_S: after a burst, the next burst finds more ready.
+
 One refill thread creates one container at a time (container churn is CPU-bound: on two cores a
-second creator would compete with the live calls it is meant to speed up), and waits while the
-backend says it is busy. A shape is kept warm once a call has asked for it (a miss registers
-it); shapes not asked for in `idle_s` are let go, the least recently used first past
-`max_shapes`. A ready container older than `idle_s` is replaced, and one whose stream shows it
-is no longer waiting (it exited, or wrote something) is discarded at the claim, not given out.
+second creator would compete with the live calls it is meant to speed up), and it gives way to
+the calls (`load()`, the backend's count of what runs now):
+
+    a cold start is running          no refill: the two would fight for the same CPUs
+    warm calls are running           refill only a shape with none ready (its next call would
+                                     otherwise go cold); a shape with one to spare waits
+    nothing runs                     refill
+
+A claim that finds none ready while a container of its shape is being made waits for it (it is
+ready sooner than a cold start, which is the same work begun later), one waiter per container
+being made, first come first served, never longer than twice the recent time to make one; a
+miss with nothing being made goes cold at once.
+
+A shape is kept warm once a call has asked for it (a miss registers it); shapes not asked for
+in `idle_s` are let go, the least recently used first past `max_shapes`. A ready container older
+than `idle_s` is replaced, and one whose stream shows it is no longer waiting (it exited, or
+wrote something) is discarded at the claim, not given out.
 
 Everything that makes a container safe is the backend's, the same code as a cold call's
 (ringfence_server.sandbox.docker_backend): the pool only decides when to create and whom to give what. The
@@ -61,7 +79,12 @@ S = TypeVar("S")
 @dataclass(frozen=True)
 class PoolSettings:
     size: int = 2
-    """Ready containers kept per shape (image ID + everything fixed at creation). 0: no pool."""
+    """Ready containers kept per shape (image ID + everything fixed at creation) when it is
+    quiet. 0: no pool."""
+
+    max_size: int = 8
+    """Ready containers a shape may have under demand: each recent shortfall (a miss, a wait)
+    raises its target by one up to this (never below `size`)."""
 
     idle_s: float = 300.0
     """How long a ready container may wait for a call before it is replaced, and how long a
@@ -71,8 +94,24 @@ class PoolSettings:
     """Shapes kept warm at once; past it the least recently used is let go."""
 
     def __post_init__(self) -> None:
-        if self.size < 0 or self.max_shapes < 1 or self.idle_s <= 0:
-            raise ValueError("size >= 0, max_shapes >= 1 and idle_s > 0")
+        if self.size < 0 or self.max_shapes < 1 or self.idle_s <= 0 or self.max_size < self.size:
+            raise ValueError("size >= 0, max_size >= size, max_shapes >= 1 and idle_s > 0")
+
+
+# How long a shortfall (a miss, a claim that waited) keeps its shape's target raised.
+DEMAND_WINDOW_S = 60.0
+# The time to make a container, assumed until one was made (a hardened start on two cores).
+FIRST_MAKE_S = 0.5
+
+
+@dataclass(frozen=True)
+class Load:
+    """What the backend runs now, which the refill gives way to."""
+
+    calls: int = 0
+    """Calls running (warm or cold)."""
+    cold: int = 0
+    """Of them, calls that create and start their own container."""
 
 
 class AttachStream(Protocol):
@@ -118,22 +157,26 @@ class Warm:
 class WarmPool(Generic[K, S]):
     def __init__(self, settings: PoolSettings, *, shape: Callable[[SandboxRequest], tuple[K, S] | None],
                  make: Callable[[K, S], Warm], discard: Callable[[Warm], None],
-                 alive: Callable[[Warm], bool], busy: Callable[[], bool] = lambda: False) -> None:
+                 alive: Callable[[Warm], bool], load: Callable[[], Load] = Load) -> None:
         """`shape(request)` is the request's (key, spec), or None when it cannot be pooled;
         `make(key, spec)` creates and starts one container of the shape; `discard(warm)`
-        removes one; `alive(warm)` says a ready one is still blocked on its stdin; `busy()`
-        makes the refill wait (live calls first)."""
+        removes one; `alive(warm)` says a ready one is still blocked on its stdin; `load()`
+        says what runs now (the refill gives way to live calls)."""
         self.settings = settings
         self._shape = shape
         self._make = make
         self._discard = discard
         self._alive = alive
-        self._busy = busy
+        self._load = load
         self._lock = threading.Condition()
         self._ready: dict[K, list[Warm]] = {}
         self._shapes: OrderedDict[K, tuple[S, float]] = OrderedDict()  # key -> (spec, last asked)
         self._closed = False
-        self._counts = {"claims": 0, "misses": 0, "created": 0, "discarded": 0, "failures": 0}
+        self._counts = {"claims": 0, "misses": 0, "waited": 0, "created": 0, "discarded": 0, "failures": 0}
+        self._shortfalls: dict[K, list[float]] = {}  # key -> when a call found none ready
+        self._making: K | None = None  # the shape the refill is making one of now
+        self._waiters: dict[K, list[object]] = {}  # key -> claims waiting for it, first come first
+        self._make_s = FIRST_MAKE_S  # recent time to make one (moving average)
         self._pending_drop: list[Warm] = []  # collected under the lock, removed outside it
         self._thread = threading.Thread(target=self._refill, name="rf-pool", daemon=True)
         self._thread.start()
@@ -154,13 +197,14 @@ class WarmPool(Generic[K, S]):
             if self._closed:
                 return None
             self._ask(key, spec)
-            ready = self._ready.get(key, [])
-            while ready and found is None:
-                candidate = ready.pop(0)
-                if self._expired(candidate):
-                    stale.append(candidate)
-                else:
-                    found = candidate
+            # Claims already waiting for this shape come first.
+            spare = len(self._ready.get(key, [])) > len(self._waiters.get(key, []))
+            found = self._take(key, stale) if spare else None
+            waited = found is None and self._making == key and not self._waiters.get(key)
+            if waited:
+                found = self._wait_for_make(key, stale)
+            if found is None or waited:
+                self._shortfall(key)
             self._counts["claims" if found is not None else "misses"] += 1
             self._lock.notify_all()
         for w in stale:
@@ -173,6 +217,64 @@ class WarmPool(Generic[K, S]):
                 self._counts["misses"] += 1
             return None
         return found
+
+    def _take(self, key: K, stale: list[Warm]) -> Warm | None:
+        """A ready container of the shape, if any (expired ones go to `stale`). Under the lock."""
+        ready = self._ready.get(key, [])
+        while ready:
+            candidate = ready.pop(0)
+            if not self._expired(candidate):
+                return candidate
+            stale.append(candidate)
+        return None
+
+    def _wait_for_make(self, key: K, stale: list[Warm]) -> Warm | None:
+        """Wait for the container being made now (this claim its only waiter): ready sooner
+        than a cold start, which would begin the same work later. None when it failed, went
+        to the shape's ready list's earlier claimer, or took past twice the usual time. Under
+        the lock (released while waiting)."""
+        ticket = object()
+        waiters = self._waiters.setdefault(key, [])
+        waiters.append(ticket)
+        self._counts["waited"] += 1
+        give_up = time.monotonic() + 2 * self._make_s + 0.1
+        try:
+            while not self._closed:
+                if waiters[0] is ticket:
+                    found = self._take(key, stale)
+                    if found is not None:
+                        return found
+                if self._making != key:
+                    return None  # made and taken by an earlier claim, or the make failed
+                left = give_up - time.monotonic()
+                if left <= 0:
+                    return None
+                self._lock.wait(left)
+            return None
+        finally:
+            waiters.remove(ticket)
+            if not waiters:
+                self._waiters.pop(key, None)
+
+    def _shortfall(self, key: K) -> None:
+        """A call of the shape found none ready: its target rises for DEMAND_WINDOW_S."""
+        self._shortfalls.setdefault(key, []).append(time.monotonic())
+
+    def target(self, key: K) -> int:
+        """How many of the shape to keep ready now: `size`, plus one per recent shortfall, up to
+        `max_size`. Under the lock."""
+        now = time.monotonic()
+        recent = [t for t in self._shortfalls.get(key, []) if now - t <= DEMAND_WINDOW_S]
+        if recent:
+            self._shortfalls[key] = recent
+        else:
+            self._shortfalls.pop(key, None)
+        return min(self.settings.max_size, self.settings.size + len(recent))
+
+    def nudge(self) -> None:
+        """A call ended: the refill may go on (it gives way while calls run)."""
+        with self._lock:
+            self._lock.notify_all()
 
     def prewarm(self, request: SandboxRequest) -> bool:
         """Keep the request's shape warm from now on (before its first call); False when it
@@ -198,7 +300,8 @@ class WarmPool(Generic[K, S]):
 
     def stats(self) -> dict[str, int]:
         with self._lock:
-            return {**self._counts, "ready": sum(len(r) for r in self._ready.values()), "shapes": len(self._shapes)}
+            return {**self._counts, "ready": sum(len(r) for r in self._ready.values()), "shapes": len(self._shapes),
+                    "target": sum(self.target(k) for k in self._shapes)}
 
     def close(self) -> None:
         """Stop refilling and remove every ready container (the backend's close, SIGTERM)."""
@@ -222,7 +325,7 @@ class WarmPool(Generic[K, S]):
                 threading.Thread(target=self._drop, args=(w,), daemon=True).start()
 
     def _filled(self) -> bool:
-        return all(len(self._ready.get(k, [])) >= self.settings.size for k in self._shapes)
+        return all(len(self._ready.get(k, [])) >= self.target(k) for k in self._shapes)
 
     def _expired(self, w: Warm) -> bool:
         return time.monotonic() - w.created > self.settings.idle_s
@@ -249,9 +352,18 @@ class WarmPool(Generic[K, S]):
                 ready.remove(w)
                 self._pending_drop.append(w)
         for key in reversed(self._shapes):
-            if len(self._ready.get(key, [])) < self.settings.size:
+            if len(self._ready.get(key, [])) < self.target(key):
                 return key, self._shapes[key][0]
         return None
+
+    def _may_make(self, key: K) -> bool:
+        """Whether the refill may make one of the shape now: never beside a cold start (the two
+        would fight for the CPUs), beside warm calls only when the shape has none ready. Under
+        the lock."""
+        load = self._load()
+        if load.cold > 0:
+            return False
+        return load.calls == 0 or not self._ready.get(key)
 
     def _refill(self) -> None:
         while True:
@@ -259,26 +371,35 @@ class WarmPool(Generic[K, S]):
                 job = None
                 while not self._closed:
                     job = self._next()
-                    if self._pending_drop or (job is not None and not self._busy()):
+                    if self._pending_drop or (job is not None and self._may_make(job[0])):
                         break
                     self._lock.wait(1.0)
                 if self._closed:
                     return
                 drops, self._pending_drop = self._pending_drop, []
+                if job is not None and not self._may_make(job[0]):
+                    job = None  # woken for the drops only
+                if job is not None:
+                    self._making = job[0]
             for w in drops:
                 self._drop(w)
-            if job is None or self._busy():
+            if job is None:
                 continue
             key, spec = job
+            started = time.monotonic()
             try:
                 w = self._make(key, spec)
             except Exception:
                 log.warning("could not start a warm container", exc_info=True)
                 with self._lock:
+                    self._making = None
                     self._counts["failures"] += 1
+                    self._lock.notify_all()  # a claim waiting for it goes cold now
                     self._lock.wait(2.0)  # not a hot loop against a failing engine
                 continue
             with self._lock:
+                self._making = None
+                self._make_s = 0.8 * self._make_s + 0.2 * (time.monotonic() - started)
                 self._counts["created"] += 1
                 if self._closed or key not in self._shapes:
                     keep = False

@@ -76,7 +76,7 @@ def pooled_backend(docker_client, pinned_images):
     import docker
 
     client = docker.from_env(timeout=120)
-    b = DockerBackend(client, lock=pinned_images, pool=PoolSettings(size=1, idle_s=600))
+    b = DockerBackend(client, lock=pinned_images, pool=PoolSettings(size=1, max_size=1, idle_s=600))
     try:
         yield b
     finally:

@@ -4,8 +4,9 @@ Each test proves that the calls it means to be pooled were (the pool's claim cou
 per call, and the container that ran it is one the pool made), then asserts what the pool
 promises: the same hardening as the engine records it, the wall time counted from the claim,
 one call per container and nothing crossing between calls, egress credentials bound at the
-claim, kill_run reaching a claimed container from any instance, a pool drained on close, and a
-dead pool's containers reaped like any orphan.
+claim, kill_run reaching a claimed container from any instance, a pool drained on close, a
+dead pool's containers reaped like any orphan, a pool that grows after a burst it could not
+serve, and a refill that never begins beside a cold start.
 
 Every backend a test makes has its own engine client and is closed at teardown (close() drains
 its pool); run ids are unique per test, so kill_run can only ever reach this test's calls.
@@ -55,9 +56,17 @@ class Recording(DockerBackend):
     def __init__(self, *args, **kwargs) -> None:
         self.made: list[str] = []
         self.claimed: list[str] = []
+        self.making: list[int] = []  # the cold starts running as each make began
+        self.cold_gate: threading.Event | None = None  # set: a cold call's create waits for it
         super().__init__(*args, **kwargs)
 
+    def _create(self, image_id, **kwargs):
+        if self.cold_gate is not None and not kwargs["name"].startswith("rf-warm-"):
+            assert self.cold_gate.wait(60)
+        return super()._create(image_id, **kwargs)
+
     def _make_warm(self, key, spec):
+        self.making.append(self._load().cold)
         warm = super()._make_warm(key, spec)
         self.made.append(warm.container.id)
         return warm
@@ -73,10 +82,12 @@ def pooled(pinned_images):
     own engine client; every one is closed (its pool drained) after the test, pass or fail."""
     made: list[Recording] = []
 
-    def make(size: int = 1, idle_s: float = 600, **kwargs) -> Recording:
+    def make(size: int = 1, idle_s: float = 600, max_size: int | None = None, **kwargs) -> Recording:
         client = docker.from_env(timeout=120)
+        # A fixed pool unless the test is about growth: what each test counts stays its own.
+        settings = PoolSettings(size=size, max_size=size if max_size is None else max_size, idle_s=idle_s)
         try:
-            b = Recording(client, lock=pinned_images, pool=PoolSettings(size=size, idle_s=idle_s), **kwargs)
+            b = Recording(client, lock=pinned_images, pool=settings, **kwargs)
         except BaseException:
             client.close()
             raise
@@ -505,3 +516,63 @@ def test_a_miss_falls_back_to_a_cold_call(pooled):
     again = run_warm(b, request_for(["python3", "-c", "print('warm now')"], run=run_id("miss")), prewarm=False) \
         if b.pool.wait_filled(90) else pytest.fail(f"the missed shape was not filled: {b.pool.stats()}")
     assert again.outcome is Outcome.OK and again.stdout == b"warm now\n"
+
+
+# -- how many are ready, and when they are made -----------------------------------------------------
+
+
+def _at_once(backend: Recording, requests: list[SandboxRequest]) -> list:
+    results: list = [None] * len(requests)
+
+    def one(i: int) -> None:
+        results[i] = backend.run(requests[i])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return results
+
+
+def test_a_burst_the_pool_could_not_serve_grows_it_and_the_next_burst_is_warm(pooled):
+    b = pooled(size=1, max_size=3)
+    argv = ["python3", "-c", "print('burst')"]
+    fill(b, request_for(argv))
+    first = _at_once(b, [request_for(argv, run=run_id(f"burst1-{i}")) for i in range(4)])
+    assert all(r.outcome is Outcome.OK and r.stdout == b"burst\n" for r in first)
+    after_first = b.pool.stats()
+    # One ready: one claim; the other three found none (a miss, or a wait for the one being made).
+    assert after_first["claims"] + after_first["misses"] == 4 and after_first["misses"] >= 2
+    assert after_first["target"] == 3  # 1 + the shortfalls, capped at max_size
+    assert b.pool.wait_filled(120) and b.pool.stats()["ready"] == 3
+    claimed_before = len(b.claimed)
+    second = _at_once(b, [request_for(argv, run=run_id(f"burst2-{i}")) for i in range(3)])
+    assert all(r.outcome is Outcome.OK and r.stdout == b"burst\n" for r in second)
+    assert b.pool.stats()["claims"] == after_first["claims"] + 3  # each of the three was warm
+    assert len(b.claimed) == claimed_before + 3 and set(b.claimed[-3:]) <= set(b.made)
+
+
+def test_the_refill_never_begins_beside_a_cold_start(pooled):
+    b = pooled(size=1)
+    b.cold_gate = threading.Event()
+    cold = [request_for(["python3", "-c", "print('cold')"], run=run_id(f"cold-{i}"), warm=False) for i in range(2)]
+    results: list = []
+    threads = [threading.Thread(target=lambda r=r: results.append(b.run(r))) for r in cold]
+    try:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        while b._load().cold < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert b._load().cold == 2
+        b.pool.prewarm(request_for(["python3", "-c", "print('warm')"]))  # a shape with none ready
+        assert not b.pool.wait_filled(1.5)
+        assert b.made == []  # not begun while the two cold starts hold the engine
+    finally:
+        b.cold_gate.set()
+        for t in threads:
+            t.join(120)
+    assert [r.outcome for r in results] == [Outcome.OK, Outcome.OK]
+    assert b.pool.wait_filled(90) and len(b.made) >= 1
+    assert set(b.making) == {0}  # every make began with no cold start running

@@ -348,7 +348,7 @@ def test_the_instance_reaper_leaves_a_dead_instances_keeper_alone(workspaces, do
 @pytest.fixture
 def pooled(pinned_images):
     client = docker.from_env(timeout=120)
-    b = DockerBackend(client, lock=pinned_images, pool=PoolSettings(size=1, idle_s=600))
+    b = DockerBackend(client, lock=pinned_images, pool=PoolSettings(size=1, max_size=1, idle_s=600))
     try:
         yield b
     finally:

@@ -71,6 +71,8 @@ def test_a_user_file_merges_over_the_defaults(tmp_path):
     ("[pool]\nsize = 'two'\n", "pool.size"),
     ("[pool]\nidle_s = 0\n", "pool.idle_s"),
     ("[pool]\nmax_shapes = 0\n", "pool.max_shapes"),
+    ("[pool]\nsize = 4\nmax_size = 3\n", "pool.max_size"),
+    ("[pool]\nmax_size = 65\n", "pool.max_size"),
     ("[pool]\nexclude = 'echo'\n", "pool.exclude"),
     ("[pool]\nwarmth = 3\n", "pool.warmth"),
 ])
@@ -107,3 +109,6 @@ def test_the_pool_is_on_by_default_and_configurable(tmp_path):
     f.write_text("[pool]\nsize = 0\nidle_s = 60\nexclude = ['fetch_url']\n")
     pool = load_config(f).pool
     assert (pool.size, pool.idle_s, pool.max_shapes, pool.exclude) == (0, 60.0, 8, ("fetch_url",))
+    assert load_config().pool.max_size == 8
+    f.write_text("[pool]\nsize = 12\nmax_size = 12\n")  # a fixed pool
+    assert (load_config(f).pool.size, load_config(f).pool.max_size) == (12, 12)

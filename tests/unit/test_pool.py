@@ -1,7 +1,8 @@
 """The warm pool's own rules (ringfence_server/sandbox/pool.py), with containers stood in by plain objects:
 one container per claim, never handed out twice, the shape registered by a miss, expiry, the
-least recently used shape let go, a dead container never handed out, the refill waiting while
-the backend is busy, and close() removing everything. The real engine: tests/integration/
+least recently used shape let go, a dead container never handed out, the refill giving way to
+live calls, a claim waiting for the container being made, the target following demand, and
+close() removing everything. The real engine: tests/integration/
 test_pool_docker.py and the escape battery's [warm] cases."""
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import time
 
 import pytest
 
-from ringfence_server.sandbox.pool import PoolSettings, Warm, WarmPool
+from ringfence_server.sandbox import pool as pool_module
+from ringfence_server.sandbox.pool import Load, PoolSettings, Warm, WarmPool
 
 
 class Engine:
@@ -26,14 +28,19 @@ class Engine:
         self.made: list[tuple] = []
         self.removed: list[object] = []
         self.dead: set[object] = set()
-        self.busy = False
+        self.load = Load()
         self.fail = False
+        self.gate: threading.Event | None = None  # set: make() waits for it (a slow engine)
+        self.making = threading.Event()
         self.lock = threading.Lock()
 
     def shape(self, request):
         return (request, "shape") if request != "unpoolable" else None
 
     def make(self, key, spec) -> Warm:
+        self.making.set()
+        if self.gate is not None:
+            assert self.gate.wait(10)
         if self.fail:
             raise RuntimeError("the engine said no")
         with self.lock:
@@ -53,7 +60,7 @@ class Engine:
 
 def pool_of(engine: Engine, **settings) -> WarmPool:
     return WarmPool(PoolSettings(**settings), shape=engine.shape, make=engine.make, discard=engine.discard,
-                    alive=engine.alive, busy=lambda: engine.busy)
+                    alive=engine.alive, load=lambda: engine.load)
 
 
 @pytest.fixture
@@ -152,14 +159,99 @@ def test_the_least_recently_used_shape_is_let_go(engine):
         pool.close()
 
 
-def test_the_refill_waits_while_the_backend_is_busy(engine):
-    engine.busy = True
+def test_the_refill_gives_way_to_a_cold_start(engine):
+    engine.load = Load(calls=1, cold=1)
+    pool = pool_of(engine, size=2)
+    try:
+        pool.prewarm("a")  # nothing ready: still no make beside a cold start
+        assert not pool.wait_filled(0.5) and engine.made == []
+        engine.load = Load()
+        pool.nudge()
+        assert pool.wait_filled(5) and len(engine.made) == 2
+    finally:
+        pool.close()
+
+
+def test_beside_warm_calls_only_an_empty_shape_is_refilled(engine):
     pool = pool_of(engine, size=2)
     try:
         pool.prewarm("a")
-        assert not pool.wait_filled(0.5) and engine.made == []
-        engine.busy = False
-        assert pool.wait_filled(5) and len(engine.made) == 2
+        assert pool.wait_filled(5)
+        engine.load = Load(calls=1)
+        assert pool.claim("a") is not None  # one left: its refill waits for the call to end
+        time.sleep(0.3)
+        assert len(engine.made) == 2
+        assert pool.claim("a") is not None  # none left: the next call would go cold, so refill
+        deadline = time.monotonic() + 5
+        while len(engine.made) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)
+        assert len(engine.made) == 3  # one, not two: the shape has one ready again
+        engine.load = Load()
+        pool.nudge()
+        assert pool.wait_filled(5) and len(engine.made) == 4
+    finally:
+        pool.close()
+
+
+def test_a_claim_waits_for_the_container_being_made_first_come_first_served(engine):
+    engine.gate = threading.Event()
+    pool = pool_of(engine, size=1)
+    try:
+        assert pool.claim("a") is None  # registers the shape; the refill starts one
+        assert engine.making.wait(5)
+        got: list = []
+        waiter = threading.Thread(target=lambda: got.append(pool.claim("a")))
+        waiter.start()
+        deadline = time.monotonic() + 5
+        while pool.stats()["waited"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # One waiter per container being made: a second claim goes cold at once.
+        assert pool.claim("a") is None
+        engine.gate.set()
+        waiter.join(5)
+        assert got and got[0] is not None and got[0].container == 1
+        stats = pool.stats()
+        assert stats["waited"] == 1 and stats["claims"] == 1 and stats["misses"] == 2
+    finally:
+        engine.gate.set()
+        pool.close()
+
+
+def test_a_claim_waiting_for_a_make_that_fails_goes_cold(engine):
+    engine.gate = threading.Event()
+    pool = pool_of(engine, size=1)
+    try:
+        pool.prewarm("a")
+        assert engine.making.wait(5)
+        engine.fail = True
+        got: list = []
+        waiter = threading.Thread(target=lambda: got.append(pool.claim("a")))
+        waiter.start()
+        deadline = time.monotonic() + 5
+        while pool.stats()["waited"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        engine.gate.set()
+        waiter.join(5)
+        assert got == [None] and pool.stats()["failures"] >= 1
+    finally:
+        engine.gate.set()
+        pool.close()
+
+
+def test_the_target_follows_misses_up_to_max_size_and_falls_back(engine, monkeypatch):
+    monkeypatch.setattr(pool_module, "DEMAND_WINDOW_S", 0.5)
+    engine.load = Load(cold=1)  # no refill while the misses come in
+    pool = pool_of(engine, size=1, max_size=3)
+    try:
+        for _ in range(5):
+            assert pool.claim("a") is None
+        assert pool.stats()["target"] == 3  # 1 + 5 misses, capped at max_size
+        engine.load = Load()
+        pool.nudge()
+        assert pool.wait_filled(5) and pool.stats()["ready"] == 3
+        time.sleep(0.6)
+        assert pool.stats()["target"] == 1
     finally:
         pool.close()
 
@@ -195,3 +287,5 @@ def test_settings_are_checked():
         PoolSettings(size=-1)
     with pytest.raises(ValueError):
         PoolSettings(idle_s=0)
+    with pytest.raises(ValueError):
+        PoolSettings(size=3, max_size=2)

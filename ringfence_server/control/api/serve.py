@@ -546,7 +546,8 @@ def pool_settings(config: Config) -> PoolSettings | None:
         return None
     from ringfence_server.sandbox.pool import PoolSettings
 
-    return PoolSettings(size=config.pool.size, idle_s=config.pool.idle_s, max_shapes=config.pool.max_shapes)
+    return PoolSettings(size=config.pool.size, max_size=config.pool.max_size, idle_s=config.pool.idle_s,
+                        max_shapes=config.pool.max_shapes)
 
 
 def mcp_settings(config: Config) -> McpSettings:
