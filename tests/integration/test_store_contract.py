@@ -8,6 +8,7 @@ second control-plane process would have.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import sqlite3
 import threading
 import time
@@ -23,6 +24,7 @@ from ringfence_server.control.store import (
     EventStore,
     KeyTaken,
     LeaseLost,
+    NewEvent,
     RevisionConflict,
     SchemaVersionError,
     SeqConflict,
@@ -438,6 +440,47 @@ def test_a_key_is_claimed_once_across_runs_and_a_refused_claim_appends_nothing(t
     assert [e.type for e in s.read("r2")] == ["run_started"]
     assert s.lookup_key("idem:globex:k2") is None
     assert s.lookup_key("nobody") is None
+
+
+def test_append_all_writes_consecutive_chained_events_or_none(target):
+    s = target.open()
+    head = started(s)
+    written = s.append_all("r1", [NewEvent("batch_started", {"b": 1}), NewEvent("call_decided", {"c": 1}),
+                                  NewEvent("call_decided", {"c": 2}, keys=["idem:acme:k1"])], expected_seq=2)
+    assert [e.seq for e in written] == [2, 3, 4] and [e.type for e in written] == ["batch_started", "call_decided",
+                                                                                   "call_decided"]
+    assert written[0].prev_hash == head.hash and all(b.prev_hash == a.hash for a, b in itertools.pairwise(written))
+    events = target.open().read("r1")
+    assert events == [head, *written] and verify(events).ok  # what was returned is what is stored
+    assert s.lookup_key("idem:acme:k1") == ("r1", 4)
+    # All or none: a taken key in the last event, or a stale expected_seq, leaves nothing of any.
+    with pytest.raises(KeyTaken):
+        s.append_all("r1", [NewEvent("a", {}), NewEvent("b", {}, keys=["idem:acme:k2", "idem:acme:k1"])])
+    with pytest.raises(SeqConflict):
+        s.append_all("r1", [NewEvent("a", {}), NewEvent("b", {})], expected_seq=4)
+    assert s.read("r1") == events and s.lookup_key("idem:acme:k2") is None
+    # A run may begin with one: its first event names the tenant, and the rest follow it.
+    opened = s.append_all("r2", [NewEvent("run_started", {"tenant": "acme"}), NewEvent("x", {})], expected_seq=1)
+    assert [e.seq for e in opened] == [1, 2] and s.tenant_of("r2") == "acme"
+    with pytest.raises(ValueError):
+        s.append_all("r1", [])
+
+
+def test_append_all_is_one_transaction_on_postgres(pg_url):
+    """One durable write: every row of an append_all has the inserting transaction's id (xmin),
+    and separate appends have separate ones. (SQLite's all-or-none is the test above.)"""
+    target = Target("postgres", pg_url)
+    try:
+        s = target.open()
+        started(s)
+        s.append_all("r1", [NewEvent("a", {}), NewEvent("b", {}), NewEvent("c", {})])
+        s.append("r1", "d", {})
+        rows = target.raw().execute("SELECT type, xmin::text FROM events WHERE run_id = 'r1' ORDER BY seq").fetchall()
+        by_type = dict(rows)
+        assert by_type["a"] == by_type["b"] == by_type["c"]
+        assert len({by_type["run_started"], by_type["a"], by_type["d"]}) == 3
+    finally:
+        target.close()
 
 
 def test_keys_are_append_only_and_go_with_a_pruned_run(target):

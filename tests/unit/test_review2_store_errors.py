@@ -46,14 +46,14 @@ class _ReaderBetweenCommitAndApply:
     def __getattr__(self, name):
         return getattr(self._store, name)
 
-    def append(self, *args, **kwargs):
-        event = self._store.append(*args, **kwargs)
+    def append_all(self, *args, **kwargs):
+        events = self._store.append_all(*args, **kwargs)
         repo, state = self._repo_box
         if state.last_seq:  # not the run's first event: the run is readable
             reader = threading.Thread(target=lambda: (repo.catch_up(state), self.reader_done.append(True)))
             reader.start()
             reader.join(10)  # the reader takes no lock an append holds: it finishes
-        return event
+        return events
 
 
 def test_an_event_a_reader_applied_before_its_appender_is_applied_once(tmp_path):

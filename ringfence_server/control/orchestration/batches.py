@@ -25,7 +25,7 @@ from ringfence.errors import FieldViolation, InvalidArgument, ResourceExhausted
 from ringfence.model import Observation, ObservationStatus, PlanStep, ProposedCall, RunOutcome
 from ringfence_server.control import guardrails
 from ringfence_server.control.config import Limits
-from ringfence_server.control.events import BatchCall, BatchStarted, CallDecided
+from ringfence_server.control.events import BatchCall, BatchStarted, CallDecided, EventPayload
 from ringfence_server.control.orchestration import spans
 from ringfence_server.control.orchestration.admission import AdmissionRules, AdmissionVerdict, Decision, admit_batch
 from ringfence_server.control.orchestration.crashpoints import crash_point
@@ -216,17 +216,19 @@ class BatchRunner:
                 decisions = admit_batch(calls, self._admission.context_for(state))
                 # The log never keeps a secret the scanner found: arguments are recorded redacted
                 # (a no-op for clean ones; only clean calls go further than the log).
-                self.repo.append(state, BatchStarted(
+                # The batch and every verdict settle together: one durable write (group commit).
+                admitted_events: list[tuple[EventPayload, tuple[str, ...]]] = [(BatchStarted(
                     batch_id=batch_id, turn=state.turns + 1, fingerprint=batch_fingerprint(calls),
                     calls=tuple(BatchCall(call_id=c.call_id, tool=c.tool,
-                                          arguments=guardrails.redact(plain(c.arguments))) for c in calls)))
+                                          arguments=guardrails.redact(plain(c.arguments))) for c in calls)), ())]
                 for d in decisions:
-                    self.repo.append(state, CallDecided(
+                    admitted_events.append((CallDecided(
                         call_id=d.call.call_id, tool=d.call.tool,
                         arguments=guardrails.redact(plain(d.arguments if d.arguments is not None
                                                           else d.call.arguments)),
                         signature=d.signature, verdict=d.verdict, verdict_path=d.path,
-                        reason=d.reason, proposed_by=proposed_by, client_key=d.call.idempotency_key))
+                        reason=d.reason, proposed_by=proposed_by, client_key=d.call.idempotency_key), ()))
+                self.repo.append_all(state, admitted_events)
                 verdicts = Counter(d.verdict.value for d in decisions)
                 for verdict, n in sorted(verdicts.items()):
                     admission.set_attribute(f"ringfence.verdicts.{verdict}", n)

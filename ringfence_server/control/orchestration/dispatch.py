@@ -248,10 +248,16 @@ class Dispatcher:
             # reached a container: then it is never reported as not started.
             tried_before = a.call_id in state.attempts
             tried: list[Attempt] = []
+            # The last attempt's event is written with the completion, in one durable write
+            # (group commit); an attempt that is followed by another is written before it starts.
+            # A crash between the two loses nothing a crash at `after_effect` would not.
+            unwritten: list[AttemptFinished] = []
             request_body = json.dumps({"tool": manifest.name, "arguments": a.arguments, "call_id": a.call_id,
                                        "idempotency_key": key}, separators=(",", ":")).encode()
 
             def attempt(n: int) -> Attempt:
+                if unwritten:
+                    self.repo.append(state, unwritten.pop())
                 started_ns = time.time_ns()
                 if n > 1 and not breaker.allow():
                     result = Attempt(n, FailureClass.CIRCUIT_OPEN, message="circuit opened during retries")
@@ -260,7 +266,7 @@ class Dispatcher:
                     breaker.record(result.failure)
                 tried.append(result)
                 spans.attempt_span(tool_ctx, started_ns, time.time_ns(), result)
-                self.repo.append(state, AttemptFinished(
+                unwritten.append(AttemptFinished(
                     call_id=a.call_id, attempt=n, failure_class=result.failure.value if result.failure else None,
                     outcome=result.outcome, message=guardrails.redact(result.message[:1000]),
                     retry_after_s=result.retry_after_s, duration_ms=result.duration_ms,
@@ -268,7 +274,7 @@ class Dispatcher:
                 return result
 
             final = retry_call(attempt, self._retry, sleep=self._sleep, rng=self._rng)
-            attempts = state.attempts.get(a.call_id, final.number)
+            attempts = final.number  # the last attempt's number, as its event will record it
             # Every attempt failed before a container existed: the call never ran (not executed,
             # and its client key, if any, is free again: key_claim).
             executed = tried_before or not all(never_started(t) for t in tried)
@@ -292,7 +298,7 @@ class Dispatcher:
             error=None if final.ok else guardrails.redact((final.message or str(final.failure))[:2000]),
             error_class=final.failure.value if final.failure else None,
             attempts=attempts, cost=manifest.cost * attempts, executed=executed)
-        self.repo.append(state, completion)
+        self.repo.append_all(state, [*((e, ()) for e in unwritten), (completion, ())])
         crash_point("after_completion", manifest.name)
         if final.ok and manifest.outputs:
             self._collect_outputs(state, a.call_id, manifest)

@@ -16,6 +16,11 @@ through a path the database itself sanctions.
         carries `prev_hash` and `hash` (ringfence_server.control.store.audit). `keys`: names this event claims,
         unique across all runs (an approval id, a tenant's client idempotency key); one already
         held -> KeyTaken, and nothing is appended.
+    append_all(run_id, [NewEvent(type, data, keys)], expected_seq=None, tenant=None, lease=None)
+        -> list[Event]
+        several events of one run in one transaction, one durable write (group commit): all of
+        them or none, with consecutive seqs from `expected_seq`, each by append's rules.
+        `append` is append_all of one.
     lookup_key(name) -> (run_id, seq) | None    the event that holds a key
     read(run_id, from_seq=0) -> list[Event]     events with seq >= from_seq, in order
     runs(tenant) -> list[str]                   run ids of a tenant, oldest first
@@ -282,10 +287,23 @@ def next_revision(tenant: str, kind: str, key: str, latest: int, expected: int |
     return latest + 1
 
 
+@dataclass(frozen=True)
+class NewEvent:
+    """One event of an append_all, before the store gave it a seq and a hash."""
+
+    type: str
+    data: Mapping[str, Any]
+    keys: Sequence[str] = ()
+    """Names the event claims (see append's `keys`)."""
+
+
 @runtime_checkable
 class EventStore(Protocol):
     def append(self, run_id: str, type: str, data: Mapping[str, Any], expected_seq: int | None = None,
                tenant: str | None = None, lease: Lease | None = None, keys: Sequence[str] = ()) -> Event: ...
+
+    def append_all(self, run_id: str, events: Sequence[NewEvent], expected_seq: int | None = None,
+                   tenant: str | None = None, lease: Lease | None = None) -> list[Event]: ...
 
     def lookup_key(self, name: str) -> tuple[str, int] | None: ...
 

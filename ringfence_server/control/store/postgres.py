@@ -40,6 +40,7 @@ from ringfence_server.control.store.base import (
     SCHEMA_VERSION,
     KeyTaken,
     Lease,
+    NewEvent,
     Record,
     RevisionConflict,
     SeqConflict,
@@ -121,9 +122,16 @@ class PostgresEventStore:
 
     def append(self, run_id: str, type: str, data: Mapping[str, Any], expected_seq: int | None = None,
                tenant: str | None = None, lease: Lease | None = None, keys: Sequence[str] = ()) -> Event:
-        payload = canonical_json(data)
-        content = json.loads(payload)
+        return self.append_all(run_id, [NewEvent(type, data, keys)], expected_seq, tenant, lease)[0]
+
+    def append_all(self, run_id: str, events: Sequence[NewEvent], expected_seq: int | None = None,
+                   tenant: str | None = None, lease: Lease | None = None) -> list[Event]:
+        if not events:
+            raise ValueError("append_all of no events")
+        payloads = [canonical_json(e.data) for e in events]
         at = float(self._clock())  # as stored (REAL / DOUBLE PRECISION): what is hashed must read back equal
+        written: list[Event] = []
+        seq = 0
         try:
             with self._conn() as conn, conn.transaction():
                 conn.execute(_RUN_LOCK, (run_id,))
@@ -131,31 +139,36 @@ class PostgresEventStore:
                                    (run_id,)).fetchone()
                 refuse_existing_run(run_id, row[1] if row else None, expected_seq)
                 check_lease(run_id, lease, _lease_row(conn, run_id))
-                seq, tenant = next_event(run_id, (row[0], row[1]) if row else None, data, expected_seq, tenant)
+                head = (row[0], row[1]) if row else None
                 prev_hash = row[2] if row else ""
-                digest = event_hash(prev_hash, run_id, seq, type, content, SCHEMA_VERSION, at)
-                conn.execute(
-                    "INSERT INTO events (run_id, seq, tenant, type, data, schema_version, at, prev_hash, hash) "
-                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                    (run_id, seq, tenant, type, payload, SCHEMA_VERSION, at, prev_hash, digest))
-                for name in keys:
-                    holder = conn.execute("SELECT run_id, seq FROM keys WHERE name = %s", (name,)).fetchone()
-                    if holder is not None:
-                        raise KeyTaken(name, (holder[0], int(holder[1])))  # rolls back, event and all
-                    try:
-                        with conn.transaction():  # a savepoint: only this insert fails on a race
-                            conn.execute("INSERT INTO keys (name, run_id, seq) VALUES (%s, %s, %s)",
-                                         (name, run_id, seq))
-                    except psycopg.errors.UniqueViolation:
-                        raise KeyTaken(name, None) from None  # another run claimed it just now
+                for new, payload in zip(events, payloads, strict=True):
+                    seq, tenant = next_event(run_id, head, new.data, expected_seq, tenant)
+                    content = json.loads(payload)
+                    digest = event_hash(prev_hash, run_id, seq, new.type, content, SCHEMA_VERSION, at)
+                    conn.execute(
+                        "INSERT INTO events (run_id, seq, tenant, type, data, schema_version, at, prev_hash, hash) "
+                        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                        (run_id, seq, tenant, new.type, payload, SCHEMA_VERSION, at, prev_hash, digest))
+                    for name in new.keys:
+                        holder = conn.execute("SELECT run_id, seq FROM keys WHERE name = %s", (name,)).fetchone()
+                        if holder is not None:
+                            raise KeyTaken(name, (holder[0], int(holder[1])))  # rolls back, events and all
+                        try:
+                            with conn.transaction():  # a savepoint: only this insert fails on a race
+                                conn.execute("INSERT INTO keys (name, run_id, seq) VALUES (%s, %s, %s)",
+                                             (name, run_id, seq))
+                        except psycopg.errors.UniqueViolation:
+                            raise KeyTaken(name, None) from None  # another run claimed it just now
+                    written.append(Event(run_id, seq, new.type, content, SCHEMA_VERSION, at, prev_hash, digest))
+                    head, prev_hash, expected_seq = (seq, tenant), digest, seq + 1
                 conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, run_id))
         except psycopg.errors.UniqueViolation as e:  # a writer that skipped the run lock
             raise SeqConflict(f"run {run_id}: seq {seq} was taken") from e
-        event = Event(run_id, seq, type, content, SCHEMA_VERSION, at, prev_hash, digest)
         self._writes.succeeded()
         self._on_notify(run_id)  # our own waiters need not wait for the round trip
-        self._subscribers.notify(event)
-        return event
+        for event in written:
+            self._subscribers.notify(event)
+        return written
 
     def acquire_lease(self, run_id: str, owner: str, ttl_s: float) -> Lease | None:
         check_lease_args(owner, ttl_s)

@@ -30,6 +30,7 @@ from ringfence_server.control.store.base import (
     SCHEMA_VERSION,
     KeyTaken,
     Lease,
+    NewEvent,
     Record,
     SeqConflict,
     StoreError,
@@ -86,33 +87,44 @@ class SqliteEventStore:
 
     def append(self, run_id: str, type: str, data: Mapping[str, Any], expected_seq: int | None = None,
                tenant: str | None = None, lease: Lease | None = None, keys: Sequence[str] = ()) -> Event:
-        payload = canonical_json(data)
-        content = json.loads(payload)
+        return self.append_all(run_id, [NewEvent(type, data, keys)], expected_seq, tenant, lease)[0]
+
+    def append_all(self, run_id: str, events: Sequence[NewEvent], expected_seq: int | None = None,
+                   tenant: str | None = None, lease: Lease | None = None) -> list[Event]:
+        if not events:
+            raise ValueError("append_all of no events")
+        payloads = [canonical_json(e.data) for e in events]
         at = float(self._clock())  # as stored (REAL / DOUBLE PRECISION): what is hashed must read back equal
+        written: list[Event] = []
         with self._lock, self._write() as cur:
             row = cur.execute("SELECT seq, tenant, hash FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT 1",
                               (run_id,)).fetchone()
             refuse_existing_run(run_id, row[1] if row else None, expected_seq)
             check_lease(run_id, lease, self._lease_row(cur, run_id))
-            seq, tenant = next_event(run_id, row[:2] if row else None, data, expected_seq, tenant)
+            head = (row[0], row[1]) if row else None
             prev_hash = row[2] if row else ""
-            digest = event_hash(prev_hash, run_id, seq, type, content, SCHEMA_VERSION, at)
-            try:
-                cur.execute(
-                    "INSERT INTO events (run_id, seq, tenant, type, data, schema_version, at, prev_hash, hash) "
-                    "VALUES (?,?,?,?,?,?,?,?,?)",
-                    (run_id, seq, tenant, type, payload, SCHEMA_VERSION, at, prev_hash, digest))
-            except sqlite3.IntegrityError as e:  # UNIQUE(run_id, seq): cannot happen under IMMEDIATE
-                raise SeqConflict(f"run {run_id}: seq {seq} was taken") from e
-            for name in keys:
-                holder = cur.execute("SELECT run_id, seq FROM keys WHERE name = ?", (name,)).fetchone()
-                if holder is not None:
-                    raise KeyTaken(name, (holder[0], holder[1]))  # the write rolls back, event and all
-                cur.execute("INSERT INTO keys (name, run_id, seq) VALUES (?, ?, ?)", (name, run_id, seq))
-        event = Event(run_id, seq, type, content, SCHEMA_VERSION, at, prev_hash, digest)
+            for new, payload in zip(events, payloads, strict=True):
+                seq, tenant = next_event(run_id, head, new.data, expected_seq, tenant)
+                content = json.loads(payload)
+                digest = event_hash(prev_hash, run_id, seq, new.type, content, SCHEMA_VERSION, at)
+                try:
+                    cur.execute(
+                        "INSERT INTO events (run_id, seq, tenant, type, data, schema_version, at, prev_hash, hash) "
+                        "VALUES (?,?,?,?,?,?,?,?,?)",
+                        (run_id, seq, tenant, new.type, payload, SCHEMA_VERSION, at, prev_hash, digest))
+                except sqlite3.IntegrityError as e:  # UNIQUE(run_id, seq): cannot happen under IMMEDIATE
+                    raise SeqConflict(f"run {run_id}: seq {seq} was taken") from e
+                for name in new.keys:
+                    holder = cur.execute("SELECT run_id, seq FROM keys WHERE name = ?", (name,)).fetchone()
+                    if holder is not None:
+                        raise KeyTaken(name, (holder[0], holder[1]))  # the write rolls back, events and all
+                    cur.execute("INSERT INTO keys (name, run_id, seq) VALUES (?, ?, ?)", (name, run_id, seq))
+                written.append(Event(run_id, seq, new.type, content, SCHEMA_VERSION, at, prev_hash, digest))
+                head, prev_hash, expected_seq = (seq, tenant), digest, seq + 1
         self._bump()
-        self._subscribers.notify(event)
-        return event
+        for event in written:
+            self._subscribers.notify(event)
+        return written
 
     def acquire_lease(self, run_id: str, owner: str, ttl_s: float) -> Lease | None:
         check_lease_args(owner, ttl_s)
