@@ -32,7 +32,9 @@ the tool runner (the image's own command under tini) reads the dispatcher's requ
                  create+start+wait rate, C threads), cold, and warm (pool of --throughput-pool-size).
     concurrency  K clients at once (a barrier), one echo batch each, each client's latency
                  sorted; the same K as bare calls in K threads. The ratio says whose limit it is.
-                 Ours runs twice: with the default dispatcher width (limits.max_parallel_reads)
+                 Ours runs with the pool as `ringfence serve` runs it (its defaults, the shape
+                 registered by a warm-up call and filled before the burst), twice: with the
+                 default dispatcher width (limits.max_parallel_reads)
                  and with it widened to K ("wide"); if wide ~ bare and default >> bare, the
                  limit is ours, not the engine's.
     memory       VmRSS of a fresh process hosting the control plane (FakeBackend, SQLite in a
@@ -284,7 +286,7 @@ def _extra_lines(results: dict) -> list[str]:
         lines.append(f"memory: control-plane RSS {_fmt(results.get('rss_mb_before'))} MB before, "
                      f"{_fmt(results.get('rss_mb_100_runs'))} MB with {RSS_RUNS} live runs "
                      f"(peak {_fmt(results.get('rss_mb_peak'))} MB, {results.get('rss_threads')} threads)")
-    for key in ("pool_warm", "pool_warm_busy", "pool_throughput"):
+    for key in ("pool_warm", "pool_warm_busy", "pool_throughput", "pool_concurrency_ours", "pool_concurrency_wide"):
         if results.get(key):
             lines.append(f"{key}: {json.dumps(results[key], sort_keys=True)}")
     if results.get("leftover_containers") is not None:
@@ -672,7 +674,7 @@ def pool_api() -> tuple[Any, str]:
 
 def _pool_delta(before: dict, after: dict) -> dict:
     return {k: after.get(k, 0) - before.get(k, 0) for k in ("claims", "misses", "created", "discarded")} | {
-        "ready_at_end": after.get("ready")}
+        "waited": after.get("waited", 0) - before.get("waited", 0), "ready_at_end": after.get("ready")}
 
 
 @contextmanager
@@ -805,14 +807,23 @@ class Bench:
         from ringfence_server.control.config import Limits
 
         self.results["concurrency_dispatch_width"] = width or Limits().max_parallel_reads
+        from ringfence_server.control.api.serve import pool_settings
+        from ringfence_server.control.config import load_config
+
+        # The pool as `ringfence serve` runs it on its defaults ([pool] size 2, max_size 8): the
+        # warm-up call registers the shape, and the burst starts once its `size` are ready.
+        served_pool = pool_settings(load_config())
         for name, extra in (("concurrency_ours", {}), ("concurrency_wide", {"max_parallel_reads": k})):
-            backend = DockerBackend()
+            backend = DockerBackend(pool=served_pool)
             cp = None
             try:
                 cp = ControlPlane(backend, {**self.limits, **extra})
                 with cp.client() as c:
                     submit_echo(c, cp.new_runs(c, 1, "conc-warmup")[0])
                     runs = cp.new_runs(c, k, name)
+                if backend.pool is not None:
+                    backend.pool.wait_filled(60)
+                    before = backend.pool.stats()
                 clients: list[Any] = []
 
                 def make_worker(w: int, cp=cp, runs=runs, clients=clients):
@@ -826,6 +837,8 @@ class Bench:
                     for client in clients:
                         client.close()
                 self._record_concurrency(name, lat)
+                if backend.pool is not None:
+                    self.results[f"pool_{name}"] = _pool_delta(before, backend.pool.stats())
             finally:
                 if cp is not None:
                     cp.close()

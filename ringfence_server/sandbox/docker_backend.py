@@ -127,6 +127,9 @@ class DockerBackend:
         # Warm containers (ringfence_server.sandbox.pool): None unless asked for, and never for size 0.
         self.pool: WarmPool[ShapeKey, ShapeSpec] | None = None
         self._shape_digests: dict[str, str] = {}
+        # run id -> the pool shapes of its workspace calls (let go of at end_run).
+        self._run_shapes: dict[str, set[ShapeKey]] = {}
+        self._run_shapes_mutex = threading.Lock()
         # Warm containers are removed after their call off its critical path (drained on close).
         self._remover = Remover(self._remove)
         # MCP servers' session sandboxes (ringfence_server.sandbox.mcp_session), made on first use.
@@ -365,10 +368,7 @@ class DockerBackend:
         its per-call egress grant), and how the call is handed over (the runner reading its
         request, or the launcher for a command or credentials known only at the claim)."""
         profile = request.profile
-        # A workspace is fixed at creation (the run's volume), and a container made ahead of
-        # its call cannot know which run it will serve: calls with one always go cold.
-        if not request.warm or profile.workspace is not None or (profile.egress is not None
-                                                                 and profile.runtime != "runc"):
+        if not request.warm or (profile.egress is not None and profile.runtime != "runc"):
             return None
         image_id = image_id or self._image_id(profile.image)
         base = dataclasses.replace(profile, egress=None)
@@ -383,7 +383,13 @@ class DockerBackend:
             fingerprint = hashlib.sha256(settings.encode()).hexdigest()
             if len(self._shape_digests) < 256:
                 self._shape_digests[memo] = fingerprint
-        return (image_id, profile.runtime, mode, egress, fingerprint), spec
+        key: ShapeKey = (image_id, profile.runtime, mode, egress, fingerprint)
+        if profile.workspace is not None:
+            # The run's volume is in the settings (its mount), so in the key: a container made
+            # for this shape serves this run's calls alone, and goes when the run ends (end_run).
+            with self._run_shapes_mutex:
+                self._run_shapes.setdefault(request.run_id, set()).add(key)
+        return key, spec
 
     def _make_warm(self, key: ShapeKey, spec: ShapeSpec) -> Warm:
         """Create, attach and start one container of the shape: the same settings as a cold
@@ -557,8 +563,15 @@ class DockerBackend:
         return killed
 
     def end_run(self, run_id: str) -> int:
-        """The run ended: its MCP session sandboxes close and are removed."""
-        return self._mcp.end_run(run_id) if self._mcp is not None else 0
+        """The run ended: its MCP session sandboxes close and are removed, and so are the warm
+        containers made for its workspace (before the caller removes the workspace: a volume
+        that a container mounts cannot be removed)."""
+        ended = self._mcp.end_run(run_id) if self._mcp is not None else 0
+        with self._run_shapes_mutex:
+            shapes = self._run_shapes.pop(run_id, set())
+        if shapes and self.pool is not None:
+            ended += self.pool.forget(shapes)
+        return ended
 
     def _default_command(self, image_id: str) -> list[str]:
         """The image's own Cmd: our entrypoint (tini with its flags) replaces the image's, and

@@ -11,6 +11,7 @@ state, file or process of one call can reach another.
     pool.claim(request) -> Warm | None   None: none ready (the caller starts one cold)
     pool.prewarm(request)                 fill the request's shape ahead of its first call
     pool.wait_filled(timeout_s) -> bool
+    pool.forget(keys)                     let go of shapes now (a run's workspace, at its end)
     pool.nudge()                          a call ended: the refill looks again
     pool.stats()
     pool.close()                          every ready container removed
@@ -177,6 +178,7 @@ class WarmPool(Generic[K, S]):
         self._making: K | None = None  # the shape the refill is making one of now
         self._waiters: dict[K, list[object]] = {}  # key -> claims waiting for it, first come first
         self._make_s = FIRST_MAKE_S  # recent time to make one (moving average)
+        self._forgetting: set[K] = set()  # shapes forget() is letting go of now
         self._pending_drop: list[Warm] = []  # collected under the lock, removed outside it
         self._thread = threading.Thread(target=self._refill, name="rf-pool", daemon=True)
         self._thread.start()
@@ -270,6 +272,28 @@ class WarmPool(Generic[K, S]):
         else:
             self._shortfalls.pop(key, None)
         return min(self.settings.max_size, self.settings.size + len(recent))
+
+    def forget(self, keys: set[K]) -> int:
+        """Let go of these shapes now (a run's workspace shapes when the run ends): no more
+        refills, and their ready containers removed before this returns, also one being made
+        (waited for), so that what they mounted is free. How many were removed."""
+        with self._lock:
+            for key in keys:
+                self._shapes.pop(key, None)
+                self._shortfalls.pop(key, None)
+            drops = [w for key in keys for w in self._ready.pop(key, [])]
+            self._forgetting |= keys  # one being made now is handed to us, not dropped by the refill
+            try:
+                give_up = time.monotonic() + 2 * self._make_s + 5
+                while self._making in keys and time.monotonic() < give_up:
+                    self._lock.wait(0.1)
+                drops += [w for key in keys for w in self._ready.pop(key, [])]  # made meanwhile
+            finally:
+                self._forgetting -= keys
+            self._lock.notify_all()
+        for w in drops:
+            self._drop(w)
+        return len(drops)
 
     def nudge(self) -> None:
         """A call ended: the refill may go on (it gives way while calls run)."""
@@ -401,7 +425,10 @@ class WarmPool(Generic[K, S]):
                 self._making = None
                 self._make_s = 0.8 * self._make_s + 0.2 * (time.monotonic() - started)
                 self._counts["created"] += 1
-                if self._closed or key not in self._shapes:
+                if key in self._forgetting:
+                    self._ready.setdefault(key, []).append(w)  # forget() removes it
+                    keep = True
+                elif self._closed or key not in self._shapes:
                     keep = False
                 else:
                     self._ready.setdefault(key, []).append(w)

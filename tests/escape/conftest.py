@@ -11,9 +11,12 @@ hold for a pooled one.
 (a function from the settings dict to a new dict): it is how each test proves that its
 protection matters, by removing exactly that protection and showing the attack then succeeds.
 
-`cold` runs like `attack[cold]` only (calls with a workspace are never pooled); `make_workspace`
-makes a real run workspace (ringfence_server.sandbox.workspace), optionally with its volume options changed, and
-removes it after the test (cases 48-53, test_workspace.py).
+`cold` runs like `attack[cold]` only (the red checks' second calls); `in_workspace` is `attack`
+for calls with a workspace: `[warm]` claims a container made ahead for that workspace's shape
+(the mount is part of it) and then ends the run for the pool (end_run), as the control plane
+does when a run ends, so that nothing of the pool mounts the volume when the test removes it;
+`make_workspace` makes a real run workspace (ringfence_server.sandbox.workspace), optionally with
+its volume options changed, and removes it after the test (cases 48-53, test_workspace.py).
 """
 
 from __future__ import annotations
@@ -128,9 +131,25 @@ def readable_tini(docker_client, pinned_images, tmp_path_factory) -> str:
 
 @pytest.fixture
 def cold(backend):
-    """Run argv in the real sandbox, always in a container created for the call (calls with a
-    workspace are never pooled)."""
+    """Run argv in the real sandbox, always in a container created for the call."""
     return _runner(backend)
+
+
+@pytest.fixture(params=["cold", "warm"])
+def in_workspace(request, backend):
+    """`attack` for calls with a workspace (see the module's docstring)."""
+    if request.param == "cold":
+        return _runner(backend)
+    pooled = request.getfixturevalue("pooled_backend")
+    run = _pooled_runner(pooled)
+
+    def run_then_end(argv, **kwargs) -> SandboxResult:
+        try:
+            return run(argv, **kwargs)
+        finally:
+            pooled.end_run("escape")  # the run's workspace shapes go, their containers with them
+
+    return run_then_end
 
 
 @pytest.fixture

@@ -1,7 +1,9 @@
 """Escape battery, cases 48-53: a run's workspace (ringfence_server.sandbox.workspace), the one filesystem whose
 files outlive a call. Every case is a real pair of calls on a real workspace (a capped tmpfs
 volume held by its keeper): call 1 plants something, call 2, in a fresh container, tries to use
-it. Under runc and gVisor, cold only (a call with a workspace is never pooled).
+it. Under runc and gVisor; every case that is not a red check runs its calls cold (a container
+created for the call) and warm (one made ahead for that workspace's pool shape and claimed:
+`in_workspace`, tests/escape/conftest.py).
 
 Each red check removes exactly one protection (an option of the volume, or the call's mounts,
 through `make_workspace(options=...)` or `weakened`) and shows the same attack succeed.
@@ -124,14 +126,14 @@ def _planted(run, volume, runtime):
 
 
 @pytest.mark.parametrize("read_only", [False, True], ids=["rw", "ro"])
-def test_case_48_setuid_binary_from_an_earlier_call_never_runs(cold, make_workspace, docker_client, runtime,
-                                                              read_only):
+def test_case_48_setuid_binary_from_an_earlier_call_never_runs(in_workspace, make_workspace, docker_client,
+                                                              runtime, read_only):
     """Call 1 writes a setuid copy of `id`; call 2 (writable, or read-only through the view)
     cannot run it: not by exec, not through the dynamic loader, not by mapping it executable.
     A script handed to an interpreter still runs (noexec is about binaries, like /tmp)."""
     _, volume = make_workspace(SPEC)
-    _planted(cold, volume, runtime)
-    p = call(cold, USE_BINARY, volume=volume, runtime=runtime, read_only=read_only)
+    _planted(in_workspace, volume, runtime)
+    p = call(in_workspace, USE_BINARY, volume=volume, runtime=runtime, read_only=read_only)
     assert "10001" not in p["exec"]["out"] and "10001" not in p["via_loader"]["out"]
     assert p["script"] == {"rc": 0, "out": "script ran\n", "err": ""}
     if runtime == "runc":
@@ -217,20 +219,20 @@ def _mknod_provoked(s):
     return probes.with_seccomp(json.dumps(profile))(probes.as_root("MKNOD", "DAC_OVERRIDE")(s))
 
 
-def test_case_49_no_device_node_can_be_made(cold, make_workspace, runtime):
+def test_case_49_no_device_node_can_be_made(in_workspace, make_workspace, runtime):
     _, volume = make_workspace(SPEC)
-    p = call(cold, MAKE_NODES, volume=volume, runtime=runtime)
+    p = call(in_workspace, MAKE_NODES, volume=volume, runtime=runtime)
     assert p == {"char-null": {"ok": False, "errno": "EPERM"}, "block-loop": {"ok": False, "errno": "EPERM"}}
 
 
-def test_case_49_nodev_holds_for_a_node_made_anyway(make_workspace, weakened, cold):
+def test_case_49_nodev_holds_for_a_node_made_anyway(make_workspace, weakened, in_workspace):
     """Provoked (runc): call 1 is given everything mknod needs (_mknod_provoked) and makes
     /dev/null's device number in the workspace. Call 2, the real sandbox, cannot open it: the
     workspace is nodev."""
     _, volume = make_workspace(SPEC)
     made = call(weakened(_mknod_provoked), MAKE_NODES, volume=volume)
     assert made["char-null"] == {"ok": True, "value": None}
-    p = call(cold, OPEN_NODE, volume=volume)
+    p = call(in_workspace, OPEN_NODE, volume=volume)
     assert p["uid"] == 10001 and "nodev" in p["mount"]["options"]
     assert p["open"] == {"ok": False, "errno": "EACCES"}
 
@@ -300,17 +302,17 @@ def host_marker(tmp_path):
     return str(marker), str(tmp_path), text
 
 
-def test_case_50_links_stay_inside_the_calls_own_container(cold, make_workspace, runtime, host_marker):
+def test_case_50_links_stay_inside_the_calls_own_container(in_workspace, make_workspace, runtime, host_marker):
     """A hardlink out of the workspace fails (another filesystem); symlinks call 1 leaves behind
     resolve, in call 2, inside call 2's own container: to its own /etc/shadow (unreadable), its
     own PID 1 (unreadable under runc), never to the host's file they name."""
     marker, marker_dir, text = host_marker
     _, volume = make_workspace(SPEC)
-    planted = call(cold, PLANT_LINKS, marker, marker_dir, volume=volume, runtime=runtime)
+    planted = call(in_workspace, PLANT_LINKS, marker, marker_dir, volume=volume, runtime=runtime)
     assert planted["hardlink_out"] == {"ok": False, "errno": "EXDEV"}
     assert planted["hardlink_in"] == {"ok": True, "value": None}  # links are possible: not this one
     assert {"shadow", "pid1-root", "host-file", "host-dir"} <= set(planted["links"])
-    p = call(cold, FOLLOW_LINKS, volume=volume, runtime=runtime, read_only=True)
+    p = call(in_workspace, FOLLOW_LINKS, volume=volume, runtime=runtime, read_only=True)
     assert p["host_file"] == {"ok": False, "errno": "ENOENT"}
     assert p["host_dir"] == {"ok": False, "errno": "ENOENT"}
     assert p["shadow_is_own"] is True and p["shadow"] == {"ok": False, "errno": "EACCES"}
@@ -365,14 +367,14 @@ emit({"made": made, "error": error, "write_after": more})
 """
 
 
-def test_case_51_a_full_workspace_stops_at_its_caps(cold, make_workspace, runtime):
+def test_case_51_a_full_workspace_stops_at_its_caps(in_workspace, make_workspace, runtime):
     """Call 1 fills the bytes (ENOSPC at the cap); call 2 finds it still full and fills the
     inodes (ENOSPC at the cap). Under gVisor the caps are the host tmpfs's, enforced through the
     gofer, so they hold there too (unlike the sentry's own /tmp, case 42)."""
     _, volume = make_workspace(SPEC)
-    p = call(cold, FILL_BYTES, str(8 * CAP_BYTES), volume=volume, runtime=runtime)
+    p = call(in_workspace, FILL_BYTES, str(8 * CAP_BYTES), volume=volume, runtime=runtime)
     assert p["error"] == "ENOSPC" and CAP_BYTES - 128 * KiB <= p["written"] <= CAP_BYTES
-    p = call(cold, FILL_INODES, str(10 * CAP_INODES), volume=volume, runtime=runtime)
+    p = call(in_workspace, FILL_INODES, str(10 * CAP_INODES), volume=volume, runtime=runtime)
     assert p["error"] == "ENOSPC" and CAP_INODES - 8 <= p["made"] < CAP_INODES
     assert p["write_after"] == {"ok": False, "errno": "ENOSPC"}
 
@@ -425,15 +427,15 @@ emit({
 """
 
 
-def test_case_52_another_runs_workspace_is_unreachable(cold, make_workspace, runtime):
+def test_case_52_another_runs_workspace_is_unreachable(in_workspace, make_workspace, runtime):
     """Run A's file is nowhere in run B's call (searched through its whole tree and by the
     engine's path of A's volume), and B's call has exactly one mount at /workspace: its own
     (B's workspace has twice A's size, so the mount says whose it is)."""
     secret = uuid.uuid4().hex
     _, volume_a = make_workspace(SPEC)
     _, volume_b = make_workspace(WorkspaceSpec(bytes=2 * CAP_BYTES, inodes=CAP_INODES))
-    call(cold, WRITE_SECRET, secret, volume=volume_a, runtime=runtime)
-    p = call(cold, LOOK_FOR_SECRET, secret, volume_a, volume=volume_b, runtime=runtime)
+    call(in_workspace, WRITE_SECRET, secret, volume=volume_a, runtime=runtime)
+    p = call(in_workspace, LOOK_FOR_SECRET, secret, volume_a, volume=volume_b, runtime=runtime)
     assert p["found"] == [] and p["listing"] == []
     assert p["by_engine_path"] == {"ok": False, "errno": "ENOENT"}
     assert len(p["mounts"]) == 1 and p["mounts"][0].split()[4] == "/workspace", p["mounts"]
@@ -493,15 +495,15 @@ def _own_processes_only(p, marker):
         assert pid == "1" or int(pid) == p["self"], (pid, cmdline)
 
 
-def test_case_53_files_survive_processes_do_not(cold, make_workspace, runtime):
+def test_case_53_files_survive_processes_do_not(in_workspace, make_workspace, runtime):
     """Call 1 writes a file and leaves a `setsid` sleeper behind, its pid in the workspace;
     call 2 reads the file, and sees no such process, nor any process but its own (not the
     keeper's either)."""
     marker = str(900000 + uuid.uuid4().int % 99999)  # the sleeper's unique argument
     _, volume = make_workspace(SPEC)
-    left = call(cold, LEAVE_A_PROCESS, marker, volume=volume, runtime=runtime)
+    left = call(in_workspace, LEAVE_A_PROCESS, marker, volume=volume, runtime=runtime)
     assert left["alive"] is True
-    p = call(cold, LOOK_FOR_PROCESSES, volume=volume, runtime=runtime)
+    p = call(in_workspace, LOOK_FOR_PROCESSES, volume=volume, runtime=runtime)
     assert p["state"] == "written by call 1\n" and p["pid"] == str(left["pid"])
     _own_processes_only(p, marker)
 

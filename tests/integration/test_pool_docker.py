@@ -576,3 +576,55 @@ def test_the_refill_never_begins_beside_a_cold_start(pooled):
     assert [r.outcome for r in results] == [Outcome.OK, Outcome.OK]
     assert b.pool.wait_filled(90) and len(b.made) >= 1
     assert set(b.making) == {0}  # every make began with no cold start running
+
+
+# -- a run's workspace ----------------------------------------------------------------------------
+
+
+def _holders(client, volume: str) -> list:
+    """Warm containers (the pool's) that mount `volume`."""
+    from ringfence_server.sandbox import listing
+
+    # listing.containers: a claimed container removed while the list is read is left out.
+    return listing.containers(client, {"volume": volume, "label": f"{L.PURPOSE_LABEL}=pool"})
+
+
+def test_a_runs_workspace_calls_are_pooled_for_that_run_alone_and_go_with_it(pooled, docker_client, pinned_images):
+    from ringfence_server.sandbox.profile import MiB, WorkspaceMount
+    from ringfence_server.sandbox.workspace import DockerWorkspaces, WorkspaceSpec
+
+    b = pooled(size=1)
+    store = DockerWorkspaces(docker_client, pinned_images)
+    run_a, run_b = run_id("ws-a"), run_id("ws-b")
+    try:
+        vol_a = store.create(run_a, "t", WorkspaceSpec(bytes=4 * MiB, inodes=64))
+        vol_b = store.create(run_b, "t", WorkspaceSpec(bytes=4 * MiB, inodes=64))
+        write = request_for(["sh", "-c", "echo one > /workspace/f; cat /workspace/f"], run=run_a,
+                            workspace=WorkspaceMount(vol_a, False))
+        assert run_warm(b, write).stdout == b"one\n"
+        # The run's next call: warm again, in another container, and the file is there.
+        again = run_warm(b, request_for(["cat", "/workspace/f"], run=run_a, workspace=WorkspaceMount(vol_a, False)))
+        assert again.outcome is Outcome.OK and again.stdout == b"one\n"
+        assert len(set(b.claimed)) == 2
+        # Another run's call of the same tool and limits never gets one made for run A's volume.
+        fill(b, write)
+        assert _holders(docker_client, vol_a)  # ready for run A, mounting A's volume
+        before = b.pool.stats()
+        other = b.run(request_for(["sh", "-c", "ls -A /workspace; echo end"], run=run_b,
+                                  workspace=WorkspaceMount(vol_b, False)))
+        assert other.outcome is Outcome.OK and other.stdout == b"end\n"  # B's own, empty workspace
+        after = b.pool.stats()
+        assert after["claims"] == before["claims"] and after["misses"] == before["misses"] + 1
+        # The run ends: its ready containers are gone when end_run returns, so the workspace can
+        # be removed at once (a volume a container mounts cannot be).
+        fill(b, write)
+        assert _holders(docker_client, vol_a)
+        assert b.end_run(run_a) >= 1
+        assert _holders(docker_client, vol_a) == []
+        assert store.remove(run_a) is True
+        assert b.pool.stats()["ready"] == len(_holders(docker_client, vol_b))  # only run B's shape is kept
+    finally:
+        b.end_run(run_a)
+        b.end_run(run_b)
+        for run in (run_a, run_b):
+            store.remove(run)

@@ -147,7 +147,8 @@ def test_the_least_recently_used_shape_is_let_go(engine):
         for shape in ("a", "b"):
             pool.prewarm(shape)
         assert pool.wait_filled(5)
-        a_containers = {w for w, k in zip(range(1, 100), engine.made, strict=False) if k == ("a", "shape")}
+        a_containers = {w for w, k in zip(range(1, 100), engine.made, strict=False) if k == "a"}
+        assert len(a_containers) == 1
         pool.prewarm("c")  # a is the oldest: let go, its container removed
         assert pool.wait_filled(5)
         assert pool.stats()["shapes"] == 2
@@ -266,6 +267,41 @@ def test_a_failing_engine_is_counted_and_calls_go_cold(engine):
             time.sleep(0.05)
         assert pool.stats()["failures"] >= 1 and pool.claim("a") is None
     finally:
+        pool.close()
+
+
+def test_forget_removes_the_shapes_ready_containers_before_it_returns(engine):
+    pool = pool_of(engine, size=2)
+    try:
+        for shape in ("a", "b"):
+            pool.prewarm(shape)
+        assert pool.wait_filled(5)
+        a_containers = [n for n, k in zip(range(1, 100), engine.made, strict=False) if k == "a"]
+        assert len(a_containers) == 2 and pool.forget({"a"}) == 2
+        assert set(a_containers) <= set(engine.removed)  # already gone: what they mounted is free
+        assert pool.stats()["shapes"] == 1 and pool.claim("b") is not None
+    finally:
+        pool.close()
+
+
+def test_forget_waits_for_one_being_made_and_removes_it_too(engine):
+    engine.gate = threading.Event()
+    pool = pool_of(engine, size=1)
+    try:
+        pool.prewarm("a")
+        assert engine.making.wait(5)
+        forgot: list[int] = []
+        forgetting = threading.Thread(target=lambda: forgot.append(pool.forget({"a"})))
+        forgetting.start()
+        time.sleep(0.2)
+        assert forgot == []  # still waiting for the make
+        engine.gate.set()
+        forgetting.join(10)
+        assert forgot == [1] and engine.removed == [1] and engine.live == set()
+        time.sleep(0.2)
+        assert len(engine.made) == 1  # and no refill of a forgotten shape
+    finally:
+        engine.gate.set()
         pool.close()
 
 

@@ -325,7 +325,10 @@ def test_a_workspace_tool_in_a_run_without_one_is_refused_and_never_reaches_the_
     assert [d["verdict"] for d in decided] == ["deny", "deny", "allow"]
 
 
-def test_a_workspace_tool_gets_the_mount_and_a_container_of_its_own(tmp_path):
+def test_a_workspace_tool_gets_the_mount_and_may_be_pooled(tmp_path):
+    """The mount is part of the container's shape, so a warm container of that shape was made
+    for this run's workspace alone (ringfence_server.sandbox.pool; the real engine:
+    tests/integration/test_pool_docker.py)."""
     h = harness(tmp_path)
     run = ws_run(h)
     h.submit(run, ("ws_read", {}), ("ws_note", {"text": "x"}), ("echo", {"text": "y"}))
@@ -334,7 +337,7 @@ def test_a_workspace_tool_gets_the_mount_and_a_container_of_its_own(tmp_path):
     assert by_tool["ws_read"].profile.workspace == WorkspaceMount(volume, read_only=True)
     assert by_tool["ws_note"].profile.workspace == WorkspaceMount(volume, read_only=False)
     assert by_tool["echo"].profile.workspace is None
-    assert not by_tool["ws_read"].warm and not by_tool["ws_note"].warm and by_tool["echo"].warm
+    assert by_tool["ws_read"].warm and by_tool["ws_note"].warm and by_tool["echo"].warm
     paths = {o.tool: o.verdict_path for o in h.orch.get_run(AGENT, run).trajectory}
     assert "workspace:read" in paths["ws_read"] and "workspace:write" in paths["ws_note"]
 

@@ -34,7 +34,7 @@ def _say(text: str) -> None:
 def _server(workdir: Path | None) -> Iterator[str]:
     """A control plane on the embedded defaults; its address. Everything goes with it."""
     from ringfence_server.control.api.background import BackgroundServer
-    from ringfence_server.control.api.serve import workspaces
+    from ringfence_server.control.api.serve import pool_settings, workspaces
     from ringfence_server.control.config import load_config
     from ringfence_server.control.orchestration import Orchestrator
     from ringfence_server.control.store import open_store
@@ -44,9 +44,9 @@ def _server(workdir: Path | None) -> Iterator[str]:
     with contextlib.ExitStack() as es:
         if workdir is None:
             workdir = Path(es.enter_context(tempfile.TemporaryDirectory(prefix="ringfence-demo-")))
-        config = load_config(overrides={"state_dir": str(Path(workdir) / "state"), "pool": {"size": 0}})
+        config = load_config(overrides={"state_dir": str(Path(workdir) / "state")})
         lock = load_lock()
-        backend = DockerBackend(lock=lock)
+        backend = DockerBackend(lock=lock, pool=pool_settings(config))  # as `ringfence serve` runs
         es.callback(backend.close)
         store = open_store(config.db_path)
         es.callback(store.close)

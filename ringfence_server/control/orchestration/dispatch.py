@@ -8,7 +8,8 @@
 
 "Writes" are the calls of `ToolManifest.serial` tools: those that mutate, and those that write
 the run's workspace. A workspace tool gets the run's workspace mounted at /workspace (read-only
-for `read`), in a container of its own (never a warm one: a warm container's mounts are fixed).
+for `read`), in a container of its own: created for the call, or a warm one made for this run's
+workspace alone (ringfence_server.sandbox.pool: the mount is part of the shape).
 
 A call whose every attempt failed before a container existed (ringfence_server.control.retry.never_started)
 never ran: its completion says `executed` false, its observation is DENIED, not executed
@@ -418,7 +419,7 @@ class Dispatcher:
         # not a call of the run: `live` False).
         output = LiveOutput(repo=self.repo, state=state, call_id=a.call_id, attempt=n, clock=self._clock,
                             protocol_stdout=True) if live else None
-        warm = a.manifest.name not in self.config.pool.exclude and a.manifest.workspace is None
+        warm = a.manifest.name not in self.config.pool.exclude
         request = SandboxRequest(profile=profile, argv=(), stdin=body, run_id=sandbox_run_id(state),
                                  call_id=f"{a.call_id}.a{n}", warm=warm, on_output=output)
         binding = a.manifest.mcp
