@@ -4,7 +4,8 @@
     failures only; circuit breaker; an `execute_tool` span; the call's output streamed to the
     log as it runs, ringfence_server.control.orchestration.live_output) -> completion event (after the tool
     returned, never before) -> the tool's declared outputs collected (ringfence_server.control.files) -> result
-    guardrail -> the observation (returned, appended by the caller)
+    guardrail -> the observation (appended in the completion's own write, or, for parallel reads,
+by the caller in batch order)
 
 "Writes" are the calls of `ToolManifest.serial` tools: those that mutate, and those that write
 the run's workspace. A workspace tool gets the run's workspace mounted at /workspace (read-only
@@ -41,8 +42,10 @@ from ringfence_server.control.events import (
     ArtifactCollected,
     AttemptFinished,
     CallCompleted,
+    CallObserved,
     DispatchStarted,
     EgressDecided,
+    EventPayload,
     ResultGuard,
     payload_of,
 )
@@ -155,8 +158,9 @@ class Dispatcher:
                     # Handed to each worker explicitly: pool threads start with an empty context.
                     group = otel_context.get_current()
                     if len(reads) == 1:
-                        # One read: no thread hand-off to pay for.
-                        completions = [self.dispatch(state, reads[0], group)]
+                        # One read: no thread hand-off to pay for, and its observation goes in
+                        # its completion's write.
+                        out[reads[0].call_id] = self.dispatch(state, reads[0], group, observe=True)
                     else:
                         width = threading.BoundedSemaphore(self.config.limits.max_parallel_reads)
 
@@ -166,20 +170,32 @@ class Dispatcher:
 
                         futures = [self._pool.submit(bounded, a) for a in reads]
                         completions = [f.result() for f in futures]
-                for a, completion in zip(reads, completions, strict=True):  # one completion per read
-                    out[a.call_id] = self.repo.observe(state, completion)
+                        for a, completion in zip(reads, completions, strict=True):  # in batch order
+                            out[a.call_id] = self.repo.observe(state, completion)
             for a in writes:
-                out[a.call_id] = self.repo.observe(state, self.dispatch(state, a, ctx))
+                out[a.call_id] = self.dispatch(state, a, ctx, observe=True)
         return out
 
-    def dispatch(self, state: RunState, a: Admitted, ctx: otel_context.Context) -> Observation:
-        """Run one admitted call; returns its observation (not yet appended)."""
+    def dispatch(self, state: RunState, a: Admitted, ctx: otel_context.Context, *,
+                 observe: bool = False) -> Observation:
+        """Run one admitted call; returns its observation, not yet appended unless `observe`:
+        then it is appended, for a completed call in the completion's own durable write (group
+        commit). Parallel reads leave it to the caller, which appends their observations in
+        batch order."""
+        obs, observed = self._dispatch(state, a, ctx, observe)
+        if observe and not observed:
+            return self.repo.observe(state, obs)
+        return obs
+
+    def _dispatch(self, state: RunState, a: Admitted, ctx: otel_context.Context,
+                  observe: bool) -> tuple[Observation, bool]:
+        """dispatch's work: the observation, and whether it was appended already."""
         manifest = a.manifest
         stop = self.stops.get(state)
         if stop is not None:
             return Observation(a.call_id, manifest.name, ObservationStatus.HALTED, False,
                                error=f"{stop.reason}; this call never ran", error_class=stop.outcome.value,
-                               verdict_path=(*a.path, f"run:{stop.outcome.value}"), approval_id=a.approval_id)
+                               verdict_path=(*a.path, f"run:{stop.outcome.value}"), approval_id=a.approval_id), False
         key = a.recorded_key or self.key_for(state, manifest, a.arguments, a.client_key)
         if key is not None and key in state.completions and a.client_key is None:
             # 8 idempotency: recorded completion -> the stored result, no dispatch. Only for a
@@ -188,7 +204,7 @@ class Dispatcher:
             # exactly as in a later one (other arguments: refused, never a stored result).
             trace.get_current_span(ctx).add_event("idempotency.hit", {
                 "gen_ai.tool.name": manifest.name, "gen_ai.tool.call.id": a.call_id})
-            return self._deduplicated(a, state.completions[key]["content"])
+            return self._deduplicated(a, state.completions[key]["content"]), False
         claim: list[str] = []
         if a.client_key is not None and key is not None and not self._holds_client_key(state, a.call_id, key):
             # A client key spans the tenant's runs: the store holds it, with the call that used it.
@@ -196,9 +212,9 @@ class Dispatcher:
             earlier = self._holder_verdict(holder, events, signature(manifest.name, a.arguments))
             if isinstance(earlier, Observation):
                 return replace(earlier, call_id=a.call_id, verdict_path=a.path + earlier.verdict_path,
-                               approval_id=a.approval_id)
+                               approval_id=a.approval_id), False
             if holder is not None:
-                return self._deduplicated(a, earlier)
+                return self._deduplicated(a, earlier), False
             claim = [name]
         if manifest.workspace is not None and state.live_volume is None:
             # Admission refuses these; this is the same rule for a call that reaches dispatch
@@ -206,13 +222,13 @@ class Dispatcher:
             return Observation(a.call_id, manifest.name, ObservationStatus.DENIED, False,
                                error=f"{manifest.name} uses the run's workspace, and this run has none (any more)",
                                error_class="no_workspace", verdict_path=(*a.path, "workspace:none"),
-                               approval_id=a.approval_id)
+                               approval_id=a.approval_id), False
         breaker = self._breaker(manifest.name)
         if not breaker.allow():
             return Observation(a.call_id, manifest.name, ObservationStatus.DENIED, False,
                                error=f"circuit open for {manifest.name}: too many recent failures",
                                error_class=FailureClass.CIRCUIT_OPEN.value,
-                               verdict_path=(*a.path, "breaker:open"), approval_id=a.approval_id)
+                               verdict_path=(*a.path, "breaker:open"), approval_id=a.approval_id), False
         try:
             self.repo.append(state, DispatchStarted(
                 call_id=a.call_id, tool=manifest.name, mutates=manifest.mutates, idempotency_key=key,
@@ -231,8 +247,8 @@ class Dispatcher:
                 earlier = _in_doubt(manifest.name)
             if isinstance(earlier, Observation):
                 return replace(earlier, call_id=a.call_id, verdict_path=a.path + earlier.verdict_path,
-                               approval_id=a.approval_id)
-            return self._deduplicated(a, earlier)
+                               approval_id=a.approval_id), False
+            return self._deduplicated(a, earlier), False
         profile = self.profile(manifest, state)
         # The parent is the argument, never the thread's current context: on a pool thread
         # there is none, and the span would float free as a root of its own.
@@ -299,12 +315,19 @@ class Dispatcher:
             error=None if final.ok else guardrails.redact((final.message or str(final.failure))[:2000]),
             error_class=final.failure.value if final.failure else None,
             attempts=attempts, cost=manifest.cost * attempts, executed=executed)
-        self.repo.append_all(state, [*((e, ()) for e in unwritten), (completion, ())])
-        crash_point("after_completion", manifest.name)
-        if final.ok and manifest.outputs:
-            self._collect_outputs(state, a.call_id, manifest)
         # 11 result guardrail, then the observation
-        return completion_observation(completion, a.path, a.approval_id)
+        observation = completion_observation(completion, a.path, a.approval_id)
+        collects = final.ok and bool(manifest.outputs)  # the artifacts' event comes between the two
+        settled: list[tuple[EventPayload, tuple[str, ...]]] = [*((e, ()) for e in unwritten), (completion, ())]
+        if observe and not collects:
+            settled.append((CallObserved.of(observation), ()))
+        self.repo.append_all(state, settled)
+        crash_point("after_completion", manifest.name)
+        if collects:
+            self._collect_outputs(state, a.call_id, manifest)
+        if observe and not collects:
+            return state.trajectory[a.call_id], True
+        return observation, False
 
     def _collect_outputs(self, state: RunState, call_id: str, manifest: ToolManifest) -> None:
         """The tool's declared outputs into the run's artifacts (an `artifact_collected` event).
