@@ -20,19 +20,20 @@ How many are ready follows demand. Each shape keeps `size` ready when it is quie
 that found none ready (a miss, or a claim that had to wait) raises that shape's target by one,
 up to `max_size`, for DEMAND_WINDOW_S: after a burst, the next burst finds more ready.
 
-One refill thread creates one container at a time (container churn is CPU-bound: on two cores a
-second creator would compete with the live calls it is meant to speed up), and it gives way to
-the calls (`load()`, the backend's count of what runs now):
+Refill threads (MAKERS: one per CPU, at most four) make containers, since making one is mostly
+the engine's CPU work, and they give way to the calls (`load()`, the backend's count of what
+runs now):
 
     a cold start is running          no refill: the two would fight for the same CPUs
-    warm calls are running           refill only a shape with none ready (its next call would
-                                     otherwise go cold); a shape with one to spare waits
+    warm calls are running           refill a shape with none ready (its next call would
+                                     otherwise go cold) or under demand (its target raised by
+                                     recent shortfalls); a quiet shape with one to spare waits
     nothing runs                     refill
 
 A claim that finds none ready while a container of its shape is being made waits for it (it is
 ready sooner than a cold start, which is the same work begun later), one waiter per container
 being made, first come first served, never longer than twice the recent time to make one; a
-miss with nothing being made goes cold at once.
+miss with no container of its shape being made for it goes cold at once.
 
 A shape is kept warm once a call has asked for it (a miss registers it); shapes not asked for
 in `idle_s` are let go, the least recently used first past `max_shapes`. A ready container older
@@ -51,6 +52,7 @@ import hashlib
 import inspect
 import json
 import logging
+import os
 import select
 import socket
 import threading
@@ -103,6 +105,9 @@ class PoolSettings:
 DEMAND_WINDOW_S = 60.0
 # The time to make a container, assumed until one was made (a hardened start on two cores).
 FIRST_MAKE_S = 0.5
+# Refill threads, so containers made at once: one per CPU (the engine's work to make one is
+# mostly CPU), at most four (past that the engine's own locks, not the CPUs, are the limit).
+MAKERS = max(1, min(4, os.cpu_count() or 1))
 
 
 @dataclass(frozen=True)
@@ -175,13 +180,15 @@ class WarmPool(Generic[K, S]):
         self._closed = False
         self._counts = {"claims": 0, "misses": 0, "waited": 0, "created": 0, "discarded": 0, "failures": 0}
         self._shortfalls: dict[K, list[float]] = {}  # key -> when a call found none ready
-        self._making: K | None = None  # the shape the refill is making one of now
+        self._making: dict[K, int] = {}  # shape -> how many the refill threads are making now
         self._waiters: dict[K, list[object]] = {}  # key -> claims waiting for it, first come first
         self._make_s = FIRST_MAKE_S  # recent time to make one (moving average)
         self._forgetting: set[K] = set()  # shapes forget() is letting go of now
         self._pending_drop: list[Warm] = []  # collected under the lock, removed outside it
-        self._thread = threading.Thread(target=self._refill, name="rf-pool", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._refill, name=f"rf-pool-{n}", daemon=True)
+                         for n in range(MAKERS)]
+        for thread in self._threads:
+            thread.start()
 
     # -- the calls' side -------------------------------------------------------------------
 
@@ -202,7 +209,7 @@ class WarmPool(Generic[K, S]):
             # Claims already waiting for this shape come first.
             spare = len(self._ready.get(key, [])) > len(self._waiters.get(key, []))
             found = self._take(key, stale) if spare else None
-            waited = found is None and self._making == key and not self._waiters.get(key)
+            waited = found is None and self._making.get(key, 0) > len(self._waiters.get(key, []))
             if waited:
                 found = self._wait_for_make(key, stale)
             if found is None or waited:
@@ -246,7 +253,7 @@ class WarmPool(Generic[K, S]):
                     found = self._take(key, stale)
                     if found is not None:
                         return found
-                if self._making != key:
+                if not self._making.get(key) and not self._ready.get(key):
                     return None  # made and taken by an earlier claim, or the make failed
                 left = give_up - time.monotonic()
                 if left <= 0:
@@ -285,7 +292,7 @@ class WarmPool(Generic[K, S]):
             self._forgetting |= keys  # one being made now is handed to us, not dropped by the refill
             try:
                 give_up = time.monotonic() + 2 * self._make_s + 5
-                while self._making in keys and time.monotonic() < give_up:
+                while any(self._making.get(k) for k in keys) and time.monotonic() < give_up:
                     self._lock.wait(0.1)
                 drops += [w for key in keys for w in self._ready.pop(key, [])]  # made meanwhile
             finally:
@@ -334,7 +341,8 @@ class WarmPool(Generic[K, S]):
             drained = [w for ready in self._ready.values() for w in ready]
             self._ready.clear()
             self._lock.notify_all()
-        self._thread.join(60)
+        for thread in self._threads:
+            thread.join(60)
         for w in drained:
             self._drop(w)
 
@@ -376,18 +384,28 @@ class WarmPool(Generic[K, S]):
                 ready.remove(w)
                 self._pending_drop.append(w)
         for key in reversed(self._shapes):
-            if len(self._ready.get(key, [])) < self.target(key):
+            if len(self._ready.get(key, [])) + self._making.get(key, 0) < self.target(key):
                 return key, self._shapes[key][0]
         return None
 
+    def _made(self, key: K) -> None:
+        """One make of the shape ended (made or failed). Under the lock."""
+        left = self._making.get(key, 0) - 1
+        if left > 0:
+            self._making[key] = left
+        else:
+            self._making.pop(key, None)
+
     def _may_make(self, key: K) -> bool:
         """Whether the refill may make one of the shape now: never beside a cold start (the two
-        would fight for the CPUs), beside warm calls only when the shape has none ready. Under
-        the lock."""
+        would fight for the CPUs), nor past MAKERS at once; beside warm calls only when the
+        shape has none ready or is under demand. Under the lock."""
         load = self._load()
-        if load.cold > 0:
+        if load.cold > 0 or sum(self._making.values()) >= MAKERS:
             return False
-        return load.calls == 0 or not self._ready.get(key)
+        # Under demand (recent shortfalls raised the target) calls come faster than a quiet
+        # refill keeps up with: then it makes beside the calls too.
+        return load.calls == 0 or not self._ready.get(key) or self.target(key) > self.settings.size
 
     def _refill(self) -> None:
         while True:
@@ -404,7 +422,7 @@ class WarmPool(Generic[K, S]):
                 if job is not None and not self._may_make(job[0]):
                     job = None  # woken for the drops only
                 if job is not None:
-                    self._making = job[0]
+                    self._making[job[0]] = self._making.get(job[0], 0) + 1
             for w in drops:
                 self._drop(w)
             if job is None:
@@ -416,13 +434,13 @@ class WarmPool(Generic[K, S]):
             except Exception:
                 log.warning("could not start a warm container", exc_info=True)
                 with self._lock:
-                    self._making = None
+                    self._made(key)
                     self._counts["failures"] += 1
                     self._lock.notify_all()  # a claim waiting for it goes cold now
                     self._lock.wait(2.0)  # not a hot loop against a failing engine
                 continue
             with self._lock:
-                self._making = None
+                self._made(key)
                 self._make_s = 0.8 * self._make_s + 0.2 * (time.monotonic() - started)
                 self._counts["created"] += 1
                 if key in self._forgetting:

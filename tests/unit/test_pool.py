@@ -32,12 +32,15 @@ class Engine:
         self.fail = False
         self.gate: threading.Event | None = None  # set: make() waits for it (a slow engine)
         self.making = threading.Event()
+        self.begun = 0  # makes begun (made: those that ended)
         self.lock = threading.Lock()
 
     def shape(self, request):
         return (request, "shape") if request != "unpoolable" else None
 
     def make(self, key, spec) -> Warm:
+        with self.lock:
+            self.begun += 1
         self.making.set()
         if self.gate is not None:
             assert self.gate.wait(10)
@@ -195,7 +198,8 @@ def test_beside_warm_calls_only_an_empty_shape_is_refilled(engine):
         pool.close()
 
 
-def test_a_claim_waits_for_the_container_being_made_first_come_first_served(engine):
+def test_a_claim_waits_for_the_container_being_made_first_come_first_served(engine, monkeypatch):
+    monkeypatch.setattr(pool_module, "MAKERS", 1)  # one make at a time: so one waiter
     engine.gate = threading.Event()
     pool = pool_of(engine, size=1)
     try:
@@ -214,6 +218,33 @@ def test_a_claim_waits_for_the_container_being_made_first_come_first_served(engi
         assert got and got[0] is not None and got[0].container == 1
         stats = pool.stats()
         assert stats["waited"] == 1 and stats["claims"] == 1 and stats["misses"] == 2
+    finally:
+        engine.gate.set()
+        pool.close()
+
+
+def test_as_many_claims_wait_as_containers_are_being_made(engine, monkeypatch):
+    monkeypatch.setattr(pool_module, "MAKERS", 2)
+    engine.gate = threading.Event()
+    pool = pool_of(engine, size=2)
+    try:
+        pool.prewarm("a")
+        deadline = time.monotonic() + 5
+        while engine.begun < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert engine.begun == 2  # two at once, both held by the gate
+        got: list = []
+        waiters = [threading.Thread(target=lambda: got.append(pool.claim("a"))) for _ in range(2)]
+        for t in waiters:
+            t.start()
+        while pool.stats()["waited"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pool.stats()["waited"] == 2
+        assert pool.claim("a") is None  # a third: nothing more being made for it
+        engine.gate.set()
+        for t in waiters:
+            t.join(5)
+        assert sorted(w.container for w in got) == [1, 2]
     finally:
         engine.gate.set()
         pool.close()
