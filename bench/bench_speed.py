@@ -20,7 +20,8 @@ the tool runner (the image's own command under tini) reads the dispatcher's requ
                  server (Orchestrator + SQLite event log + DockerBackend, no pool). The run is
                  started before the clock starts; the latency is the SubmitBatch round trip.
     warm         the same with the warm pool on, waiting (untimed) for the pool to be full
-                 before each call: each call claims a ready container (steady state).
+                 and then the floor's half second before each call: each call claims a ready
+                 container whose runner waits on stdin (steady state).
     warm_busy    the same pool, back-to-back calls with no waiting: what a burst sees.
     epicbox      the same runner in the same image by `epicbox.run` (a container per run), from a
                  venv of its own (bench/epicbox_child.py; `make bench` makes .bench-epicbox-venv),
@@ -271,7 +272,8 @@ def _extra_lines(results: dict) -> list[str]:
             f"warm {_fmt(results.get('throughput_warm_calls_per_s'), 2)}/s "
             f"(x{_fmt(results.get('throughput_ratio_warm'), 2)})")
     if results.get("overhead_events_per_call") is not None:
-        lines.append(f"overhead: {results['overhead_events_per_call']} events appended per one-call batch; "
+        lines.append(f"overhead: {results['overhead_events_per_call']} events appended per one-call batch in "
+                     f"{results.get('overhead_writes_per_call')} durable writes; "
                      f"one append alone p50 {_ms(results.get('append_p50_ms'))} ms")
     if results.get("concurrency_bare_ms"):
         lines.append(f"concurrency ({results.get('concurrency_clients')} clients at once, sorted ms):")
@@ -877,6 +879,10 @@ class Bench:
                 def refill(i: int) -> None:
                     if not pool.wait_filled(timeout_s=60):
                         unfilled[0] += 1
+                    # The floor's allowance: a container the refill just started still boots its
+                    # runner (some 100 ms of CPU) and the last call's container is being removed;
+                    # in steady state both are long done when a call claims one.
+                    time.sleep(READY_WAIT_S)
 
                 refill(-1)
                 before = pool.stats()
@@ -943,8 +949,11 @@ class Bench:
                 runs = cp.new_runs(c, self.args.overhead_calls, "ovh")
                 self.record("overhead", timed_sequence(len(runs), lambda i: submit_echo(c, runs[i])))
                 self.record("rpc_floor", timed_sequence(len(runs), lambda i: c.get_run(runs[i])))
-                # Durable appends behind one measured call: the run's log minus its run_started.
-                self.results["overhead_events_per_call"] = len(cp.store.read(runs[0])) - 1
+                # Durable appends behind one measured call: the run's log minus its run_started,
+                # and the writes they took (group commit: events of one write share its `at`).
+                events = cp.store.read(runs[0])[1:]
+                self.results["overhead_events_per_call"] = len(events)
+                self.results["overhead_writes_per_call"] = len({e.at for e in events})
         finally:
             cp.close()
         # One durable append alone (SQLite, WAL, synchronous=FULL: an fsync each), on the same

@@ -23,3 +23,12 @@ def test_an_unexpected_error_does_not_stop_the_removals():
         remover.later(SimpleNamespace(id=name))
     remover.close()  # drains the queue before the thread ends
     assert removed == ["a", "c"]
+
+
+def test_close_removes_what_waits_for_its_grace_at_once():
+    """A removal waits its grace (the call's reply goes first); close() does not wait for it."""
+    removed: list[str] = []
+    remover = Remover(lambda c: removed.append(c.id), grace_s=3600)
+    remover.later(SimpleNamespace(id="a"))
+    remover.close(timeout_s=30)
+    assert removed == ["a"]
