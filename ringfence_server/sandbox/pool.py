@@ -238,9 +238,9 @@ class WarmPool(Generic[K, S]):
         return None
 
     def _wait_for_make(self, key: K, stale: list[Warm]) -> Warm | None:
-        """Wait for the container being made now (this claim its only waiter): ready sooner
-        than a cold start, which would begin the same work later. None when it failed, went
-        to the shape's ready list's earlier claimer, or took past twice the usual time. Under
+        """Wait for a container of the shape being made now (one waiter per make in progress,
+        served in the order they came): ready sooner than a cold start, which would begin the
+        same work later. None when the makes failed, or took past twice the usual time. Under
         the lock (released while waiting)."""
         ticket = object()
         waiters = self._waiters.setdefault(key, [])
