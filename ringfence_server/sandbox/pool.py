@@ -20,20 +20,23 @@ How many are ready follows demand. Each shape keeps `size` ready when it is quie
 that found none ready (a miss, or a claim that had to wait) raises that shape's target by one,
 up to `max_size`, for DEMAND_WINDOW_S: after a burst, the next burst finds more ready.
 
-Refill threads (MAKERS: one per CPU, at most four) make containers, since making one is mostly
-the engine's CPU work, and they give way to the calls (`load()`, the backend's count of what
-runs now):
+Refill threads (MAKERS: one per CPU and one more, at most four) make containers, since making
+one is mostly the engine's CPU work, and they give way to the calls (`load()`, the backend's
+count of what runs now):
 
-    a cold start is running          no refill: the two would fight for the same CPUs
+    MAKERS containers are starting   no refill: cold starts and makes share MAKERS starts
+                                     at once, or they fight for the same CPUs
     warm calls are running           refill a shape with none ready (its next call would
                                      otherwise go cold) or under demand (its target raised by
                                      recent shortfalls); a quiet shape with one to spare waits
     nothing runs                     refill
 
-A claim that finds none ready while a container of its shape is being made waits for it (it is
-ready sooner than a cold start, which is the same work begun later), one waiter per container
-being made, first come first served, never longer than twice the recent time to make one; a
-miss with no container of its shape being made for it goes cold at once.
+A claim that finds none ready waits for the pool, first come first served, when a container of
+its shape is being made for it (ready sooner than a cold start, the same work begun later) or
+when the engine already starts MAKERS containers (a cold start would only share the CPUs with
+the work ahead of it: in a burst, queueing finishes the first calls early instead of every call
+late); each waiter raises the target, so the refill makes one for it. It waits no longer than
+its place in the queue should take; otherwise, and when the engine has room, it goes cold.
 
 A shape is kept warm once a call has asked for it (a miss registers it); shapes not asked for
 in `idle_s` are let go, the least recently used first past `max_shapes`. A ready container older
@@ -105,9 +108,11 @@ class PoolSettings:
 DEMAND_WINDOW_S = 60.0
 # The time to make a container, assumed until one was made (a hardened start on two cores).
 FIRST_MAKE_S = 0.5
-# Refill threads, so containers made at once: one per CPU (the engine's work to make one is
-# mostly CPU), at most four (past that the engine's own locks, not the CPUs, are the limit).
-MAKERS = max(1, min(4, os.cpu_count() or 1))
+# Container starts at once, cold or for the pool, and so refill threads: one per CPU and one more
+# (a start is mostly the engine's CPU work, with waits on the kernel between: a 20-call burst on
+# two cores ended sooner, first and last call alike, with three than with two or four; see the
+# closing note of issue 28), at most four (past that the engine's own locks are the limit).
+MAKERS = max(1, min(4, (os.cpu_count() or 1) + 1))
 
 
 @dataclass(frozen=True)
@@ -209,11 +214,12 @@ class WarmPool(Generic[K, S]):
             # Claims already waiting for this shape come first.
             spare = len(self._ready.get(key, [])) > len(self._waiters.get(key, []))
             found = self._take(key, stale) if spare else None
-            waited = found is None and self._making.get(key, 0) > len(self._waiters.get(key, []))
+            waited = found is None and self._should_wait(key)
+            if found is None:
+                self._shortfall(key)  # now: the refill makes one for a waiter at once
             if waited:
+                self._lock.notify_all()
                 found = self._wait_for_make(key, stale)
-            if found is None or waited:
-                self._shortfall(key)
             self._counts["claims" if found is not None else "misses"] += 1
             self._lock.notify_all()
         for w in stale:
@@ -237,24 +243,37 @@ class WarmPool(Generic[K, S]):
             stale.append(candidate)
         return None
 
+    def _should_wait(self, key: K) -> bool:
+        """A claim that found none ready: wait for the pool rather than start cold when a
+        container of its shape is being made for it, or when the engine already starts as many
+        containers as there are makers (a cold start now would only share the CPUs with the
+        work queued before it, and finish later than that work). Under the lock."""
+        waiting = len(self._waiters.get(key, []))
+        if self._making.get(key, 0) > waiting:
+            return True
+        return self._load().cold + sum(self._making.values()) >= MAKERS
+
     def _wait_for_make(self, key: K, stale: list[Warm]) -> Warm | None:
-        """Wait for a container of the shape being made now (one waiter per make in progress,
-        served in the order they came): ready sooner than a cold start, which would begin the
-        same work later. None when the makes failed, or took past twice the usual time. Under
-        the lock (released while waiting)."""
+        """Wait, first come first served, for a container of the shape: the refill makes one
+        per waiter (each raised the shape's target). None when a make failed meanwhile, or
+        past the time its place in the queue should take (two makes' time per round of
+        MAKERS ahead of it, and two more): then the caller starts one cold. Under the lock
+        (released while waiting)."""
         ticket = object()
         waiters = self._waiters.setdefault(key, [])
+        ahead = len(waiters)
         waiters.append(ticket)
         self._counts["waited"] += 1
-        give_up = time.monotonic() + 2 * self._make_s + 0.1
+        failures = self._counts["failures"]
+        give_up = time.monotonic() + (ahead // MAKERS + 2) * 2 * self._make_s + 0.1
         try:
             while not self._closed:
                 if waiters[0] is ticket:
                     found = self._take(key, stale)
                     if found is not None:
                         return found
-                if not self._making.get(key) and not self._ready.get(key):
-                    return None  # made and taken by an earlier claim, or the make failed
+                if self._counts["failures"] > failures:
+                    return None  # the engine failed to make one: go cold (it may say why)
                 left = give_up - time.monotonic()
                 if left <= 0:
                     return None
@@ -264,6 +283,7 @@ class WarmPool(Generic[K, S]):
             waiters.remove(ticket)
             if not waiters:
                 self._waiters.pop(key, None)
+            self._lock.notify_all()  # the next waiter may be first now
 
     def _shortfall(self, key: K) -> None:
         """A call of the shape found none ready: its target rises for DEMAND_WINDOW_S."""
@@ -384,7 +404,8 @@ class WarmPool(Generic[K, S]):
                 ready.remove(w)
                 self._pending_drop.append(w)
         for key in reversed(self._shapes):
-            if len(self._ready.get(key, [])) + self._making.get(key, 0) < self.target(key):
+            wanted = max(self.target(key), len(self._waiters.get(key, [])))
+            if len(self._ready.get(key, [])) + self._making.get(key, 0) < wanted:
                 return key, self._shapes[key][0]
         return None
 
@@ -397,12 +418,12 @@ class WarmPool(Generic[K, S]):
             self._making.pop(key, None)
 
     def _may_make(self, key: K) -> bool:
-        """Whether the refill may make one of the shape now: never beside a cold start (the two
-        would fight for the CPUs), nor past MAKERS at once; beside warm calls only when the
-        shape has none ready or is under demand. Under the lock."""
+        """Whether the refill may make one of the shape now: never when cold starts and makes
+        already number MAKERS (they would fight for the same CPUs); beside warm calls only when
+        the shape has none ready or is under demand. Under the lock."""
         load = self._load()
-        if load.cold > 0 or sum(self._making.values()) >= MAKERS:
-            return False
+        if load.cold + sum(self._making.values()) >= MAKERS:
+            return False  # one container start per maker at once, cold or for the pool
         # Under demand (recent shortfalls raised the target) calls come faster than a quiet
         # refill keeps up with: then it makes beside the calls too.
         return load.calls == 0 or not self._ready.get(key) or self.target(key) > self.settings.size

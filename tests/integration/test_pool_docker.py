@@ -543,7 +543,8 @@ def test_a_burst_the_pool_could_not_serve_grows_it_and_the_next_burst_is_warm(po
     assert all(r.outcome is Outcome.OK and r.stdout == b"burst\n" for r in first)
     after_first = b.pool.stats()
     # One ready: one claim; the other three found none (a miss, or a wait for the one being made).
-    assert after_first["claims"] + after_first["misses"] == 4 and after_first["misses"] >= 2
+    # One was ready: the other three found none (each went cold, or queued for the pool).
+    assert after_first["claims"] + after_first["misses"] == 4
     assert after_first["target"] == 3  # 1 + the shortfalls, capped at max_size
     assert b.pool.wait_filled(120) and b.pool.stats()["ready"] == 3
     claimed_before = len(b.claimed)
@@ -553,29 +554,35 @@ def test_a_burst_the_pool_could_not_serve_grows_it_and_the_next_burst_is_warm(po
     assert len(b.claimed) == claimed_before + 3 and set(b.claimed[-3:]) <= set(b.made)
 
 
-def test_the_refill_never_begins_beside_a_cold_start(pooled):
+def test_the_refill_never_begins_while_the_engine_starts_a_container_per_maker(pooled):
+    """Cold starts and the pool's makes share one container start per maker (pool.MAKERS, one
+    per CPU): with that many cold starts held in their create, nothing is made."""
+    from ringfence_server.sandbox import pool as pool_module
+
+    makers = pool_module.MAKERS
     b = pooled(size=1)
     b.cold_gate = threading.Event()
-    cold = [request_for(["python3", "-c", "print('cold')"], run=run_id(f"cold-{i}"), warm=False) for i in range(2)]
+    cold = [request_for(["python3", "-c", "print('cold')"], run=run_id(f"cold-{i}"), warm=False)
+            for i in range(makers)]
     results: list = []
     threads = [threading.Thread(target=lambda r=r: results.append(b.run(r))) for r in cold]
     try:
         for t in threads:
             t.start()
         deadline = time.monotonic() + 30
-        while b._load().cold < 2 and time.monotonic() < deadline:
+        while b._load().cold < makers and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert b._load().cold == 2
+        assert b._load().cold == makers
         b.pool.prewarm(request_for(["python3", "-c", "print('warm')"]))  # a shape with none ready
         assert not b.pool.wait_filled(1.5)
-        assert b.made == []  # not begun while the two cold starts hold the engine
+        assert b.made == []  # not begun while the cold starts hold every maker's CPU
     finally:
         b.cold_gate.set()
         for t in threads:
             t.join(120)
-    assert [r.outcome for r in results] == [Outcome.OK, Outcome.OK]
+    assert [r.outcome for r in results] == [Outcome.OK] * makers
     assert b.pool.wait_filled(90) and len(b.made) >= 1
-    assert set(b.making) == {0}  # every make began with no cold start running
+    assert max(b.making) < makers  # every make began with a CPU free of cold starts
 
 
 # -- a run's workspace ----------------------------------------------------------------------------

@@ -163,15 +163,23 @@ def test_the_least_recently_used_shape_is_let_go(engine):
         pool.close()
 
 
-def test_the_refill_gives_way_to_a_cold_start(engine):
-    engine.load = Load(calls=1, cold=1)
+def test_the_refill_waits_while_the_engine_starts_a_container_per_maker(engine, monkeypatch):
+    monkeypatch.setattr(pool_module, "MAKERS", 2)
+    engine.load = Load(calls=2, cold=2)  # two cold starts: every maker's CPU taken
     pool = pool_of(engine, size=2)
     try:
-        pool.prewarm("a")  # nothing ready: still no make beside a cold start
+        pool.prewarm("a")  # nothing ready: still no make beside them
         assert not pool.wait_filled(0.5) and engine.made == []
+        engine.load = Load(calls=1, cold=1)  # one CPU left: one make may run beside it
+        pool.nudge()
+        deadline = time.monotonic() + 5
+        while len(engine.made) < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)
+        assert len(engine.made) == 1  # and then the shape has one ready: the rest waits for the call
         engine.load = Load()
         pool.nudge()
-        assert pool.wait_filled(5) and len(engine.made) == 2
+        assert pool.wait_filled(5)
     finally:
         pool.close()
 
@@ -199,31 +207,40 @@ def test_beside_warm_calls_only_an_empty_shape_is_refilled(engine):
 
 
 def test_a_claim_waits_for_the_container_being_made_first_come_first_served(engine, monkeypatch):
-    monkeypatch.setattr(pool_module, "MAKERS", 1)  # one make at a time: so one waiter
+    monkeypatch.setattr(pool_module, "MAKERS", 1)
     engine.gate = threading.Event()
     pool = pool_of(engine, size=1)
     try:
-        assert pool.claim("a") is None  # registers the shape; the refill starts one
+        assert pool.claim("a") is None  # the engine has room: this one goes cold, and the shape is kept
         assert engine.making.wait(5)
-        got: list = []
-        waiter = threading.Thread(target=lambda: got.append(pool.claim("a")))
-        waiter.start()
-        deadline = time.monotonic() + 5
-        while pool.stats()["waited"] == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        # One waiter per container being made: a second claim goes cold at once.
-        assert pool.claim("a") is None
+        got: dict[int, object] = {}
+
+        def claim(n: int) -> None:
+            got[n] = pool.claim("a")
+
+        waiters = []
+        for n in (1, 2):  # the first waits for the make under way, the second behind it (the
+            waiters.append(threading.Thread(target=claim, args=(n,)))  # one maker is busy)
+            waiters[-1].start()
+            deadline = time.monotonic() + 5
+            while pool.stats()["waited"] < n and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert pool.stats()["waited"] == n
         engine.gate.set()
-        waiter.join(5)
-        assert got and got[0] is not None and got[0].container == 1
+        for t in waiters:
+            t.join(10)
+        assert got[1] is not None and got[2] is not None
+        assert (got[1].container, got[2].container) == (1, 2)  # in the order they came
         stats = pool.stats()
-        assert stats["waited"] == 1 and stats["claims"] == 1 and stats["misses"] == 2
+        assert stats["waited"] == 2 and stats["claims"] == 2 and stats["misses"] == 1
     finally:
         engine.gate.set()
         pool.close()
 
 
-def test_as_many_claims_wait_as_containers_are_being_made(engine, monkeypatch):
+def test_when_the_engine_is_saturated_every_miss_queues_for_the_pool(engine, monkeypatch):
+    """Two makes under way (MAKERS 2): three claims all wait, first come first served, and the
+    refill makes the third's container when a maker is free, none goes cold."""
     monkeypatch.setattr(pool_module, "MAKERS", 2)
     engine.gate = threading.Event()
     pool = pool_of(engine, size=2)
@@ -233,18 +250,23 @@ def test_as_many_claims_wait_as_containers_are_being_made(engine, monkeypatch):
         while engine.begun < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert engine.begun == 2  # two at once, both held by the gate
-        got: list = []
-        waiters = [threading.Thread(target=lambda: got.append(pool.claim("a"))) for _ in range(2)]
-        for t in waiters:
-            t.start()
-        while pool.stats()["waited"] < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert pool.stats()["waited"] == 2
-        assert pool.claim("a") is None  # a third: nothing more being made for it
+        got: dict[int, object] = {}
+
+        def claim(n: int) -> None:
+            got[n] = pool.claim("a")
+
+        waiters = []
+        for n in (1, 2, 3):
+            waiters.append(threading.Thread(target=claim, args=(n,)))
+            waiters[-1].start()
+            while pool.stats()["waited"] < n and time.monotonic() < deadline:
+                time.sleep(0.01)
+        assert pool.stats()["waited"] == 3
         engine.gate.set()
         for t in waiters:
-            t.join(5)
-        assert sorted(w.container for w in got) == [1, 2]
+            t.join(10)
+        assert {got[1].container, got[2].container} == {1, 2} and got[3].container == 3
+        assert pool.stats()["misses"] == 0
     finally:
         engine.gate.set()
         pool.close()
@@ -271,20 +293,31 @@ def test_a_claim_waiting_for_a_make_that_fails_goes_cold(engine):
         pool.close()
 
 
-def test_the_target_follows_misses_up_to_max_size_and_falls_back(engine, monkeypatch):
+def test_the_target_follows_shortfalls_up_to_max_size_and_falls_back(engine, monkeypatch):
     monkeypatch.setattr(pool_module, "DEMAND_WINDOW_S", 0.5)
-    engine.load = Load(cold=1)  # no refill while the misses come in
+    monkeypatch.setattr(pool_module, "MAKERS", 1)
+    engine.gate = threading.Event()
     pool = pool_of(engine, size=1, max_size=3)
+    got: list = []
+    waiters = [threading.Thread(target=lambda: got.append(pool.claim("a"))) for _ in range(5)]
     try:
-        for _ in range(5):
-            assert pool.claim("a") is None
-        assert pool.stats()["target"] == 3  # 1 + 5 misses, capped at max_size
-        engine.load = Load()
-        pool.nudge()
+        assert pool.claim("a") is None  # registers the shape; the refill's first make is held
+        assert engine.making.wait(5)
+        for t in waiters:
+            t.start()
+        deadline = time.monotonic() + 5
+        while pool.stats()["waited"] < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pool.stats()["target"] == 3  # 1 + 6 shortfalls, capped at max_size
+        engine.gate.set()
+        for t in waiters:
+            t.join(20)
+        assert len(got) == 5 and all(w is not None for w in got)
         assert pool.wait_filled(5) and pool.stats()["ready"] == 3
         time.sleep(0.6)
         assert pool.stats()["target"] == 1
     finally:
+        engine.gate.set()
         pool.close()
 
 
