@@ -566,6 +566,7 @@ class DockerBackend:
         """The run ended: its MCP session sandboxes close and are removed, and so are the warm
         containers made for its workspace (before the caller removes the workspace: a volume
         that a container mounts cannot be removed)."""
+        self._inflight.end_run(run_id)
         ended = self._mcp.end_run(run_id) if self._mcp is not None else 0
         with self._run_shapes_mutex:
             shapes = self._run_shapes.pop(run_id, set())

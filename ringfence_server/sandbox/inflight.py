@@ -3,7 +3,8 @@
 A kill comes from another thread (a run's cancel or deadline, the process's SIGTERM) while the
 call's own thread creates, starts and reads its container; the call's `Progress` is where the
 two meet. Once the backend is stopping, a call that registers is marked killed at once, so
-nothing starts after a kill_all.
+nothing starts after a kill_all; likewise a call of a run that was killed (a call that was
+still creating its container, or waiting for the pool, when the kill came), until the run ends.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Inflight:
         self._calls: dict[str, dict[str, Progress]] = {}
         self._mutex = threading.Lock()
         self._stopping: str | None = None
+        self._killed_runs: dict[str, str] = {}  # run id -> why it was killed, until it ends
 
     @property
     def stopping(self) -> str | None:
@@ -51,6 +53,8 @@ class Inflight:
             self._calls.setdefault(run_id, {})[container_id] = progress
             if self._stopping is not None:
                 progress.killed_reason = self._stopping
+            elif run_id in self._killed_runs:
+                progress.killed_reason = self._killed_runs[run_id]
 
     def untrack(self, run_id: str, container_id: str) -> None:
         with self._mutex:
@@ -71,7 +75,20 @@ class Inflight:
             return [(cid, p) for calls in self._calls.values() for cid, p in calls.items()]
 
     def mark_run(self, run_id: str, reason: str) -> None:
-        """The run's calls running now are killed for `reason` (their containers by the caller)."""
+        """The run's calls running now are killed for `reason` (their containers by the caller),
+        and so is any of its calls that registers later, until `end_run`."""
         with self._mutex:
+            self._killed_runs[run_id] = reason
+            while len(self._killed_runs) > _KILLED_RUNS_KEPT:  # runs that never ended here
+                self._killed_runs.pop(next(iter(self._killed_runs)))
             for progress in self._calls.get(run_id, {}).values():
                 progress.killed_reason = reason
+
+    def end_run(self, run_id: str) -> None:
+        """The run ended: forget that it was killed."""
+        with self._mutex:
+            self._killed_runs.pop(run_id, None)
+
+
+# Killed runs remembered at most (a run that ended on another instance is never ended here).
+_KILLED_RUNS_KEPT = 10_000
