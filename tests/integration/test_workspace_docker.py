@@ -372,3 +372,105 @@ def test_a_warm_container_without_the_workspace_never_serves_a_call_with_it(work
     assert after["shapes"] == before["shapes"] + 1  # the workspace's own shape, now kept warm
     pooled.end_run("itest-ws")
     assert pooled.pool.stats()["shapes"] == before["shapes"]
+
+
+def _running(docker_client, call_id: str) -> bool:
+    found = docker_client.containers.list(filters={"label": f"{L.CALL_LABEL}={call_id}", "status": "running"})
+    return len(found) == 1
+
+
+class Listener:
+    """Records every piece it is given and, at the first, whether the call's container was
+    still running (asked of the engine) before it kills the run: a call whose output were only
+    handed over at its end would have run on (its command sleeps) and ended `ok`."""
+
+    def __init__(self, backend: DockerBackend, running) -> None:
+        self.backend = backend
+        self.running = running
+        self.pieces: list[tuple[str, bytes]] = []
+        self.running_at_first: bool | None = None
+        self.request: SandboxRequest | None = None
+
+    def __call__(self, stream: str, data: bytes) -> None:
+        self.pieces.append((stream, data))
+        if len(self.pieces) == 1:
+            assert self.request is not None
+            self.running_at_first = self.running(self.request)
+            self.backend.kill_run(self.request.run_id, "the listener saw the first piece")
+
+    def joined(self, stream: str) -> bytes:
+        return b"".join(d for s, d in self.pieces if s == stream)
+
+
+LIVE = ("sh", "-c", "echo first; sleep 60; echo never")
+
+
+def test_live_output_arrives_while_the_call_runs_cold(backend, docker_client):
+    listener = Listener(backend, lambda request: _running(docker_client, request.call_id))
+    request = SandboxRequest(profile=SandboxProfile(timeout_s=120), argv=LIVE, run_id=f"live-{uuid.uuid4().hex[:8]}",
+                             on_output=listener)
+    listener.request = request
+    result = backend.run(request)
+    assert listener.running_at_first is True
+    assert result.outcome is Outcome.KILLED and "the listener saw the first piece" in result.message
+    assert listener.joined("stdout") == result.stdout == b"first\n"
+    assert listener.joined("stderr") == result.stderr == b""
+
+
+def test_live_output_arrives_while_the_call_runs_warm(pooled, docker_client):
+    def running(request):
+        # A claimed warm container is named for its call's run (ringfence_server.sandbox.pool.claimed_name).
+        prefix = claimed_prefix(request.run_id)
+        return any((c.name or "").startswith(prefix)
+                   for c in docker_client.containers.list(filters={"name": prefix, "status": "running"}))
+
+    listener = Listener(pooled, running)
+    request = SandboxRequest(profile=SandboxProfile(timeout_s=120), argv=LIVE, run_id=f"live-{uuid.uuid4().hex[:8]}",
+                             on_output=listener)
+    listener.request = request
+    assert pooled.pool.prewarm(request) and pooled.pool.wait_filled(60)
+    before = pooled.pool.stats()["claims"]
+    result = pooled.run(request)
+    assert pooled.pool.stats()["claims"] == before + 1  # the warm path, really
+    assert listener.running_at_first is True
+    assert result.outcome is Outcome.KILLED and "the listener saw the first piece" in result.message
+    assert listener.joined("stdout") == result.stdout == b"first\n"
+
+
+@pytest.mark.parametrize("path", ["cold", "warm"])
+def test_live_output_is_exactly_the_kept_bytes(backend, pooled, path):
+    """Both streams, interleaved, over several reads; stdout past its cap: the pieces joined are
+    the result's stdout and stderr byte for byte (tini's own lines in neither)."""
+    script = ("for i in $(seq 1 200); do echo out-$i; echo err-$i >&2; done; "
+              "head -c 100000 /dev/zero | tr '\\0' z")
+    pieces: list[tuple[str, bytes]] = []
+    request = SandboxRequest(profile=SandboxProfile(stdout_limit=64 * KiB), argv=("sh", "-c", script),
+                             run_id="itest-live", on_output=lambda s, d: pieces.append((s, d)))
+    target = backend
+    if path == "warm":
+        target = pooled
+        assert pooled.pool.prewarm(request) and pooled.pool.wait_filled(60)
+    result = target.run(request)
+    assert result.outcome is Outcome.OUTPUT_LIMIT and len(result.stdout) == 64 * KiB
+    assert b"".join(d for s, d in pieces if s == "stdout") == result.stdout
+    assert b"".join(d for s, d in pieces if s == "stderr") == result.stderr
+    assert result.stdout.startswith(b"out-1\nout-2\n") and b"tini" not in result.stdout
+    assert {s for s, _ in pieces} <= {"stdout", "stderr"}
+
+
+def test_a_listener_that_raises_does_not_break_the_call(backend, caplog):
+    given: list[bytes] = []
+
+    def broken(stream: str, data: bytes) -> None:
+        given.append(data)
+        raise RuntimeError("the listener's own bug")
+
+    request = SandboxRequest(argv=("sh", "-c", "echo one; sleep 0.3; echo two >&2; sleep 0.3; echo three"),
+                             run_id="itest-live", on_output=broken)
+    with caplog.at_level(logging.WARNING, logger="ringfence.sandbox.docker"):
+        result = backend.run(request)
+    assert result.outcome is Outcome.OK
+    assert (result.stdout, result.stderr) == (b"one\nthree\n", b"two\n")
+    assert len(given) == 1  # told once, then never again
+    warnings = [r for r in caplog.records if "output listener" in r.getMessage()]
+    assert len(warnings) == 1 and "the listener's own bug" in str(warnings[0].exc_info[1])
