@@ -536,6 +536,20 @@ class FloorRunner:
             raise RuntimeError(f"floor call failed: status {status}, output {bytes(out)[-300:]!r}")
         return bytes(out)
 
+    def samples(self, calls: int) -> list[float]:
+        """`calls` timed exchanges, each with a container of its own (one more first, untimed
+        in the result: it warms caches, like bare's first run)."""
+        samples = []
+        for _ in range(calls + 1):
+            ready = self.ready()
+            try:
+                started = time.perf_counter()
+                self.call(ready)
+                samples.append(time.perf_counter() - started)
+            finally:
+                self.remove(ready)
+        return samples[1:]
+
     def remove(self, ready: tuple[str, Any, Any]) -> None:
         container_id, attach, sock = ready
         with suppress(OSError):
@@ -736,17 +750,7 @@ class Bench:
 
     # -- bare, cold, concurrency, throughput without the pool
     def run_floor(self) -> None:
-        floor = FloorRunner(self.bare)
-        samples = []
-        for _ in range(self.args.calls + 1):  # the first warms caches, like bare's
-            ready = floor.ready()
-            try:
-                started = time.perf_counter()
-                floor.call(ready)
-                samples.append(time.perf_counter() - started)
-            finally:
-                floor.remove(ready)
-        self.record("floor", samples[1:])
+        self.record("floor", FloorRunner(self.bare).samples(self.args.calls))
 
     def run_bare(self) -> None:
         self.bare.run()  # warm up caches (image, seccomp JSON)

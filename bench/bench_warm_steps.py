@@ -209,17 +209,7 @@ def measure_floor(calls: int, profile: Any) -> list[float]:
 
     client = docker.from_env(timeout=120)
     try:
-        floor = FloorRunner(BareRunner(client, load_lock().image_id("tool"), profile))
-        samples = []
-        for _ in range(calls + 1):
-            ready = floor.ready()
-            try:
-                started = time.perf_counter()
-                floor.call(ready)
-                samples.append(time.perf_counter() - started)
-            finally:
-                floor.remove(ready)
-        return samples[1:]
+        return FloorRunner(BareRunner(client, load_lock().image_id("tool"), profile)).samples(calls)
     finally:
         client.close()
 

@@ -61,7 +61,7 @@ import socket
 import threading
 import time
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypedDict, TypeVar
@@ -110,8 +110,8 @@ DEMAND_WINDOW_S = 60.0
 FIRST_MAKE_S = 0.5
 # Container starts at once, cold or for the pool, and so refill threads: one per CPU and one more
 # (a start is mostly the engine's CPU work, with waits on the kernel between: a 20-call burst on
-# two cores ended sooner, first and last call alike, with three than with two or four; see the
-# closing note of issue 28), at most four (past that the engine's own locks are the limit).
+# two cores ended sooner, first and last call alike, with three than with two or four, in
+# bench_speed's burst), at most four (past that the engine's own locks are the limit).
 MAKERS = max(1, min(4, (os.cpu_count() or 1) + 1))
 
 
@@ -184,7 +184,7 @@ class WarmPool(Generic[K, S]):
         self._shapes: OrderedDict[K, tuple[S, float]] = OrderedDict()  # key -> (spec, last asked)
         self._closed = False
         self._counts = {"claims": 0, "misses": 0, "waited": 0, "created": 0, "discarded": 0, "failures": 0}
-        self._shortfalls: dict[K, list[float]] = {}  # key -> when a call found none ready
+        self._shortfalls: dict[K, deque[float]] = {}  # key -> when a call found none ready, oldest first
         self._making: dict[K, int] = {}  # shape -> how many the refill threads are making now
         self._waiters: dict[K, list[object]] = {}  # key -> claims waiting for it, first come first
         self._make_s = FIRST_MAKE_S  # recent time to make one (moving average)
@@ -287,17 +287,19 @@ class WarmPool(Generic[K, S]):
 
     def _shortfall(self, key: K) -> None:
         """A call of the shape found none ready: its target rises for DEMAND_WINDOW_S."""
-        self._shortfalls.setdefault(key, []).append(time.monotonic())
+        self._shortfalls.setdefault(key, deque()).append(time.monotonic())
 
     def target(self, key: K) -> int:
         """How many of the shape to keep ready now: `size`, plus one per recent shortfall, up to
         `max_size`. Under the lock."""
+        recent = self._shortfalls.get(key)
+        if recent is None:
+            return self.settings.size
         now = time.monotonic()
-        recent = [t for t in self._shortfalls.get(key, []) if now - t <= DEMAND_WINDOW_S]
-        if recent:
-            self._shortfalls[key] = recent
-        else:
-            self._shortfalls.pop(key, None)
+        while recent and now - recent[0] > DEMAND_WINDOW_S:  # oldest first: drop what is past
+            recent.popleft()
+        if not recent:
+            del self._shortfalls[key]
         return min(self.settings.max_size, self.settings.size + len(recent))
 
     def forget(self, keys: set[K]) -> int:

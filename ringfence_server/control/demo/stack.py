@@ -105,9 +105,10 @@ class DemoStack:
                                     {**self.ledger.services(), **self.runbooks.services()}.items()},
                        "networks": [self.ledger.network]},
         })
-        # Its own engine client: the backend closes the client it holds. No warm pool here (yet):
-        # with serve's pool this stack made `ringfence demo --model local` time out its model's
-        # requests (2 runs of 2; 63 s and a pass without it), cause not yet found (issue 28).
+        # Its own engine client: the backend closes the client it holds. No warm pool here:
+        # with serve's pool in this stack, `ringfence demo --model local` ran past its model's
+        # request timeouts (the local model turned out slower and its proposals differed),
+        # though the pool made no container; until that is understood the stack stays cold.
         self.backend = DockerBackend(lock=self._lock, egress_settings=_egress_settings(self.config))
         es.callback(self.backend.close)  # the egress proxy goes with it
         store = open_store(self.config.db_path)
