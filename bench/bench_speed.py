@@ -38,6 +38,12 @@ the tool runner (the image's own command under tini) reads the dispatcher's requ
                  default dispatcher width (limits.max_parallel_reads)
                  and with it widened to K ("wide"); if wide ~ bare and default >> bare, the
                  limit is ours, not the engine's.
+    batch        SubmitBatch of --batch echo reads in one run (the dispatcher runs
+                 limits.max_parallel_reads of them at once), on serve's pool with its `size` ready
+                 before each batch, --batch-repeats times each way, alternating: announced (the
+                 dispatcher tells the pool the batch's reads before they claim, as it does) and
+                 unannounced (that hint switched off). Shortfalls do not raise the target here
+                 (DEMAND_WINDOW_S 0), so every batch starts from the same pool.
     memory       VmRSS of a fresh process hosting the control plane (FakeBackend, SQLite in a
                  temp dir), before and after starting 100 runs left open with one batch each.
 
@@ -91,7 +97,8 @@ ECHO_STDOUT = b'{"ok":true,"content":{"text":"hi"}}\n'  # what the runner answer
 RSS_RUNS = 100
 
 # The variants with latency samples, in plot and table order.
-LATENCY_VARIANTS = ("floor", "bare", "cold", "warm", "warm_busy", "epicbox", "overhead", "rpc_floor", "append")
+LATENCY_VARIANTS = ("floor", "bare", "cold", "warm", "warm_busy", "epicbox", "overhead", "rpc_floor", "append",
+                    "batch_announced", "batch_unannounced")
 EPICBOX_PYTHON = ROOT / ".bench-epicbox-venv" / "bin" / "python"
 CONCURRENCY_VARIANTS = ("concurrency_bare", "concurrency_ours", "concurrency_wide")
 
@@ -288,7 +295,10 @@ def _extra_lines(results: dict) -> list[str]:
         lines.append(f"memory: control-plane RSS {_fmt(results.get('rss_mb_before'))} MB before, "
                      f"{_fmt(results.get('rss_mb_100_runs'))} MB with {RSS_RUNS} live runs "
                      f"(peak {_fmt(results.get('rss_mb_peak'))} MB, {results.get('rss_threads')} threads)")
-    for key in ("pool_warm", "pool_warm_busy", "pool_throughput", "pool_concurrency_ours", "pool_concurrency_wide"):
+    if results.get("batch_announced_ratio") is not None:
+        lines.append(f"batch of reads: announced p50 / unannounced p50 x{_fmt(results['batch_announced_ratio'], 2)}")
+    for key in ("pool_warm", "pool_warm_busy", "pool_throughput", "pool_concurrency_ours", "pool_concurrency_wide",
+                "pool_batch_announced", "pool_batch_unannounced"):
         if results.get(key):
             lines.append(f"{key}: {json.dumps(results[key], sort_keys=True)}")
     if results.get("leftover_containers") is not None:
@@ -366,6 +376,8 @@ def finalize(results: dict) -> dict:
         out[f"concurrency_ratio_{which}"] = _round(_ratio(ours, bare))
     out["concurrency_wide_ratio_max"] = _round(_ratio(out.get("concurrency_wide_max_ms"),
                                                       out.get("concurrency_bare_max_ms")))
+    out["batch_announced_ratio"] = _round(_ratio(out.get("batch_announced_p50_ms"),
+                                                 out.get("batch_unannounced_p50_ms")))
     out["targets"] = evaluate_targets(out)
     return out
 
@@ -597,6 +609,16 @@ class ControlPlane:
             self.orchestrator.close()
             self.store.close()
             shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def submit_echoes(client, run_id: str, n: int) -> None:
+    """One batch of `n` echo reads (each its own text: the same call proposed again is a loop)."""
+    from ringfence.model import ObservationStatus
+
+    calls = [{"call_id": f"{CALL_ID}-{i}", "tool": "echo", "arguments": {"text": f"hi {i}"}} for i in range(n)]
+    for call, o in zip(calls, client.submit_batch(run_id, calls), strict=True):
+        if o.status is not ObservationStatus.EXECUTED or o.error or o.content != call["arguments"]:
+            raise RuntimeError(f"echo did not run as expected: {o}")
 
 
 def submit_echo(client, run_id: str) -> None:
@@ -923,6 +945,49 @@ class Bench:
                 cp.close()
             backend.close()
 
+    # -- a batch of reads: the pool told ahead, or not
+    def run_batch(self) -> None:
+        from ringfence_server.control.api.serve import pool_settings
+        from ringfence_server.control.config import load_config
+        from ringfence_server.sandbox import pool as pool_module
+        from ringfence_server.sandbox.docker_backend import DockerBackend
+
+        n, repeats = self.args.batch, self.args.batch_repeats
+        window = pool_module.DEMAND_WINDOW_S
+        pool_module.DEMAND_WINDOW_S = 0.0  # every batch starts from `size` ready
+        backend = DockerBackend(pool=pool_settings(load_config()))
+        announce = backend.expect
+        cp = None
+        try:
+            cp = ControlPlane(backend, self.limits)
+            samples: dict[str, list[float]] = {"batch_announced": [], "batch_unannounced": []}
+            stats: dict[str, dict] = {}
+            with cp.client() as c:
+                submit_echo(c, cp.new_runs(c, 1, "batch-warmup")[0])
+                runs = cp.new_runs(c, 2 * repeats, "batch")
+                for i, run in enumerate(runs):
+                    name = "batch_announced" if i % 2 == 0 else "batch_unannounced"
+                    backend.expect = announce if i % 2 == 0 else (lambda requests: None)  # type: ignore[method-assign]
+                    backend.pool.wait_filled(60)
+                    time.sleep(READY_WAIT_S)
+                    before = backend.pool.stats()
+                    started = time.perf_counter()
+                    submit_echoes(c, run, n)
+                    samples[name].append(time.perf_counter() - started)
+                    delta = _pool_delta(before, backend.pool.stats())
+                    total = stats.setdefault(name, {})
+                    for k in ("claims", "misses", "waited"):
+                        total[k] = total.get(k, 0) + delta[k]
+            for name, taken in samples.items():
+                self.record(name, taken)
+                self.results[f"pool_{name}"] = stats[name] | {"batch": n, "repeats": repeats}
+        finally:
+            pool_module.DEMAND_WINDOW_S = window
+            backend.expect = announce  # type: ignore[method-assign]
+            if cp is not None:
+                cp.close()
+            backend.close()
+
     # -- epicbox, from its own venv
     def run_epicbox(self) -> None:
         python = Path(self.args.epicbox_python)
@@ -1060,6 +1125,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=8, help="concurrent clients for throughput (default 8)")
     parser.add_argument("--concurrency", type=int, default=20, help="clients at once in the concurrency variant")
     parser.add_argument("--overhead-calls", type=int, default=200, help="calls on the fake backend (default 200)")
+    parser.add_argument("--batch", type=int, default=8, help="reads per batch in the batch variant (default 8)")
+    parser.add_argument("--batch-repeats", type=int, default=8, help="batches each way in the batch variant")
     parser.add_argument("--pool-size", type=int, default=2, help="warm containers per key for warm/warm_busy")
     parser.add_argument("--throughput-pool-size", type=int, default=0,
                         help="pool size for the warm throughput (default: --clients)")
@@ -1076,6 +1143,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.calls, args.throughput_calls, args.overhead_calls = min(args.calls, 5), min(args.throughput_calls, 16), 30
         args.concurrency = min(args.concurrency, 6)
+        args.batch_repeats = min(args.batch_repeats, 2)
 
     from ringfence_server.control.telemetry import configure_tracing, shutdown_tracing
 
@@ -1094,6 +1162,7 @@ def main(argv: list[str] | None = None) -> int:
             bench.phase("engine throughput (bare)", bench.throughput_engine)
             bench.phase("cold (SubmitBatch, no pool) + throughput", bench.run_cold)
             bench.phase("warm (pool) + warm_busy + throughput", bench.run_warm)
+            bench.phase("batch of reads, announced to the pool or not", bench.run_batch)
             bench.phase("epicbox (its own venv, same image)", bench.run_epicbox)
             bench.phase("overhead (fake backend)", bench.run_overhead)
             bench.phase("concurrency", bench.run_concurrency)

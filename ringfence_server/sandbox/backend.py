@@ -79,6 +79,12 @@ class SandboxBackend(Protocol):
         """Raise EngineError unless the engine answers now (the server's health checks)."""
         ...
 
+    def expect(self, requests: list[SandboxRequest]) -> None:
+        """These calls are about to run (a batch's reads, announced together before they
+        start): a backend with a warm pool makes ready containers for them ahead. A hint: it
+        never raises, and a call never announced runs the same."""
+        ...
+
     def kill_run(self, run_id: str, reason: str) -> int:
         """Kill every sandbox of `run_id` now (cancel, a run deadline); each call then ends
         `killed` with `reason`. Returns how many were killed."""

@@ -562,6 +562,20 @@ class DockerBackend:
                 pass  # it exited meanwhile
         return killed
 
+    def expect(self, requests: list[SandboxRequest]) -> None:
+        """The pool makes ahead for these calls (ringfence_server.sandbox.pool.WarmPool.expect).
+        An image the lock refuses or an engine that fails is the call's own result to report
+        when it runs, not the hint's."""
+        if self.pool is None or self._inflight.stopping is not None:
+            return
+        for request in requests:
+            if request.mcp is not None:
+                continue  # its session sandbox, never a pool container
+            try:
+                self.pool.expect(request)
+            except (ImageError, *ENGINE_ERRORS):
+                continue
+
     def end_run(self, run_id: str) -> int:
         """The run ended: its MCP session sandboxes close and are removed, and so are the warm
         containers made for its workspace (before the caller removes the workspace: a volume

@@ -44,6 +44,7 @@ class FakeBackend:
         self.requests: list[SandboxRequest] = []
         self.kills: list[tuple[str, str]] = []
         self.ended_runs: list[str] = []
+        self.expected: list[list[SandboxRequest]] = []  # each expect()'s calls, in order
         self.closed = False
         # Health: while this holds an error message, ping() raises it as the engine's failure.
         self.unhealthy: str | None = None
@@ -69,6 +70,11 @@ class FakeBackend:
     def ping(self) -> None:
         if self.unhealthy is not None:
             raise EngineError(self.unhealthy)
+
+    def expect(self, requests: list[SandboxRequest]) -> None:
+        """Records the announcement (the real backend's pool makes ahead for it)."""
+        with self._lock:
+            self.expected.append(list(requests))
 
     def kill_all(self, reason: str) -> int:
         with self._lock:

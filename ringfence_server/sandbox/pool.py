@@ -10,6 +10,8 @@ state, file or process of one call can reach another.
                                           demand, and how long one may wait
     pool.claim(request) -> Warm | None   None: none ready (the caller starts one cold)
     pool.prewarm(request)                 fill the request's shape ahead of its first call
+    pool.expect(request)                  one call of this shape is about to claim (a batch's
+                                          reads announced together): made for ahead of it
     pool.wait_filled(timeout_s) -> bool
     pool.forget(keys)                     let go of shapes now (a run's workspace, at its end)
     pool.nudge()                          a call ended: the refill looks again
@@ -18,7 +20,11 @@ state, file or process of one call can reach another.
 
 How many are ready follows demand. Each shape keeps `size` ready when it is quiet; every call
 that found none ready (a miss, or a claim that had to wait) raises that shape's target by one,
-up to `max_size`, for DEMAND_WINDOW_S: after a burst, the next burst finds more ready.
+up to `max_size`, for DEMAND_WINDOW_S: after a burst, the next burst finds more ready. Demand
+that is known ahead is met ahead: a batch of N reads announces its N calls (`expect`) before
+they claim, and the shape's want is at least those still to claim (up to `max_size`, for at
+most EXPECT_S), so the refill starts on the calls past the ready ones at once instead of after
+their misses.
 
 Refill threads (MAKERS: one per CPU and one more, at most four) make containers, since making
 one is mostly the engine's CPU work, and they give way to the calls (`load()`, the backend's
@@ -106,6 +112,9 @@ class PoolSettings:
 
 # How long a shortfall (a miss, a claim that waited) keeps its shape's target raised.
 DEMAND_WINDOW_S = 60.0
+# How long a call announced by `expect` counts as demand if it never claims (its run was
+# cancelled, its image refused): the refill stops making for it then.
+EXPECT_S = 30.0
 # The time to make a container, assumed until one was made (a hardened start on two cores).
 FIRST_MAKE_S = 0.5
 # Container starts at once, cold or for the pool, and so refill threads: one per CPU and one more
@@ -185,6 +194,7 @@ class WarmPool(Generic[K, S]):
         self._closed = False
         self._counts = {"claims": 0, "misses": 0, "waited": 0, "created": 0, "discarded": 0, "failures": 0}
         self._shortfalls: dict[K, deque[float]] = {}  # key -> when a call found none ready, oldest first
+        self._expected: dict[K, deque[float]] = {}  # key -> when each announced call was announced, oldest first
         self._making: dict[K, int] = {}  # shape -> how many the refill threads are making now
         self._waiters: dict[K, list[object]] = {}  # key -> claims waiting for it, first come first
         self._make_s = FIRST_MAKE_S  # recent time to make one (moving average)
@@ -211,6 +221,9 @@ class WarmPool(Generic[K, S]):
             if self._closed:
                 return None
             self._ask(key, spec)
+            announced = self._expected.get(key)
+            if announced:
+                announced.popleft()  # this call was announced: it claims now
             # Claims already waiting for this shape come first.
             spare = len(self._ready.get(key, [])) > len(self._waiters.get(key, []))
             found = self._take(key, stale) if spare else None
@@ -289,6 +302,21 @@ class WarmPool(Generic[K, S]):
         """A call of the shape found none ready: its target rises for DEMAND_WINDOW_S."""
         self._shortfalls.setdefault(key, deque()).append(time.monotonic())
 
+    def wanted(self, key: K) -> int:
+        """How many of the shape to have ready or being made now: its target, or the calls
+        announced and yet to claim when more (up to `max_size`), or the claims waiting for it
+        when more still. Under the lock."""
+        announced = self._expected.get(key)
+        pending = 0
+        if announced is not None:
+            now = time.monotonic()
+            while announced and now - announced[0] > EXPECT_S:
+                announced.popleft()
+            if not announced:
+                del self._expected[key]
+            pending = min(self.settings.max_size, len(announced))
+        return max(self.target(key), pending, len(self._waiters.get(key, [])))
+
     def target(self, key: K) -> int:
         """How many of the shape to keep ready now: `size`, plus one per recent shortfall, up to
         `max_size`. Under the lock."""
@@ -310,6 +338,7 @@ class WarmPool(Generic[K, S]):
             for key in keys:
                 self._shapes.pop(key, None)
                 self._shortfalls.pop(key, None)
+                self._expected.pop(key, None)
             drops = [w for key in keys for w in self._ready.pop(key, [])]
             self._forgetting |= keys  # one being made now is handed to us, not dropped by the refill
             try:
@@ -340,6 +369,21 @@ class WarmPool(Generic[K, S]):
             self._lock.notify_all()
         return True
 
+    def expect(self, request: SandboxRequest) -> bool:
+        """One call of the request's shape is about to claim (a batch announces its reads
+        before they run): the refill makes for it ahead, past the shape's ready ones. False when
+        it cannot be pooled."""
+        shaped = self._shape(request)
+        if shaped is None:
+            return False
+        with self._lock:
+            if self._closed:
+                return False
+            self._ask(*shaped)
+            self._expected.setdefault(shaped[0], deque()).append(time.monotonic())
+            self._lock.notify_all()
+        return True
+
     def wait_filled(self, timeout_s: float = 60.0) -> bool:
         """Whether every shape has `size` ready containers within `timeout_s`."""
         deadline = time.monotonic() + timeout_s
@@ -353,8 +397,11 @@ class WarmPool(Generic[K, S]):
 
     def stats(self) -> dict[str, int]:
         with self._lock:
+            for key in list(self._expected):
+                self.wanted(key)  # lets go of announcements past EXPECT_S
             return {**self._counts, "ready": sum(len(r) for r in self._ready.values()), "shapes": len(self._shapes),
-                    "target": sum(self.target(k) for k in self._shapes)}
+                    "target": sum(self.target(k) for k in self._shapes),
+                    "announced": sum(len(a) for a in self._expected.values())}
 
     def close(self) -> None:
         """Stop refilling and remove every ready container (the backend's close, SIGTERM)."""
@@ -406,8 +453,7 @@ class WarmPool(Generic[K, S]):
                 ready.remove(w)
                 self._pending_drop.append(w)
         for key in reversed(self._shapes):
-            wanted = max(self.target(key), len(self._waiters.get(key, [])))
-            if len(self._ready.get(key, [])) + self._making.get(key, 0) < wanted:
+            if len(self._ready.get(key, [])) + self._making.get(key, 0) < self.wanted(key):
                 return key, self._shapes[key][0]
         return None
 
@@ -422,13 +468,14 @@ class WarmPool(Generic[K, S]):
     def _may_make(self, key: K) -> bool:
         """Whether the refill may make one of the shape now: never when cold starts and makes
         already number MAKERS (they would fight for the same CPUs); beside warm calls only when
-        the shape has none ready or is under demand. Under the lock."""
+        the shape has none ready or is under demand (recent shortfalls, or calls announced).
+        Under the lock."""
         load = self._load()
         if load.cold + sum(self._making.values()) >= MAKERS:
             return False  # one container start per maker at once, cold or for the pool
         # Under demand (recent shortfalls raised the target) calls come faster than a quiet
         # refill keeps up with: then it makes beside the calls too.
-        return load.calls == 0 or not self._ready.get(key) or self.target(key) > self.settings.size
+        return load.calls == 0 or not self._ready.get(key) or self.wanted(key) > self.settings.size
 
     def _refill(self) -> None:
         while True:

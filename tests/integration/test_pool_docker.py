@@ -554,6 +554,34 @@ def test_a_burst_the_pool_could_not_serve_grows_it_and_the_next_burst_is_warm(po
     assert len(b.claimed) == claimed_before + 3 and set(b.claimed[-3:]) <= set(b.made)
 
 
+def test_calls_announced_by_expect_are_made_for_before_they_run_and_each_runs_warm(pooled):
+    """A batch's reads announced together (backend.expect): the pool makes one per call past
+    its ready one before any of them runs, and each then runs in a container made ahead."""
+    b = pooled(size=1, max_size=4)
+    argv = ["python3", "-c", "print('announced')"]
+    fill(b, request_for(argv))
+    requests = [request_for(argv, run=run_id(f"announced-{i}")) for i in range(4)]
+    b.expect(requests)
+    deadline = time.monotonic() + 120
+    while b.pool.stats()["ready"] < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert b.pool.stats()["ready"] == 4 and len(b.made) == 4  # before any call ran
+    results = _at_once(b, requests)
+    assert all(r.outcome is Outcome.OK and r.stdout == b"announced\n" for r in results)
+    stats = b.pool.stats()
+    assert stats["claims"] == 4 and stats["misses"] == 0 and stats["announced"] == 0
+    assert set(b.claimed) <= set(b.made[:4])
+
+
+def test_expect_is_a_hint_that_never_raises(pooled):
+    """An image the lock does not pin, or a call that may not be pooled, is announced without
+    an error and nothing is made for it: the call reports its own refusal when it runs."""
+    b = pooled(size=1)
+    b.expect([SandboxRequest(profile=SandboxProfile(image="no-such-image"), run_id=run_id("x")),
+              request_for(run=run_id("cold"), warm=False)])
+    assert b.pool.stats()["shapes"] == 0 and b.made == []
+
+
 def test_the_refill_never_begins_while_the_engine_starts_a_container_per_maker(pooled):
     """Cold starts and the pool's makes share one container start per maker (pool.MAKERS, one
     per CPU): with that many cold starts held in their create, nothing is made."""

@@ -389,3 +389,48 @@ def test_settings_are_checked():
         PoolSettings(idle_s=0)
     with pytest.raises(ValueError):
         PoolSettings(size=3, max_size=2)
+
+
+def _until(check, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return check()
+
+
+def test_announced_calls_are_made_for_before_they_claim(engine):
+    """A batch of four reads announced with one ready (and a call running beside, when a quiet
+    shape is not refilled): three more are made before any of them claims, each claim takes
+    one, and none counts as a shortfall (the target stays at size)."""
+    pool = pool_of(engine, size=1, max_size=8)
+    try:
+        pool.prewarm("a")
+        assert pool.wait_filled(5) and len(engine.made) == 1
+        engine.load = Load(calls=1)
+        assert all(pool.expect("a") for _ in range(4))
+        assert pool.stats()["announced"] == 4
+        assert _until(lambda: len(engine.made) == 4)
+        time.sleep(0.3)
+        assert len(engine.made) == 4  # the announced four, not more
+        got = [pool.claim("a") for _ in range(4)]
+        assert sorted(w.container for w in got) == [1, 2, 3, 4]
+        stats = pool.stats()
+        assert stats["misses"] == 0 and stats["announced"] == 0 and stats["target"] == 1
+    finally:
+        pool.close()
+
+
+def test_announced_calls_count_up_to_max_size_and_not_past_expect_s(engine, monkeypatch):
+    monkeypatch.setattr(pool_module, "EXPECT_S", 0.3)
+    pool = pool_of(engine, size=1, max_size=3)
+    try:
+        engine.load = Load(calls=1)
+        for _ in range(6):
+            assert pool.expect("a")
+        assert _until(lambda: len(engine.made) == 3)
+        time.sleep(0.4)  # past EXPECT_S: the six that never claimed no longer count
+        assert pool.stats()["announced"] == 0 and len(engine.made) == 3
+        assert not pool.expect("unpoolable")
+    finally:
+        pool.close()
+    assert not pool.expect("a")  # closed

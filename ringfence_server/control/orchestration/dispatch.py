@@ -162,6 +162,10 @@ class Dispatcher:
                         # its completion's write.
                         out[reads[0].call_id] = self.dispatch(state, reads[0], group, observe=True)
                     else:
+                        # Announced before any claims: the warm pool makes for the reads past its
+                        # ready containers now, not after each has missed.
+                        self.backend.expect([self._expected_request(state, a) for a in reads
+                                             if a.manifest.mcp is None])
                         width = threading.BoundedSemaphore(self.config.limits.max_parallel_reads)
 
                         def bounded(a: Admitted) -> Observation:
@@ -435,6 +439,12 @@ class Dispatcher:
         return SandboxProfile(image=manifest.image, runtime=manifest.runtime, memory_bytes=lim.memory_bytes,
                               cpus=lim.cpus, pids=lim.pids, timeout_s=lim.timeout_s, stdout_limit=lim.stdout_limit,
                               stderr_limit=lim.stderr_limit, inputs=tuple(inputs), **extra)
+
+    def _expected_request(self, state: RunState, a: Admitted) -> SandboxRequest:
+        """What `a`'s first attempt will ask the sandbox for, as far as its container's shape
+        goes (the body is the attempt's own)."""
+        return SandboxRequest(profile=self.profile(a.manifest, state), run_id=sandbox_run_id(state),
+                              warm=a.manifest.name not in self.config.pool.exclude)
 
     def _attempt(self, state: RunState, a: Admitted, profile: SandboxProfile, body: bytes, n: int, *,
                  live: bool = True, key: str | None = None) -> Attempt:
