@@ -80,6 +80,8 @@ class Attempt:
     outcome: str = ""
     setup_ms: int = 0
     """The sandbox's start (create, attach, start) before the tool's `duration_ms`."""
+    warm: bool = False
+    """The sandbox was a warm pool container: `setup_ms` is its claim, not a start."""
     image_id: str = ""
     runtime: str = ""
 

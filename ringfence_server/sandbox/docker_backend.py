@@ -490,8 +490,9 @@ class DockerBackend:
             finally:
                 close_attach(warm.attach, warm.sock)
                 renaming.join()
-            return self._conclude(container, request, warm.image_id, warm.applied, started, run_started, deadline,
-                                  progress, streams, killed_for)
+            result = self._conclude(container, request, warm.image_id, warm.applied, started, run_started,
+                                    deadline, progress, streams, killed_for)
+            return dataclasses.replace(result, warm=True)
         except ENGINE_ERRORS as e:
             if progress.start_issued:
                 return self._failed(Outcome.UNCERTAIN, profile, warm.image_id, started,

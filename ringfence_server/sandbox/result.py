@@ -56,6 +56,9 @@ class SandboxResult:
     # From the request to the container started (image look-up, create, attach, start): the
     # sandbox's own cost, before `duration_ms` of the tool's time begins. 0 when nothing started.
     setup_ms: int = 0
+    # It ran in a ready container of the warm pool: `setup_ms` is then the claim and hand-over
+    # (a wait for the pool included), not a container's start.
+    warm: bool = False
 
     @property
     def ok(self) -> bool:
@@ -71,6 +74,7 @@ class SandboxResult:
             "stderr_truncated": self.stderr_truncated,
             "duration_ms": self.duration_ms,
             "setup_ms": self.setup_ms,
+            "warm": self.warm,
             "image_id": self.image_id,
             "runtime": self.runtime,
             "error_class": self.error_class.value if self.error_class else None,

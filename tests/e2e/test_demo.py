@@ -102,7 +102,8 @@ def test_the_reference_demo_runs_end_to_end(pinned_images, tmp_path):
     assert "2 reads" in group and group.endswith("∥")
     assert [ln.split("approval_wait", 1)[1].split()[:3] for ln in tree if "approval_wait" in ln] == [
         ["issue_credit", "t3.goodwill", "declined"], ["issue_credit", "t4.refund", "approved"]]
-    assert sum("container_start" in ln for ln in tree) == 4
+    # A try's sandbox: a container started for it, or a warm one claimed (serve's pool is on).
+    assert sum(("container_start" in ln) + ("warm_claim" in ln) for ln in tree) == 4
 
 
 @pytest.mark.parametrize("which, line", [

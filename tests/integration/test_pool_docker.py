@@ -126,6 +126,7 @@ def run_warm(backend: Recording, request: SandboxRequest, *, prewarm: bool = Tru
     result = backend.run(request)
     assert pool.stats()["claims"] == before + 1, "the call was not pooled"
     assert backend.claimed and backend.claimed[-1] in backend.made
+    assert result.warm, "a pooled call's result says it was warm (its trace shows a warm_claim)"
     return result
 
 
@@ -500,7 +501,7 @@ def test_warm_false_never_claims(pooled):
     assert result.outcome is Outcome.OK and result.stdout == b"cold by choice\n"
     after = b.pool.stats()
     assert (after["claims"], after["misses"], after["ready"]) == (before["claims"], before["misses"], before["ready"])
-    assert b.claimed == [] and not result.container_name.startswith("rf-w-")
+    assert b.claimed == [] and not result.container_name.startswith("rf-w-") and not result.warm
 
 
 def test_a_miss_falls_back_to_a_cold_call(pooled):
@@ -511,7 +512,7 @@ def test_a_miss_falls_back_to_a_cold_call(pooled):
     assert result.outcome is Outcome.OK and result.stdout == b"cold after a miss\n"
     after = b.pool.stats()
     assert after["claims"] == before["claims"] and after["misses"] == before["misses"] + 1
-    assert b.claimed == [] and not result.container_name.startswith("rf-w-")
+    assert b.claimed == [] and not result.container_name.startswith("rf-w-") and not result.warm
     # The miss registered the shape: the pool fills it now, and the next such call is pooled.
     again = run_warm(b, request_for(["python3", "-c", "print('warm now')"], run=run_id("miss")), prewarm=False) \
         if b.pool.wait_filled(90) else pytest.fail(f"the missed shape was not filled: {b.pool.stats()}")

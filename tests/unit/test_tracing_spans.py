@@ -196,3 +196,28 @@ def test_reads_float_free_without_the_explicit_context(tmp_path, spans, monkeypa
     everything = spans.get_finished_spans()
     reads = [s for s in everything if s.name == "execute_tool" and s.attributes.get("ringfence.run_id") == run]
     assert len(reads) == 2 and all(s.parent is None for s in reads)  # what the shape test forbids
+
+
+def test_a_trys_sandbox_is_a_container_start_or_a_warm_claim(spans):
+    """Under each attempt: `container_start` when a container was started for it, `warm_claim`
+    when a warm pool container served it (even a claim under a millisecond), then `tool`."""
+    import time
+
+    from opentelemetry import context as otel_context
+
+    from ringfence_server.control.orchestration import spans as spans_module
+    from ringfence_server.control.retry import Attempt
+
+    tracer = trace.get_tracer("test")
+    children: dict[str, list[str]] = {}
+    for label, attempt in (("cold", Attempt(1, None, setup_ms=250, duration_ms=40)),
+                           ("warm", Attempt(1, None, setup_ms=0, duration_ms=40, warm=True))):
+        with tracer.start_as_current_span(f"execute_tool {label}") as parent:
+            started = time.time_ns()
+            spans_module.attempt_span(otel_context.get_current(), started, started + 400_000_000, attempt)
+        finished = spans.get_finished_spans()
+        parent_id = parent.get_span_context().span_id
+        [attempt_span] = [s for s in finished if s.name == "attempt" and parent_of(s) == parent_id]
+        children[label] = [s.name for s in sorted(finished, key=lambda s: s.start_time)
+                           if parent_of(s) == attempt_span.context.span_id]
+    assert children == {"cold": ["container_start", "tool"], "warm": ["warm_claim", "tool"]}

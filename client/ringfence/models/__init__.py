@@ -7,10 +7,13 @@ ModelClient (`next_turn(context) -> ModelTurn`).
                                  (`pip install 'ringfence[anthropic]'`)
     ringfence.models.errors      ModelError and its two kinds: refused (never retried) and
                                  unavailable (transient, retries exhausted)
+    ModelRetry                   how an adapter retries a request and how long one may take
+                                 (its `retry=`)
 
 Importing this package imports no provider library: each adapter module imports its own.
 """
 
+from ringfence.models._common import ModelRetry
 from ringfence.models.errors import ModelError, ModelRequestRefused, ModelUnavailable
 
-__all__ = ["ModelError", "ModelRequestRefused", "ModelUnavailable"]
+__all__ = ["ModelError", "ModelRequestRefused", "ModelRetry", "ModelUnavailable"]

@@ -63,12 +63,19 @@ LOCAL_GOAL = (f"{GOAL} The incident is in /input/incident.md, the runbook at {RU
 """The reference goal, with where things are: what an operator would tell a real agent."""
 MAX_TURNS = 6
 MAX_OUTPUT_TOKENS = 256
+LOCAL_REQUEST_TIMEOUT_S = 300.0
+"""One request's deadline. A late turn (2,300 tokens in, 256 out) takes 20-40 s on two quiet
+cores, and past 60 s (ModelRetry's default) when the machine is busy. The default then does harm:
+llama-cpp-python's server answers one request at a time and finishes one whose client gave up,
+so each retry queues behind the abandoned generation and times out too (4 attempts: the demo
+ended after ~320 s, its model never answering). A local server is slow, not lost: wait for it."""
 
 
 def local_models(server: LocalModelServer, steering: Sequence[str] = STEERING,
                  max_output_tokens: int = MAX_OUTPUT_TOKENS) -> Steered:
     """One OpenAIChatModel per tool_choice, on the local server (no key), temperature 0."""
     try:
+        from ringfence.models import ModelRetry
         from ringfence.models.openai import OpenAIChatModel
     except ImportError as e:
         raise LocalModelMissing(f"the local model needs the `openai` package ({e}): {INSTALL_HINT}") from None
@@ -76,7 +83,8 @@ def local_models(server: LocalModelServer, steering: Sequence[str] = STEERING,
     def model(choice: str) -> ModelClient:
         # tool_results="user": llama-cpp-python's function-calling template drops `tool` messages.
         return OpenAIChatModel(server.model, base_url=server.base_url, api_key_env=None, tool_choice=choice,
-                               temperature=0.0, max_output_tokens=max_output_tokens, tool_results="user")
+                               temperature=0.0, max_output_tokens=max_output_tokens, tool_results="user",
+                               retry=ModelRetry(request_timeout_s=LOCAL_REQUEST_TIMEOUT_S))
 
     return Steered([model(tool) for tool in steering], model("auto"))
 

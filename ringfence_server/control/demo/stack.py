@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ringfence_server.control.api.background import BackgroundServer
-from ringfence_server.control.api.serve import egress_settings
+from ringfence_server.control.api.serve import egress_settings, pool_settings
 from ringfence_server.control.config import Config, load_config
 from ringfence_server.control.orchestration import Orchestrator
 from ringfence_server.control.store import open_store
@@ -105,11 +105,9 @@ class DemoStack:
                                     {**self.ledger.services(), **self.runbooks.services()}.items()},
                        "networks": [self.ledger.network]},
         })
-        # Its own engine client: the backend closes the client it holds. No warm pool here:
-        # with serve's pool in this stack, `ringfence demo --model local` ran past its model's
-        # request timeouts (the local model turned out slower and its proposals differed),
-        # though the pool made no container; until that is understood the stack stays cold.
-        self.backend = DockerBackend(lock=self._lock, egress_settings=_egress_settings(self.config))
+        # Its own engine client: the backend closes the client it holds.
+        self.backend = DockerBackend(lock=self._lock, egress_settings=_egress_settings(self.config),
+                                     pool=pool_settings(self.config))
         es.callback(self.backend.close)  # the egress proxy goes with it
         store = open_store(self.config.db_path)
         es.callback(store.close)

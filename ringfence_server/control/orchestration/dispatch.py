@@ -495,14 +495,15 @@ class Dispatcher:
             except (ValueError, IndexError, UnicodeDecodeError) as e:
                 return Attempt(n, FailureClass.FATAL, message=f"tool output is not the runner protocol: {e}",
                                duration_ms=result.duration_ms, outcome=result.outcome.value,
-                               setup_ms=result.setup_ms, image_id=result.image_id, runtime=result.runtime)
+                               setup_ms=result.setup_ms, image_id=result.image_id, runtime=result.runtime,
+                               warm=result.warm)
             return Attempt(n, None, content=content, duration_ms=result.duration_ms,
                            outcome=result.outcome.value, setup_ms=result.setup_ms, image_id=result.image_id,
-                           runtime=result.runtime)
+                           runtime=result.runtime, warm=result.warm)
         message = result.message or f"{result.outcome.value}"
         return Attempt(n, failure, message=message, retry_after_s=result.retry_after_s,
                        duration_ms=result.duration_ms, outcome=result.outcome.value, setup_ms=result.setup_ms,
-                       image_id=result.image_id, runtime=result.runtime)
+                       image_id=result.image_id, runtime=result.runtime, warm=result.warm)
 
 
 def completion_observation(completion: CallCompleted, path: tuple[str, ...], approval_id: str | None) -> Observation:

@@ -94,13 +94,17 @@ def tool_attributes(manifest: ToolManifest, profile: SandboxProfile, arguments: 
 
 def attempt_span(parent: otel_context.Context, started_ns: int, ended_ns: int, result: Attempt) -> None:
     """One try, with the sandbox's start and the tool's run as its two children (their times
-    come from the backend: setup_ms, then duration_ms)."""
+    come from the backend: setup_ms, then duration_ms). A try in a warm pool container has
+    `warm_claim` where a cold one has `container_start`: its sandbox was started before the
+    call, and what it waited for was the claim (often under a millisecond, still shown)."""
     span = tracer.start_span("attempt", context=parent, start_time=started_ns, attributes={
         "ringfence.attempt": result.number, "ringfence.outcome": result.outcome or "",
         **({"error.type": result.failure.value} if result.failure else {})})
     inside = trace.set_span_in_context(span, parent)
     setup_end = min(started_ns + result.setup_ms * 1_000_000, ended_ns)
-    if result.setup_ms:
+    if result.warm:
+        tracer.start_span("warm_claim", context=inside, start_time=started_ns).end(end_time=setup_end)
+    elif result.setup_ms:
         tracer.start_span("container_start", context=inside, start_time=started_ns).end(end_time=setup_end)
     if result.duration_ms:
         tool_end = min(setup_end + result.duration_ms * 1_000_000, ended_ns)
