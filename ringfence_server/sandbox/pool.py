@@ -197,7 +197,9 @@ class WarmPool(Generic[K, S]):
         self._expected: dict[K, deque[float]] = {}  # key -> when each announced call was announced, oldest first
         self._making: dict[K, int] = {}  # shape -> how many the refill threads are making now
         self._waiters: dict[K, list[object]] = {}  # key -> claims waiting for it, first come first
-        self._make_s = FIRST_MAKE_S  # recent time to make one (moving average)
+        # Recent time to make one, per shape (a moving average): a gVisor shape or one behind the
+        # egress relay takes longer than a plain runc one, and a waiter's patience follows it.
+        self._make_s: dict[K, float] = {}
         self._forgetting: set[K] = set()  # shapes forget() is letting go of now
         self._pending_drop: list[Warm] = []  # collected under the lock, removed outside it
         self._threads = [threading.Thread(target=self._refill, name=f"rf-pool-{n}", daemon=True)
@@ -278,7 +280,7 @@ class WarmPool(Generic[K, S]):
         waiters.append(ticket)
         self._counts["waited"] += 1
         failures = self._counts["failures"]
-        give_up = time.monotonic() + (ahead // MAKERS + 2) * 2 * self._make_s + 0.1
+        give_up = time.monotonic() + (ahead // MAKERS + 2) * 2 * self.make_s(key) + 0.1
         try:
             while not self._closed:
                 if waiters[0] is ticket:
@@ -317,6 +319,14 @@ class WarmPool(Generic[K, S]):
             pending = min(self.settings.max_size, len(announced))
         return max(self.target(key), pending, len(self._waiters.get(key, [])))
 
+    def make_s(self, key: K) -> float:
+        """The recent time to make one of the shape; until one was made, the slowest shape's
+        (or FIRST_MAKE_S before any). Under the lock."""
+        known = self._make_s.get(key)
+        if known is not None:
+            return known
+        return max(self._make_s.values(), default=FIRST_MAKE_S)
+
     def target(self, key: K) -> int:
         """How many of the shape to keep ready now: `size`, plus one per recent shortfall, up to
         `max_size`. Under the lock."""
@@ -337,17 +347,17 @@ class WarmPool(Generic[K, S]):
         with self._lock:
             for key in keys:
                 self._shapes.pop(key, None)
-                self._shortfalls.pop(key, None)
-                self._expected.pop(key, None)
             drops = [w for key in keys for w in self._ready.pop(key, [])]
             self._forgetting |= keys  # one being made now is handed to us, not dropped by the refill
             try:
-                give_up = time.monotonic() + 2 * self._make_s + 5
+                give_up = time.monotonic() + 2 * max((self.make_s(k) for k in keys), default=FIRST_MAKE_S) + 5
                 while any(self._making.get(k) for k in keys) and time.monotonic() < give_up:
                     self._lock.wait(0.1)
                 drops += [w for key in keys for w in self._ready.pop(key, [])]  # made meanwhile
             finally:
                 self._forgetting -= keys
+                for key in keys:
+                    self._let_go(key)
             self._lock.notify_all()
         for w in drops:
             self._drop(w)
@@ -422,8 +432,16 @@ class WarmPool(Generic[K, S]):
         self._shapes.move_to_end(key)
         while len(self._shapes) > self.settings.max_shapes:
             old, _ = self._shapes.popitem(last=False)
+            self._let_go(old)
             for w in self._ready.pop(old, []):
                 threading.Thread(target=self._drop, args=(w,), daemon=True).start()
+
+    def _let_go(self, key: K) -> None:
+        """What the pool remembers of a shape it no longer keeps (its demand, its make time):
+        a shape per run's workspace would otherwise pile up. Under the lock."""
+        self._shortfalls.pop(key, None)
+        self._expected.pop(key, None)
+        self._make_s.pop(key, None)
 
     def _filled(self) -> bool:
         return all(len(self._ready.get(k, [])) >= self.target(k) for k in self._shapes)
@@ -446,6 +464,7 @@ class WarmPool(Generic[K, S]):
         for key, (_spec, asked) in list(self._shapes.items()):
             if now - asked > self.settings.idle_s:
                 del self._shapes[key]
+                self._let_go(key)
                 for w in self._ready.pop(key, []):
                     self._pending_drop.append(w)
         for ready in self._ready.values():
@@ -511,7 +530,9 @@ class WarmPool(Generic[K, S]):
                 continue
             with self._lock:
                 self._made(key)
-                self._make_s = 0.8 * self._make_s + 0.2 * (time.monotonic() - started)
+                if key in self._shapes:  # one let go of meanwhile is not remembered again
+                    took, before = time.monotonic() - started, self._make_s.get(key)
+                    self._make_s[key] = took if before is None else 0.8 * before + 0.2 * took
                 self._counts["created"] += 1
                 if key in self._forgetting:
                     self._ready.setdefault(key, []).append(w)  # forget() removes it

@@ -434,3 +434,30 @@ def test_announced_calls_count_up_to_max_size_and_not_past_expect_s(engine, monk
     finally:
         pool.close()
     assert not pool.expect("a")  # closed
+
+
+def test_each_shape_has_its_own_make_time_and_forgets_it_with_the_shape(engine):
+    """A slow shape (gVisor, the egress relay) does not set a fast one's patience, nor the other
+    way round: a waiter gives up after its own shape's make time. A shape let go of is forgotten."""
+    fast_make = engine.make
+
+    def make(key, spec):
+        if key == "slow":
+            time.sleep(0.4)
+        return fast_make(key, spec)
+
+    pool = WarmPool(PoolSettings(size=1), shape=engine.shape, make=make, discard=engine.discard,
+                    alive=engine.alive, load=lambda: engine.load)
+    try:
+        assert pool.make_s("fast") == pool_module.FIRST_MAKE_S  # nothing made yet
+        pool.prewarm("fast")
+        pool.prewarm("slow")
+        assert pool.wait_filled(10)
+        with pool._lock:
+            slow, fast = pool.make_s("slow"), pool.make_s("fast")
+        assert slow > fast + 0.05
+        assert pool.forget({"slow"}) == 1
+        with pool._lock:
+            assert set(pool._make_s) == {"fast"}
+    finally:
+        pool.close()
