@@ -80,7 +80,7 @@ protos: venv ## regenerate the protobuf/gRPC modules from protos/
 	$(PY) -m ringfence_server.control.api.protos_gen
 
 test: venv lint images mcp-images gvisor postgres local-model ## lint, then run every test: unit, integration, escape battery, end to end
-	$(VENV)/bin/pytest tests
+	$(VENV)/bin/pytest --durations=40 tests
 
 test-unit: venv ## the fast tests that need no Docker
 	$(VENV)/bin/pytest tests/unit
