@@ -15,7 +15,9 @@ The public API is what `__all__` lists; modules whose names start with `_` are n
     Approver        a thread deciding a tenant's pending approvals through a callable
     ApprovalDecision   what that callable answers: approve?, reason, remember for the run
     ProposedCall, Observation, RunView, ToolView, Approval, Event, PlanStep ...
-                    the values of ringfence.model, re-exported here
+                    the values of ringfence.model, re-exported here (RunPage, EventPage,
+                    AuditReport, ToolRisk: what a console reads through list_runs_page,
+                    list_events, verify_run and an approver's list_tools / approvals)
     ringfence.agent   the agent loop: ModelClient, ScriptedModel, AgentLoop, AgentResult
     ringfence.v1      the generated gRPC stubs (ringfence.v1.runs_pb2_grpc ...), for raw access
 
@@ -56,15 +58,19 @@ from ringfence.model import (
     Approval,
     ApprovalKind,
     ApprovalStatus,
+    AuditReport,
     Event,
+    EventPage,
     EventType,
     Observation,
     ObservationStatus,
     PlanStep,
     ProposedCall,
     RunOutcome,
+    RunPage,
     RunStatus,
     RunView,
+    ToolRisk,
     ToolView,
     Usage,
 )
@@ -88,10 +94,12 @@ __all__ = [
     "Approver",
     "AsyncClient",
     "AsyncStream",
+    "AuditReport",
     "Client",
     "ControlError",
     "DownloadedFiles",
     "Event",
+    "EventPage",
     "EventType",
     "FailedPrecondition",
     "FieldViolation",
@@ -106,10 +114,12 @@ __all__ = [
     "ResourceExhausted",
     "RetryPolicy",
     "RunOutcome",
+    "RunPage",
     "RunStatus",
     "RunView",
     "Stream",
     "TlsConfig",
+    "ToolRisk",
     "ToolView",
     "Unauthenticated",
     "Unavailable",

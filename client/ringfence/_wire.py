@@ -25,7 +25,21 @@ from tenacity import RetryCallState, retry_if_exception_type, wait_exponential_j
 
 from ringfence._version import __version__
 from ringfence.errors import FieldViolation, Internal, InvalidArgument, Unavailable
-from ringfence.model import Approval, Event, Observation, PlanStep, ProposedCall, RunView, ToolView, WorkspaceRequest
+from ringfence.model import (
+    Approval,
+    AuditReport,
+    Event,
+    EventPage,
+    Observation,
+    PlanStep,
+    ProposedCall,
+    RunOutcome,
+    RunPage,
+    RunStatus,
+    RunView,
+    ToolView,
+    WorkspaceRequest,
+)
 from ringfence.options import DownloadedFiles, RetryPolicy, UploadedFile, UploadResult, WorkspaceOptions
 from ringfence.plans import Claim, EvidenceRecord, PlanView, Report, Verdict
 from ringfence.routing import Decision
@@ -50,9 +64,13 @@ from ringfence.workspace_paths import path_problem
 log = logging.getLogger("ringfence")
 
 T = TypeVar("T")
+E = TypeVar("E", RunStatus, RunOutcome)
 
 TOOLS, RUNS, APPROVALS, PLANS, EVIDENCE, ROUTING = "tools", "runs", "approvals", "plans", "evidence", "routing"
 FILES = "files"
+
+RUNS_PAGE_MAX = convert.RUNS_PAGE_MAX
+"""list_runs follows pages of the largest size the server serves: the fewest round trips."""
 
 UPLOAD_CHUNK_BYTES = 256 * 1024
 """Bytes of the archive per UploadFilesRequest (grpc's messages are capped at 1 MiB by the server)."""
@@ -146,9 +164,25 @@ def get_run(run_id: str) -> Unary[RunView]:
     return Unary(RUNS, "GetRun", runs_pb2.GetRunRequest(run_id=run_id), convert.run_from_proto, retryable=True)
 
 
-def list_runs() -> Unary[list[RunView]]:
-    return Unary(RUNS, "ListRuns", runs_pb2.ListRunsRequest(),
-                 lambda r: [convert.run_from_proto(x) for x in r.runs], retryable=True)
+def list_runs_page(status: RunStatus | str | None, outcome: RunOutcome | str | None, page_size: int,
+                   page_token: str) -> Unary[RunPage]:
+    request = convert.run_filters_to_proto(runs_pb2.ListRunsRequest(page_size=page_size, page_token=page_token),
+                                           _enum_or_none(RunStatus, status), _enum_or_none(RunOutcome, outcome))
+    return Unary(RUNS, "ListRuns", request, convert.run_page_from_proto, retryable=True)
+
+
+def _enum_or_none(kind: type[E], value: E | str | None) -> E | None:
+    return None if value is None else kind(value)
+
+
+def list_events(run_id: str, from_seq: int, page_size: int) -> Unary[EventPage]:
+    request = runs_pb2.ListEventsRequest(run_id=run_id, from_seq=from_seq, page_size=page_size)
+    return Unary(RUNS, "ListEvents", request, convert.event_page_from_proto, retryable=True)
+
+
+def verify_run(run_id: str) -> Unary[AuditReport]:
+    return Unary(RUNS, "VerifyRun", runs_pb2.VerifyRunRequest(run_id=run_id), convert.audit_report_from_proto,
+                 retryable=True)
 
 
 def finish_run(run_id: str) -> Unary[RunView]:

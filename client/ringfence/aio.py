@@ -10,7 +10,20 @@ import grpc
 from tenacity import AsyncRetrying
 
 from ringfence import _wire as W
-from ringfence.model import Approval, Event, Observation, PlanStep, ProposedCall, RunView, ToolView
+from ringfence.model import (
+    Approval,
+    AuditReport,
+    Event,
+    EventPage,
+    Observation,
+    PlanStep,
+    ProposedCall,
+    RunOutcome,
+    RunPage,
+    RunStatus,
+    RunView,
+    ToolView,
+)
 from ringfence.options import (
     DEFAULT_RETRY,
     DownloadedFiles,
@@ -139,8 +152,38 @@ class AsyncClient:
     async def get_run(self, run_id: str, *, timeout: float | None = None) -> RunView:
         return await self._send(W.get_run(run_id), timeout)
 
-    async def list_runs(self, *, timeout: float | None = None) -> list[RunView]:
-        return await self._send(W.list_runs(), timeout)
+    async def list_runs(self, *, status: RunStatus | str | None = None, outcome: RunOutcome | str | None = None,
+                  timeout: float | None = None) -> list[RunView]:
+        """Every run of the tenant (of that status / outcome; None: any), newest first: every
+        page of list_runs_page, followed here. A run started meanwhile may be missing; none
+        appears twice. For a console, or many runs, ask for pages instead."""
+        runs: list[RunView] = []
+        token = ""
+        while True:
+            page = await self.list_runs_page(status=status, outcome=outcome, page_size=W.RUNS_PAGE_MAX,
+                                         page_token=token, timeout=timeout)
+            runs.extend(page.runs)
+            if not page.next_page_token:
+                return runs
+            token = page.next_page_token
+
+    async def list_runs_page(self, *, status: RunStatus | str | None = None, outcome: RunOutcome | str | None = None,
+                       page_size: int = 0, page_token: str = "", timeout: float | None = None) -> RunPage:
+        """One page of the tenant's runs, newest first (ListRuns). `page_size` 0: the server's
+        default (50), at most 500; `page_token`: "" for the first page, else the previous page's
+        `next_page_token`, with the same filters ("" in a reply: that was the last page)."""
+        return await self._send(W.list_runs_page(status, outcome, page_size, page_token), timeout)
+
+    async def list_events(self, run_id: str, from_seq: int = 0, page_size: int = 0, *,
+                    timeout: float | None = None) -> EventPage:
+        """A page of the run's events with seq >= from_seq, in order (ListEvents; `page_size` 0:
+        500, at most 1000). `next_seq`: where the next page starts, 0 once the page reached the
+        log's current end."""
+        return await self._send(W.list_events(run_id, from_seq, page_size), timeout)
+
+    async def verify_run(self, run_id: str, *, timeout: float | None = None) -> AuditReport:
+        """The server's check of the run's stored audit hash chain (as `ringfence runs verify`)."""
+        return await self._send(W.verify_run(run_id), timeout)
 
     async def finish_run(self, run_id: str, *, timeout: float | None = None) -> RunView:
         return await self._send(W.finish_run(run_id), timeout)

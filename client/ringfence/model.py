@@ -17,7 +17,9 @@ __all__ = [
     "Approval",
     "ApprovalKind",
     "ApprovalStatus",
+    "AuditReport",
     "Event",
+    "EventPage",
     "Observation",
     "ObservationStatus",
     "PlanStep",
@@ -25,8 +27,10 @@ __all__ = [
     "ProposedCall",
     "Role",
     "RunOutcome",
+    "RunPage",
     "RunStatus",
     "RunView",
+    "ToolRisk",
     "ToolView",
     "Usage",
     "WorkspaceRequest",
@@ -55,10 +59,41 @@ class Principal:
 
 
 @dataclass(frozen=True)
+class ToolRisk:
+    """What a tool may do, as its manifest declares it (docs/TOOLS.md): for the people who judge
+    its calls (approvers, admins), never shown to an agent."""
+
+    mutates: bool = False
+    irreversible: bool = False
+    cost: float = 0.0
+    image_digest: str = ""
+    """The pinned image ID its calls run in; "" when the server has no pinned image for it."""
+    egress_hosts: tuple[str, ...] = ()
+    """Hosts (or *.suffix) it may reach; empty: no network."""
+    timeout_s: float = 0.0
+    memory_bytes: int = 0
+    cpus: float = 0.0
+    pids: int = 0
+    stdout_limit: int = 0
+    stderr_limit: int = 0
+    runtime: str = ""
+    image: str = ""
+    workspace: str = ""
+    """"read" or "write" when it mounts the run's workspace; "" when it does not."""
+    paths: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Argument name -> the container roots its value must stay under."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "egress_hosts", tuple(self.egress_hosts))
+        object.__setattr__(self, "paths", MappingProxyType({k: tuple(v) for k, v in dict(self.paths).items()}))
+
+
+@dataclass(frozen=True)
 class ToolView:
     """What a caller may learn about a tool: its schema and two hints derived from its risk
-    metadata (so an MCP front door can annotate it honestly), never the metadata itself (cost,
-    limits, roots, hosts)."""
+    metadata (so an MCP front door can annotate it honestly); the metadata itself (cost,
+    limits, roots, hosts) only as `risk`, which the server fills for approvers and admins and
+    never for an agent."""
 
     name: str
     description: str
@@ -69,6 +104,8 @@ class ToolView:
     """The tool mutates the world and its effect cannot be undone (`mutates` and not
     `reversible`). The defaults are the cautious reading (as MCP's): a view that was not told
     otherwise may mutate, irreversibly."""
+    risk: ToolRisk | None = None
+    """The tool's risk metadata: set only for an approver or an admin (None for an agent)."""
 
 
 @dataclass(frozen=True)
@@ -170,6 +207,13 @@ class Approval:
     decided_by: str | None = None
     reason: str | None = None
     kind: ApprovalKind = ApprovalKind.CALL
+    proposer: str = ""
+    """Who proposed the call (the token's subject); "" for a reconciliation task or when unknown."""
+    policy_rule: str = ""
+    """The verdict-path step that asked (e.g. "policy:rule[2]:ask"); "recovery:reconcile" for a
+    reconciliation task; "" when unknown."""
+    tool_risk: ToolRisk | None = None
+    """The tool's risk as the registry knows it (from ApprovalService only, for approvers)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "arguments", _frozen_mapping(self.arguments))
@@ -214,6 +258,33 @@ class RunView:
     def __post_init__(self) -> None:
         object.__setattr__(self, "trajectory", tuple(self.trajectory))
         object.__setattr__(self, "pending_approvals", tuple(self.pending_approvals))
+
+
+@dataclass(frozen=True)
+class RunPage:
+    """One page of ListRuns, newest first; `next_page_token` "" when it is the last."""
+
+    runs: tuple[RunView, ...]
+    next_page_token: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "runs", tuple(self.runs))
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    """The server's check of a run's audit hash chain (VerifyRun)."""
+
+    ok: bool
+    """Every event links to its predecessor and its hash matches its content."""
+    first_bad_seq: int = 0
+    """The seq of the first event that fails a check; 0 when ok."""
+    problem: str = ""
+    """Why it fails, for a person; "" when ok."""
+    events: int = 0
+    """Events checked."""
+    head_hash: str = ""
+    """The hash of the run's last stored event (record it to detect a cut-off tail later)."""
 
 
 class EventType(enum.StrEnum):
@@ -272,6 +343,18 @@ class Event:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data", _frozen_mapping(self.data))
+
+
+@dataclass(frozen=True)
+class EventPage:
+    """One page of a run's log (ListEvents): `next_seq` is where the next page starts, 0 when
+    this page reached the log's current end."""
+
+    events: tuple[Event, ...]
+    next_seq: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "events", tuple(self.events))
 
 
 @dataclass(frozen=True)

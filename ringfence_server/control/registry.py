@@ -6,7 +6,8 @@ and from the built-in folder with these rules.
 
 The registry describes tools; it never decides whether a call is permitted (it does not import
 policy): a tool must not be able to describe itself as allowed. `ToolView`, what callers see,
-carries the argument schema only, never risk metadata, roots or hosts.
+carries the argument schema only, never risk metadata, roots or hosts; `ToolManifest.risk` is
+that metadata for the people who judge calls (approvers, admins), never for agents.
 
 A manifest may declare the run's workspace (see `ToolManifest.workspace` and `.outputs`):
 
@@ -36,7 +37,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from ringfence.errors import ConfigError
-from ringfence.model import ToolView
+from ringfence.model import ToolRisk, ToolView
 from ringfence.workspace_paths import path_problem
 from ringfence_server.sandbox.egress.allowlist import PatternError, parse_patterns
 
@@ -132,6 +133,17 @@ class ToolManifest:
 
     def view(self) -> ToolView:
         return ToolView(self.name, self.description, json.loads(json.dumps(self.schema)))
+
+    def risk(self, image_digest: str) -> ToolRisk:
+        """The manifest's risk metadata as people who judge calls see it (`image_digest`: the
+        pinned ID of `image`, which the registry does not know). Never for an agent."""
+        limits = self.limits
+        return ToolRisk(
+            mutates=self.mutates, irreversible=self.irreversible, cost=self.cost, image_digest=image_digest,
+            egress_hosts=self.egress_hosts, timeout_s=limits.timeout_s, memory_bytes=limits.memory_bytes,
+            cpus=limits.cpus, pids=limits.pids, stdout_limit=limits.stdout_limit, stderr_limit=limits.stderr_limit,
+            runtime=self.runtime, image=self.image, workspace=self.workspace or "", paths=self.paths,
+        )
 
 
 def _err(source: str, key: str, message: str) -> ConfigError:

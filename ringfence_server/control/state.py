@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -82,6 +82,18 @@ class PendingCall:
     kind: ApprovalKind = ApprovalKind.CALL
     """CALL: waiting to run. RECONCILE: interrupted mid-effect, waiting for a person to say
     whether it happened (approve = it did not: run it once)."""
+
+
+def asking_step(verdict_path: Sequence[str], kind: ApprovalKind) -> str:
+    """The verdict-path step that asked for an approval, for the person deciding it: the last
+    step whose verdict is ask (policy words it "rule[2]:ask" or "risk:irreversible->ask"), or
+    the recovery step that asks about an interrupted call; "" when the path has none (a log
+    written before verdict paths were recorded)."""
+    wanted = ("recovery:reconcile",) if kind is ApprovalKind.RECONCILE else ()
+    for step in reversed(verdict_path):
+        if step in wanted or (kind is ApprovalKind.CALL and step.endswith((":ask", "->ask"))):
+            return step
+    return ""
 
 
 def sandbox_run_id(state: RunState) -> str:
@@ -217,7 +229,8 @@ def apply(state: RunState, event: Event) -> RunState:  # noqa: C901 - one match 
                 approval_id=payload.approval_id, tenant=state.tenant, run_id=state.run_id, call_id=call_id,
                 tool=payload.tool, arguments=payload.arguments, digest=payload.digest,
                 status=ApprovalStatus.PENDING, created_at=payload.created_at, expires_at=payload.expires_at,
-                kind=kind)
+                kind=kind, proposer=(payload.proposed_by or "") if kind is ApprovalKind.CALL else "",
+                policy_rule=asking_step(payload.verdict_path, kind))
             state.pending[call_id] = PendingCall(
                 call_id=call_id, tool=payload.tool, arguments=dict(payload.arguments),
                 approval_id=payload.approval_id, mutates=payload.mutates, idempotency_key=payload.idempotency_key,

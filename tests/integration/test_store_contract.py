@@ -582,3 +582,82 @@ def test_the_database_refuses_to_change_or_delete_a_record(target):
         with pytest.raises(target.refused, match="append-only"):
             raw.execute("TRUNCATE records")
     assert [dict(r.body) for r in s.read_records("acme", "verdict", "plan-1")] == [{"verified": True}]
+
+
+# -- a page of runs, newest first (ListRuns) -----------------------------------------------------
+
+
+def _runs_for_pages(target):
+    """acme's r0..r6 started at these times (ties broken by insertion order), three of them
+    finished; one globex run among them."""
+    now = [0.0]
+    s = target.open(clock=lambda: now[0])
+    for name, at in (("r0", 100.0), ("r1", 101.0), ("r2", 101.0), ("g1", 101.0), ("r3", 101.0), ("r4", 102.0),
+                     ("r5", 103.0), ("r6", 103.0)):
+        now[0] = at
+        started(s, name, "globex" if name.startswith("g") else "acme")
+    now[0] = 200.0
+    for name, outcome in (("r1", "completed"), ("r4", "completed"), ("r5", "cancelled"), ("g1", "completed")):
+        s.append(name, "run_finished", {"outcome": outcome})
+    return s
+
+
+def _walk(s, size, **filters):
+    pages, before = [], None
+    while True:
+        rows = s.run_page("acme", before=before, limit=size, **filters)
+        pages.append([r.key for r in rows])
+        if len(rows) < size:
+            return pages
+        before = rows[-1]
+
+
+def test_run_page_walks_a_tenants_runs_newest_first_from_a_cursor(target):
+    s = _runs_for_pages(target)
+    newest_first = ["r6", "r5", "r4", "r3", "r2", "r1", "r0"]
+    assert [r.key for r in s.run_page("acme", limit=100)] == newest_first
+    assert _walk(s, 3) == [["r6", "r5", "r4"], ["r3", "r2", "r1"], ["r0"]]  # ties at 101 and 103 split right
+    assert _walk(s, 7) == [newest_first, []]
+    assert [r.key for r in s.run_page("globex", limit=10)] == ["g1"]
+    assert s.run_page("nobody", limit=10) == []
+
+
+def test_run_page_filters_finished_and_outcome_in_the_query(target):
+    s = _runs_for_pages(target)
+    assert _walk(s, 2, finished=True) == [["r5", "r4"], ["r1"]]
+    assert _walk(s, 2, finished=False) == [["r6", "r3"], ["r2", "r0"], []]
+    assert _walk(s, 1, outcome="completed") == [["r4"], ["r1"], []]
+    assert _walk(s, 5, finished=True, outcome="cancelled") == [["r5"]]
+    assert s.run_page("acme", finished=False, outcome="completed", limit=10) == []
+    assert s.run_page("acme", outcome="error", limit=10) == []
+
+
+def test_run_page_is_an_index_walk_not_a_sort_of_the_history(target):
+    s = _runs_for_pages(target)
+    cursor = s.run_page("acme", limit=2)[-1]
+    raw = target.raw()
+    if target.kind == "sqlite":
+        plan = " ".join(str(row[-1]) for row in raw.execute(
+            "EXPLAIN QUERY PLAN SELECT e.run_id, e.at, e.rowid FROM events e WHERE e.tenant = ? AND e.seq = 1 "
+            "AND (e.at, e.rowid) < (?, ?) AND EXISTS (SELECT 1 FROM events f WHERE f.run_id = e.run_id AND "
+            "f.type = 'run_finished') ORDER BY e.at DESC, e.rowid DESC LIMIT 3", ("acme", cursor.at, cursor.id)))
+        assert "events_tenant_started" in plan and "events_run_finished" in plan, plan
+        assert "TEMP B-TREE" not in plan, plan  # no sort of all the tenant's runs
+    else:
+        raw.execute("SET enable_seqscan = off")  # a table this small would otherwise be scanned
+        plan = " ".join(row[0] for row in raw.execute(
+            "EXPLAIN SELECT e.run_id, e.at, e.id FROM events e WHERE e.tenant = %s AND e.seq = 1 "
+            "AND (e.at, e.id) < (%s, %s) AND EXISTS (SELECT 1 FROM events f WHERE f.run_id = e.run_id AND "
+            "f.type = 'run_finished') ORDER BY e.at DESC, e.id DESC LIMIT 3", ("acme", cursor.at, cursor.id)))
+        assert "events_first" in plan and "events_run_finished" in plan, plan
+        assert "Sort" not in plan, plan
+
+
+def test_read_takes_a_limit(target):
+    s = target.open()
+    started(s)
+    for i in range(4):
+        s.append("r1", "x", {"i": i})
+    assert [e.seq for e in s.read("r1", 2, limit=2)] == [2, 3]
+    assert [e.seq for e in s.read("r1", 4, limit=10)] == [4, 5]
+    assert [e.seq for e in s.read("r1", limit=None)] == [1, 2, 3, 4, 5]

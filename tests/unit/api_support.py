@@ -16,10 +16,13 @@ from ringfence.errors import NotFound
 from ringfence.model import (
     Approval,
     ApprovalStatus,
+    AuditReport,
     Event,
+    EventPage,
     Observation,
     ObservationStatus,
     Role,
+    RunPage,
     RunStatus,
     RunView,
     ToolView,
@@ -94,6 +97,23 @@ class StubOrchestrator:
     def list_runs(self, p):
         self._hook("list_runs", p)
         return [r for r in self.runs.values() if r.tenant == p.tenant]
+
+    def list_runs_page(self, p, status, outcome, page_size, page_token):
+        # Hooked as "list_runs": the edge's ListRuns, whichever method serves it.
+        self._hook("list_runs", p)
+        runs = [r for r in self.runs.values() if r.tenant == p.tenant and status in (None, r.status)
+                and outcome in (None, r.outcome)]
+        return RunPage(tuple(reversed(runs))[:page_size])
+
+    def list_events(self, p, run_id, from_seq, page_size):
+        self._hook("list_events", p)
+        self.get_run(p, run_id)
+        return EventPage((Event(run_id, 1, "run_started", {}, 1, time.time()),)[max(0, from_seq - 1):][:page_size])
+
+    def verify_run(self, p, run_id):
+        self._hook("verify_run", p)
+        self.get_run(p, run_id)
+        return AuditReport(True, events=1, head_hash="0" * 64)
 
     def finish_run(self, p, run_id):
         return self.get_run(p, run_id)

@@ -193,6 +193,8 @@ def test_public_exports_are_pinned():
         # the values of ringfence.model a client handles
         "AdmissionVerdict", "Approval", "ApprovalKind", "ApprovalStatus", "Event", "EventType", "Observation",
         "ObservationStatus", "PlanStep", "ProposedCall", "RunOutcome", "RunStatus", "RunView", "ToolView", "Usage",
+        # the pages and reports a console reads (ListRuns, ListEvents, VerifyRun, an approver's tools)
+        "RunPage", "EventPage", "AuditReport", "ToolRisk",
         "__version__"])
     assert sorted(ringfence.agent.__all__) == sorted([
         "AgentLoop", "AgentResult", "AgentContext", "ModelClient", "ModelTurn", "ScriptedModel",

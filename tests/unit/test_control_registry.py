@@ -45,8 +45,11 @@ def test_views_carry_the_schema_and_no_risk_metadata():
         assert view.schema["type"] == "object"
         assert not any(f'"{w}"' in text for w in RISK_WORDS), view.name
         # The only other fields are the two derived hints (the orchestrator's list_tools sets
-        # them from the manifest: test_approval_withdrawal.py); the risk metadata never crosses.
-        assert set(vars(view)) == {"name", "description", "schema", "read_only_hint", "destructive_hint"}
+        # them from the manifest: test_approval_withdrawal.py) and `risk`, which the registry's
+        # view never fills: only the orchestrator does, for approvers and admins
+        # (test_api_reviewer_reads.py).
+        assert set(vars(view)) == {"name", "description", "schema", "read_only_hint", "destructive_hint", "risk"}
+        assert view.risk is None
 
 
 def _tool(name, description="a tool"):

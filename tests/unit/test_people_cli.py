@@ -302,7 +302,8 @@ def test_tools_lists_names_descriptions_and_schemas(server, agent):
     as_json = [json.loads(line) for line in cli(server, "tools", "--json").stdout.splitlines()]
     by_name = {o["name"]: o for o in as_json}
     assert by_name["echo"] == {"name": "echo", "description": echo.description, "schema": dict(echo.schema),
-                               "read_only_hint": True, "destructive_hint": False}
+                               "read_only_hint": True, "destructive_hint": False,
+                               "risk": None}  # an agent's token: no risk metadata (approvers get it)
     assert {"credit", "read_file"} <= set(by_name)
     assert (by_name["credit"]["read_only_hint"], by_name["credit"]["destructive_hint"]) == (False, True)
 

@@ -73,6 +73,8 @@ class FileServiceServicer:
         """Server stream: each file as one or more chunks, in path order. From the run's workspace
         (`paths`, files or directories relative to /workspace) or, with `artifacts`, from the
         files its tools declared as outputs (kept after the run and its workspace are gone).
+        Agents and admins may read either; an approver only the artifacts (`artifacts` set: what
+        the run's tools declared as outputs), never the workspace's files (PERMISSION_DENIED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -100,6 +100,8 @@ class FileServiceStub(typing.Generic[_FileServiceUploadFilesType, _FileServiceDo
     """Server stream: each file as one or more chunks, in path order. From the run's workspace
     (`paths`, files or directories relative to /workspace) or, with `artifacts`, from the
     files its tools declared as outputs (kept after the run and its workspace are gone).
+    Agents and admins may read either; an approver only the artifacts (`artifacts` set: what
+    the run's tools declared as outputs), never the workspace's files (PERMISSION_DENIED).
     """
 
 FileServiceAsyncStub: typing_extensions.TypeAlias = FileServiceStub[
@@ -142,6 +144,8 @@ class FileServiceServicer(metaclass=abc.ABCMeta):
         """Server stream: each file as one or more chunks, in path order. From the run's workspace
         (`paths`, files or directories relative to /workspace) or, with `artifacts`, from the
         files its tools declared as outputs (kept after the run and its workspace are gone).
+        Agents and admins may read either; an approver only the artifacts (`artifacts` set: what
+        the run's tools declared as outputs), never the workspace's files (PERMISSION_DENIED).
         """
 
 def add_FileServiceServicer_to_server(servicer: FileServiceServicer, server: typing.Union[grpc.Server, grpc.aio.Server]) -> None: ...

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from ringfence.v1 import types_pb2 as ringfence_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17ringfence/v1/runs.proto\x12\x0cringfence.v1\x1a\x18ringfence/v1/types.proto\"b\n\x0fStartRunRequest\x12\x0c\n\x04goal\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x31\n\tworkspace\x18\x03 \x01(\x0b\x32\x1e.ringfence.v1.WorkspaceRequest\"1\n\x10WorkspaceRequest\x12\r\n\x05\x62ytes\x18\x01 \x01(\x04\x12\x0e\n\x06inodes\x18\x02 \x01(\x04\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\x11\n\x0fListRunsRequest\"3\n\x10ListRunsResponse\x12\x1f\n\x04runs\x18\x01 \x03(\x0b\x32\x11.ringfence.v1.Run\"\"\n\x10\x46inishRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\"\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"a\n\x12SubmitBatchRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12)\n\x05\x63\x61lls\x18\x02 \x03(\x0b\x32\x1a.ringfence.v1.ProposedCall\x12\x10\n\x08\x62\x61tch_id\x18\x03 \x01(\t\"F\n\x13SubmitBatchResponse\x12/\n\x0cobservations\x18\x01 \x03(\x0b\x32\x19.ringfence.v1.Observation\"^\n\x12\x45xecutePlanRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12%\n\x05steps\x18\x02 \x03(\x0b\x32\x16.ringfence.v1.PlanStep\x12\x11\n\tmax_steps\x18\x03 \x01(\r\"3\n\x0fWatchRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x02 \x01(\x04\"N\n\x17WithdrawApprovalRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0b\x61pproval_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t2\x83\x05\n\nRunService\x12<\n\x08StartRun\x12\x1d.ringfence.v1.StartRunRequest\x1a\x11.ringfence.v1.Run\x12\x38\n\x06GetRun\x12\x1b.ringfence.v1.GetRunRequest\x1a\x11.ringfence.v1.Run\x12I\n\x08ListRuns\x12\x1d.ringfence.v1.ListRunsRequest\x1a\x1e.ringfence.v1.ListRunsResponse\x12>\n\tFinishRun\x12\x1e.ringfence.v1.FinishRunRequest\x1a\x11.ringfence.v1.Run\x12>\n\tCancelRun\x12\x1e.ringfence.v1.CancelRunRequest\x1a\x11.ringfence.v1.Run\x12R\n\x0bSubmitBatch\x12 .ringfence.v1.SubmitBatchRequest\x1a!.ringfence.v1.SubmitBatchResponse\x12\x46\n\x0b\x45xecutePlan\x12 .ringfence.v1.ExecutePlanRequest\x1a\x13.ringfence.v1.Event0\x01\x12@\n\x08WatchRun\x12\x1d.ringfence.v1.WatchRunRequest\x1a\x13.ringfence.v1.Event0\x01\x12T\n\x10WithdrawApproval\x12%.ringfence.v1.WithdrawApprovalRequest\x1a\x19.ringfence.v1.Observationb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17ringfence/v1/runs.proto\x12\x0cringfence.v1\x1a\x18ringfence/v1/types.proto\"b\n\x0fStartRunRequest\x12\x0c\n\x04goal\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x31\n\tworkspace\x18\x03 \x01(\x0b\x32\x1e.ringfence.v1.WorkspaceRequest\"1\n\x10WorkspaceRequest\x12\r\n\x05\x62ytes\x18\x01 \x01(\x04\x12\x0e\n\x06inodes\x18\x02 \x01(\x04\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\x8c\x01\n\x0fListRunsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\'\n\x06status\x18\x03 \x01(\x0e\x32\x17.ringfence.v1.RunStatus\x12)\n\x07outcome\x18\x04 \x01(\x0e\x32\x18.ringfence.v1.RunOutcome\"L\n\x10ListRunsResponse\x12\x1f\n\x04runs\x18\x01 \x03(\x0b\x32\x11.ringfence.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"H\n\x11ListEventsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x02 \x01(\x04\x12\x11\n\tpage_size\x18\x03 \x01(\r\"K\n\x12ListEventsResponse\x12#\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x13.ringfence.v1.Event\x12\x10\n\x08next_seq\x18\x02 \x01(\x04\"\"\n\x10VerifyRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"d\n\x0b\x41uditReport\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x15\n\rfirst_bad_seq\x18\x02 \x01(\x04\x12\x0f\n\x07problem\x18\x03 \x01(\t\x12\x0e\n\x06\x65vents\x18\x04 \x01(\x04\x12\x11\n\thead_hash\x18\x05 \x01(\t\"\"\n\x10\x46inishRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\"\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"a\n\x12SubmitBatchRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12)\n\x05\x63\x61lls\x18\x02 \x03(\x0b\x32\x1a.ringfence.v1.ProposedCall\x12\x10\n\x08\x62\x61tch_id\x18\x03 \x01(\t\"F\n\x13SubmitBatchResponse\x12/\n\x0cobservations\x18\x01 \x03(\x0b\x32\x19.ringfence.v1.Observation\"^\n\x12\x45xecutePlanRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12%\n\x05steps\x18\x02 \x03(\x0b\x32\x16.ringfence.v1.PlanStep\x12\x11\n\tmax_steps\x18\x03 \x01(\r\"3\n\x0fWatchRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x02 \x01(\x04\"N\n\x17WithdrawApprovalRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0b\x61pproval_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t2\x9c\x06\n\nRunService\x12<\n\x08StartRun\x12\x1d.ringfence.v1.StartRunRequest\x1a\x11.ringfence.v1.Run\x12\x38\n\x06GetRun\x12\x1b.ringfence.v1.GetRunRequest\x1a\x11.ringfence.v1.Run\x12I\n\x08ListRuns\x12\x1d.ringfence.v1.ListRunsRequest\x1a\x1e.ringfence.v1.ListRunsResponse\x12>\n\tFinishRun\x12\x1e.ringfence.v1.FinishRunRequest\x1a\x11.ringfence.v1.Run\x12>\n\tCancelRun\x12\x1e.ringfence.v1.CancelRunRequest\x1a\x11.ringfence.v1.Run\x12R\n\x0bSubmitBatch\x12 .ringfence.v1.SubmitBatchRequest\x1a!.ringfence.v1.SubmitBatchResponse\x12\x46\n\x0b\x45xecutePlan\x12 .ringfence.v1.ExecutePlanRequest\x1a\x13.ringfence.v1.Event0\x01\x12@\n\x08WatchRun\x12\x1d.ringfence.v1.WatchRunRequest\x1a\x13.ringfence.v1.Event0\x01\x12O\n\nListEvents\x12\x1f.ringfence.v1.ListEventsRequest\x1a .ringfence.v1.ListEventsResponse\x12\x46\n\tVerifyRun\x12\x1e.ringfence.v1.VerifyRunRequest\x1a\x19.ringfence.v1.AuditReport\x12T\n\x10WithdrawApproval\x12%.ringfence.v1.WithdrawApprovalRequest\x1a\x19.ringfence.v1.Observationb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,24 +38,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WORKSPACEREQUEST']._serialized_end=216
   _globals['_GETRUNREQUEST']._serialized_start=218
   _globals['_GETRUNREQUEST']._serialized_end=249
-  _globals['_LISTRUNSREQUEST']._serialized_start=251
-  _globals['_LISTRUNSREQUEST']._serialized_end=268
-  _globals['_LISTRUNSRESPONSE']._serialized_start=270
-  _globals['_LISTRUNSRESPONSE']._serialized_end=321
-  _globals['_FINISHRUNREQUEST']._serialized_start=323
-  _globals['_FINISHRUNREQUEST']._serialized_end=357
-  _globals['_CANCELRUNREQUEST']._serialized_start=359
-  _globals['_CANCELRUNREQUEST']._serialized_end=393
-  _globals['_SUBMITBATCHREQUEST']._serialized_start=395
-  _globals['_SUBMITBATCHREQUEST']._serialized_end=492
-  _globals['_SUBMITBATCHRESPONSE']._serialized_start=494
-  _globals['_SUBMITBATCHRESPONSE']._serialized_end=564
-  _globals['_EXECUTEPLANREQUEST']._serialized_start=566
-  _globals['_EXECUTEPLANREQUEST']._serialized_end=660
-  _globals['_WATCHRUNREQUEST']._serialized_start=662
-  _globals['_WATCHRUNREQUEST']._serialized_end=713
-  _globals['_WITHDRAWAPPROVALREQUEST']._serialized_start=715
-  _globals['_WITHDRAWAPPROVALREQUEST']._serialized_end=793
-  _globals['_RUNSERVICE']._serialized_start=796
-  _globals['_RUNSERVICE']._serialized_end=1439
+  _globals['_LISTRUNSREQUEST']._serialized_start=252
+  _globals['_LISTRUNSREQUEST']._serialized_end=392
+  _globals['_LISTRUNSRESPONSE']._serialized_start=394
+  _globals['_LISTRUNSRESPONSE']._serialized_end=470
+  _globals['_LISTEVENTSREQUEST']._serialized_start=472
+  _globals['_LISTEVENTSREQUEST']._serialized_end=544
+  _globals['_LISTEVENTSRESPONSE']._serialized_start=546
+  _globals['_LISTEVENTSRESPONSE']._serialized_end=621
+  _globals['_VERIFYRUNREQUEST']._serialized_start=623
+  _globals['_VERIFYRUNREQUEST']._serialized_end=657
+  _globals['_AUDITREPORT']._serialized_start=659
+  _globals['_AUDITREPORT']._serialized_end=759
+  _globals['_FINISHRUNREQUEST']._serialized_start=761
+  _globals['_FINISHRUNREQUEST']._serialized_end=795
+  _globals['_CANCELRUNREQUEST']._serialized_start=797
+  _globals['_CANCELRUNREQUEST']._serialized_end=831
+  _globals['_SUBMITBATCHREQUEST']._serialized_start=833
+  _globals['_SUBMITBATCHREQUEST']._serialized_end=930
+  _globals['_SUBMITBATCHRESPONSE']._serialized_start=932
+  _globals['_SUBMITBATCHRESPONSE']._serialized_end=1002
+  _globals['_EXECUTEPLANREQUEST']._serialized_start=1004
+  _globals['_EXECUTEPLANREQUEST']._serialized_end=1098
+  _globals['_WATCHRUNREQUEST']._serialized_start=1100
+  _globals['_WATCHRUNREQUEST']._serialized_end=1151
+  _globals['_WITHDRAWAPPROVALREQUEST']._serialized_start=1153
+  _globals['_WITHDRAWAPPROVALREQUEST']._serialized_end=1231
+  _globals['_RUNSERVICE']._serialized_start=1234
+  _globals['_RUNSERVICE']._serialized_end=2030
 # @@protoc_insertion_point(module_scope)

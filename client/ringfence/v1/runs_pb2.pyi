@@ -87,9 +87,31 @@ Global___GetRunRequest: typing_extensions.TypeAlias = GetRunRequest
 class ListRunsRequest(google.protobuf.message.Message):
     DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
+    PAGE_SIZE_FIELD_NUMBER: builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: builtins.int
+    STATUS_FIELD_NUMBER: builtins.int
+    OUTCOME_FIELD_NUMBER: builtins.int
+    page_size: builtins.int
+    """Runs per page: 0 = 50; at most 500 (above: INVALID_ARGUMENT naming page_size)."""
+    page_token: builtins.str
+    """"" for the first page, else a previous response's next_page_token, sent with the same
+    filters by the same tenant (otherwise: INVALID_ARGUMENT naming page_token).
+    """
+    status: ringfence.v1.types_pb2.RunStatus.ValueType
+    """Only runs of this status; UNSPECIFIED = any."""
+    outcome: ringfence.v1.types_pb2.RunOutcome.ValueType
+    """Only finished runs of this outcome; UNSPECIFIED = any (unfinished runs included).
+    RUN_OUTCOME_MODEL_TRUNCATED is the client's own and never stored: INVALID_ARGUMENT.
+    """
     def __init__(
         self,
+        *,
+        page_size: builtins.int = ...,
+        page_token: builtins.str = ...,
+        status: ringfence.v1.types_pb2.RunStatus.ValueType = ...,
+        outcome: ringfence.v1.types_pb2.RunOutcome.ValueType = ...,
     ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["outcome", b"outcome", "page_size", b"page_size", "page_token", b"page_token", "status", b"status"]) -> None: ...
 
 Global___ListRunsRequest: typing_extensions.TypeAlias = ListRunsRequest
 
@@ -98,16 +120,120 @@ class ListRunsResponse(google.protobuf.message.Message):
     DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
     RUNS_FIELD_NUMBER: builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: builtins.int
+    next_page_token: builtins.str
+    """Send it back for the next page; "" when this page is the last."""
     @property
-    def runs(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[ringfence.v1.types_pb2.Run]: ...
+    def runs(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[ringfence.v1.types_pb2.Run]:
+        """Newest first (by start). A run started after the first page was read appears on no later
+        page; a run never appears on two pages.
+        """
+
     def __init__(
         self,
         *,
         runs: collections.abc.Iterable[ringfence.v1.types_pb2.Run] | None = ...,
+        next_page_token: builtins.str = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["runs", b"runs"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["next_page_token", b"next_page_token", "runs", b"runs"]) -> None: ...
 
 Global___ListRunsResponse: typing_extensions.TypeAlias = ListRunsResponse
+
+@typing.final
+class ListEventsRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: builtins.int
+    FROM_SEQ_FIELD_NUMBER: builtins.int
+    PAGE_SIZE_FIELD_NUMBER: builtins.int
+    run_id: builtins.str
+    from_seq: builtins.int
+    """The first seq wanted (0 and 1 both mean from the start)."""
+    page_size: builtins.int
+    """Events per page: 0 = 500; at most 1000 (above: INVALID_ARGUMENT naming page_size)."""
+    def __init__(
+        self,
+        *,
+        run_id: builtins.str = ...,
+        from_seq: builtins.int = ...,
+        page_size: builtins.int = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["from_seq", b"from_seq", "page_size", b"page_size", "run_id", b"run_id"]) -> None: ...
+
+Global___ListEventsRequest: typing_extensions.TypeAlias = ListEventsRequest
+
+@typing.final
+class ListEventsResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    EVENTS_FIELD_NUMBER: builtins.int
+    NEXT_SEQ_FIELD_NUMBER: builtins.int
+    next_seq: builtins.int
+    """The from_seq of the next page; 0 when this page reached the log's current end (a live run's
+    later events are then asked for from the last seq seen + 1).
+    """
+    @property
+    def events(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[ringfence.v1.types_pb2.Event]:
+        """Events with seq >= from_seq, in order, at most page_size."""
+
+    def __init__(
+        self,
+        *,
+        events: collections.abc.Iterable[ringfence.v1.types_pb2.Event] | None = ...,
+        next_seq: builtins.int = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["events", b"events", "next_seq", b"next_seq"]) -> None: ...
+
+Global___ListEventsResponse: typing_extensions.TypeAlias = ListEventsResponse
+
+@typing.final
+class VerifyRunRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: builtins.int
+    run_id: builtins.str
+    def __init__(
+        self,
+        *,
+        run_id: builtins.str = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["run_id", b"run_id"]) -> None: ...
+
+Global___VerifyRunRequest: typing_extensions.TypeAlias = VerifyRunRequest
+
+@typing.final
+class AuditReport(google.protobuf.message.Message):
+    """The result of checking a run's hash chain (ringfence_server/control/store/audit.py)."""
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    OK_FIELD_NUMBER: builtins.int
+    FIRST_BAD_SEQ_FIELD_NUMBER: builtins.int
+    PROBLEM_FIELD_NUMBER: builtins.int
+    EVENTS_FIELD_NUMBER: builtins.int
+    HEAD_HASH_FIELD_NUMBER: builtins.int
+    ok: builtins.bool
+    """Every event links to its predecessor and its hash matches its content."""
+    first_bad_seq: builtins.int
+    """The seq of the first event that fails a check; 0 when ok."""
+    problem: builtins.str
+    """Why that event fails, for a person; "" when ok."""
+    events: builtins.int
+    """How many events were checked (up to and including the first bad one)."""
+    head_hash: builtins.str
+    """The hash of the run's last stored event: record it elsewhere to detect a cut-off tail later."""
+    def __init__(
+        self,
+        *,
+        ok: builtins.bool = ...,
+        first_bad_seq: builtins.int = ...,
+        problem: builtins.str = ...,
+        events: builtins.int = ...,
+        head_hash: builtins.str = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["events", b"events", "first_bad_seq", b"first_bad_seq", "head_hash", b"head_hash", "ok", b"ok", "problem", b"problem"]) -> None: ...
+
+Global___AuditReport: typing_extensions.TypeAlias = AuditReport
 
 @typing.final
 class FinishRunRequest(google.protobuf.message.Message):

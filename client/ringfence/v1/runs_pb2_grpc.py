@@ -77,6 +77,16 @@ class RunServiceStub:
                 request_serializer=ringfence_dot_v1_dot_runs__pb2.WatchRunRequest.SerializeToString,
                 response_deserializer=ringfence_dot_v1_dot_types__pb2.Event.FromString,
                 _registered_method=True)
+        self.ListEvents = channel.unary_unary(
+                '/ringfence.v1.RunService/ListEvents',
+                request_serializer=ringfence_dot_v1_dot_runs__pb2.ListEventsRequest.SerializeToString,
+                response_deserializer=ringfence_dot_v1_dot_runs__pb2.ListEventsResponse.FromString,
+                _registered_method=True)
+        self.VerifyRun = channel.unary_unary(
+                '/ringfence.v1.RunService/VerifyRun',
+                request_serializer=ringfence_dot_v1_dot_runs__pb2.VerifyRunRequest.SerializeToString,
+                response_deserializer=ringfence_dot_v1_dot_runs__pb2.AuditReport.FromString,
+                _registered_method=True)
         self.WithdrawApproval = channel.unary_unary(
                 '/ringfence.v1.RunService/WithdrawApproval',
                 request_serializer=ringfence_dot_v1_dot_runs__pb2.WithdrawApprovalRequest.SerializeToString,
@@ -104,7 +114,8 @@ class RunServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListRuns(self, request, context):
-        """The caller's tenant's runs only.
+        """The caller's tenant's runs only, newest first, a page at a time (the server reads only the
+        page it returns), optionally only those of one status or outcome.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -140,6 +151,23 @@ class RunServiceServicer:
     def WatchRun(self, request, context):
         """Replays the run's events from `from_seq`, then streams new ones until the run finishes or
         the caller cancels.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListEvents(self, request, context):
+        """A page of the run's events, in seq order: a unary read of a run's log, live or finished,
+        without holding a stream open. Any role of the run's tenant.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def VerifyRun(self, request, context):
+        """Verifies the run's stored audit hash chain on the server (what `ringfence runs verify`
+        checks against the store): whether every event links to its predecessor and its hash
+        matches its content, and the chain's head. Any role of the run's tenant.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -198,6 +226,16 @@ def add_RunServiceServicer_to_server(servicer, server):
                     servicer.WatchRun,
                     request_deserializer=ringfence_dot_v1_dot_runs__pb2.WatchRunRequest.FromString,
                     response_serializer=ringfence_dot_v1_dot_types__pb2.Event.SerializeToString,
+            ),
+            'ListEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEvents,
+                    request_deserializer=ringfence_dot_v1_dot_runs__pb2.ListEventsRequest.FromString,
+                    response_serializer=ringfence_dot_v1_dot_runs__pb2.ListEventsResponse.SerializeToString,
+            ),
+            'VerifyRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.VerifyRun,
+                    request_deserializer=ringfence_dot_v1_dot_runs__pb2.VerifyRunRequest.FromString,
+                    response_serializer=ringfence_dot_v1_dot_runs__pb2.AuditReport.SerializeToString,
             ),
             'WithdrawApproval': grpc.unary_unary_rpc_method_handler(
                     servicer.WithdrawApproval,
@@ -423,6 +461,60 @@ class RunService:
             '/ringfence.v1.RunService/WatchRun',
             ringfence_dot_v1_dot_runs__pb2.WatchRunRequest.SerializeToString,
             ringfence_dot_v1_dot_types__pb2.Event.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ringfence.v1.RunService/ListEvents',
+            ringfence_dot_v1_dot_runs__pb2.ListEventsRequest.SerializeToString,
+            ringfence_dot_v1_dot_runs__pb2.ListEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def VerifyRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ringfence.v1.RunService/VerifyRun',
+            ringfence_dot_v1_dot_runs__pb2.VerifyRunRequest.SerializeToString,
+            ringfence_dot_v1_dot_runs__pb2.AuditReport.FromString,
             options,
             channel_credentials,
             insecure,

@@ -154,6 +154,38 @@ _RunServiceWatchRunType = typing_extensions.TypeVar(
     ],
 )
 
+_RunServiceListEventsType = typing_extensions.TypeVar(
+    '_RunServiceListEventsType',
+    grpc.UnaryUnaryMultiCallable[
+        ringfence.v1.runs_pb2.ListEventsRequest,
+        ringfence.v1.runs_pb2.ListEventsResponse,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        ringfence.v1.runs_pb2.ListEventsRequest,
+        ringfence.v1.runs_pb2.ListEventsResponse,
+    ],
+    default=grpc.UnaryUnaryMultiCallable[
+        ringfence.v1.runs_pb2.ListEventsRequest,
+        ringfence.v1.runs_pb2.ListEventsResponse,
+    ],
+)
+
+_RunServiceVerifyRunType = typing_extensions.TypeVar(
+    '_RunServiceVerifyRunType',
+    grpc.UnaryUnaryMultiCallable[
+        ringfence.v1.runs_pb2.VerifyRunRequest,
+        ringfence.v1.runs_pb2.AuditReport,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        ringfence.v1.runs_pb2.VerifyRunRequest,
+        ringfence.v1.runs_pb2.AuditReport,
+    ],
+    default=grpc.UnaryUnaryMultiCallable[
+        ringfence.v1.runs_pb2.VerifyRunRequest,
+        ringfence.v1.runs_pb2.AuditReport,
+    ],
+)
+
 _RunServiceWithdrawApprovalType = typing_extensions.TypeVar(
     '_RunServiceWithdrawApprovalType',
     grpc.UnaryUnaryMultiCallable[
@@ -170,7 +202,7 @@ _RunServiceWithdrawApprovalType = typing_extensions.TypeVar(
     ],
 )
 
-class RunServiceStub(typing.Generic[_RunServiceStartRunType, _RunServiceGetRunType, _RunServiceListRunsType, _RunServiceFinishRunType, _RunServiceCancelRunType, _RunServiceSubmitBatchType, _RunServiceExecutePlanType, _RunServiceWatchRunType, _RunServiceWithdrawApprovalType]):
+class RunServiceStub(typing.Generic[_RunServiceStartRunType, _RunServiceGetRunType, _RunServiceListRunsType, _RunServiceFinishRunType, _RunServiceCancelRunType, _RunServiceSubmitBatchType, _RunServiceExecutePlanType, _RunServiceWatchRunType, _RunServiceListEventsType, _RunServiceVerifyRunType, _RunServiceWithdrawApprovalType]):
     """Runs: an agent's goal, its turns of proposed calls or a plan, and the event log of what
     happened. Every method is scoped to the caller's tenant: another tenant's run is NOT_FOUND.
     """
@@ -208,6 +240,14 @@ class RunServiceStub(typing.Generic[_RunServiceStartRunType, _RunServiceGetRunTy
         grpc.UnaryStreamMultiCallable[
             ringfence.v1.runs_pb2.WatchRunRequest,
             ringfence.v1.types_pb2.Event,
+        ],
+        grpc.UnaryUnaryMultiCallable[
+            ringfence.v1.runs_pb2.ListEventsRequest,
+            ringfence.v1.runs_pb2.ListEventsResponse,
+        ],
+        grpc.UnaryUnaryMultiCallable[
+            ringfence.v1.runs_pb2.VerifyRunRequest,
+            ringfence.v1.runs_pb2.AuditReport,
         ],
         grpc.UnaryUnaryMultiCallable[
             ringfence.v1.runs_pb2.WithdrawApprovalRequest,
@@ -250,6 +290,14 @@ class RunServiceStub(typing.Generic[_RunServiceStartRunType, _RunServiceGetRunTy
             ringfence.v1.types_pb2.Event,
         ],
         grpc.aio.UnaryUnaryMultiCallable[
+            ringfence.v1.runs_pb2.ListEventsRequest,
+            ringfence.v1.runs_pb2.ListEventsResponse,
+        ],
+        grpc.aio.UnaryUnaryMultiCallable[
+            ringfence.v1.runs_pb2.VerifyRunRequest,
+            ringfence.v1.runs_pb2.AuditReport,
+        ],
+        grpc.aio.UnaryUnaryMultiCallable[
             ringfence.v1.runs_pb2.WithdrawApprovalRequest,
             ringfence.v1.types_pb2.Observation,
         ],
@@ -263,7 +311,9 @@ class RunServiceStub(typing.Generic[_RunServiceStartRunType, _RunServiceGetRunTy
     GetRun: _RunServiceGetRunType
 
     ListRuns: _RunServiceListRunsType
-    """The caller's tenant's runs only."""
+    """The caller's tenant's runs only, newest first, a page at a time (the server reads only the
+    page it returns), optionally only those of one status or outcome.
+    """
 
     FinishRun: _RunServiceFinishRunType
 
@@ -280,6 +330,17 @@ class RunServiceStub(typing.Generic[_RunServiceStartRunType, _RunServiceGetRunTy
     WatchRun: _RunServiceWatchRunType
     """Replays the run's events from `from_seq`, then streams new ones until the run finishes or
     the caller cancels.
+    """
+
+    ListEvents: _RunServiceListEventsType
+    """A page of the run's events, in seq order: a unary read of a run's log, live or finished,
+    without holding a stream open. Any role of the run's tenant.
+    """
+
+    VerifyRun: _RunServiceVerifyRunType
+    """Verifies the run's stored audit hash chain on the server (what `ringfence runs verify`
+    checks against the store): whether every event links to its predecessor and its hash
+    matches its content, and the chain's head. Any role of the run's tenant.
     """
 
     WithdrawApproval: _RunServiceWithdrawApprovalType
@@ -324,6 +385,14 @@ RunServiceAsyncStub: typing_extensions.TypeAlias = RunServiceStub[
         ringfence.v1.types_pb2.Event,
     ],
     grpc.aio.UnaryUnaryMultiCallable[
+        ringfence.v1.runs_pb2.ListEventsRequest,
+        ringfence.v1.runs_pb2.ListEventsResponse,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        ringfence.v1.runs_pb2.VerifyRunRequest,
+        ringfence.v1.runs_pb2.AuditReport,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
         ringfence.v1.runs_pb2.WithdrawApprovalRequest,
         ringfence.v1.types_pb2.Observation,
     ],
@@ -357,7 +426,9 @@ class RunServiceServicer(metaclass=abc.ABCMeta):
         request: ringfence.v1.runs_pb2.ListRunsRequest,
         context: _ServicerContext,
     ) -> typing.Union[ringfence.v1.runs_pb2.ListRunsResponse, collections.abc.Awaitable[ringfence.v1.runs_pb2.ListRunsResponse]]:
-        """The caller's tenant's runs only."""
+        """The caller's tenant's runs only, newest first, a page at a time (the server reads only the
+        page it returns), optionally only those of one status or outcome.
+        """
 
     @abc.abstractmethod
     def FinishRun(
@@ -399,6 +470,27 @@ class RunServiceServicer(metaclass=abc.ABCMeta):
     ) -> typing.Union[collections.abc.Iterator[ringfence.v1.types_pb2.Event], collections.abc.AsyncIterator[ringfence.v1.types_pb2.Event]]:
         """Replays the run's events from `from_seq`, then streams new ones until the run finishes or
         the caller cancels.
+        """
+
+    @abc.abstractmethod
+    def ListEvents(
+        self,
+        request: ringfence.v1.runs_pb2.ListEventsRequest,
+        context: _ServicerContext,
+    ) -> typing.Union[ringfence.v1.runs_pb2.ListEventsResponse, collections.abc.Awaitable[ringfence.v1.runs_pb2.ListEventsResponse]]:
+        """A page of the run's events, in seq order: a unary read of a run's log, live or finished,
+        without holding a stream open. Any role of the run's tenant.
+        """
+
+    @abc.abstractmethod
+    def VerifyRun(
+        self,
+        request: ringfence.v1.runs_pb2.VerifyRunRequest,
+        context: _ServicerContext,
+    ) -> typing.Union[ringfence.v1.runs_pb2.AuditReport, collections.abc.Awaitable[ringfence.v1.runs_pb2.AuditReport]]:
+        """Verifies the run's stored audit hash chain on the server (what `ringfence runs verify`
+        checks against the store): whether every event links to its predecessor and its hash
+        matches its content, and the chain's head. Any role of the run's tenant.
         """
 
     @abc.abstractmethod

@@ -48,7 +48,8 @@ class ToolServiceServicer:
 
     def ListTools(self, request, context):
         """The tools the caller may see. With more than a dozen tools registered, `query` narrows the
-        list to the relevant ones so a model's context is not flooded.
+        list to the relevant ones so a model's context is not flooded. Each tool's `risk` is set for
+        an approver or an admin only (Tool's comment says why).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

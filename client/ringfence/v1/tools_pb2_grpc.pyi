@@ -62,7 +62,8 @@ class ToolServiceStub(typing.Generic[_ToolServiceListToolsType]):
 
     ListTools: _ToolServiceListToolsType
     """The tools the caller may see. With more than a dozen tools registered, `query` narrows the
-    list to the relevant ones so a model's context is not flooded.
+    list to the relevant ones so a model's context is not flooded. Each tool's `risk` is set for
+    an approver or an admin only (Tool's comment says why).
     """
 
 ToolServiceAsyncStub: typing_extensions.TypeAlias = ToolServiceStub[
@@ -82,7 +83,8 @@ class ToolServiceServicer(metaclass=abc.ABCMeta):
         context: _ServicerContext,
     ) -> typing.Union[ringfence.v1.tools_pb2.ListToolsResponse, collections.abc.Awaitable[ringfence.v1.tools_pb2.ListToolsResponse]]:
         """The tools the caller may see. With more than a dozen tools registered, `query` narrows the
-        list to the relevant ones so a model's context is not flooded.
+        list to the relevant ones so a model's context is not flooded. Each tool's `risk` is set for
+        an approver or an admin only (Tool's comment says why).
         """
 
 def add_ToolServiceServicer_to_server(servicer: ToolServiceServicer, server: typing.Union[grpc.Server, grpc.aio.Server]) -> None: ...

@@ -25,39 +25,47 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18ringfence/v1/types.proto\x12\x0cringfence.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xac\x01\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x1d\n\x15\x61rguments_schema_json\x18\x03 \x01(\t\x12\x1b\n\x0eread_only_hint\x18\x04 \x01(\x08H\x00\x88\x01\x01\x12\x1d\n\x10\x64\x65structive_hint\x18\x05 \x01(\x08H\x01\x88\x01\x01\x42\x11\n\x0f_read_only_hintB\x13\n\x11_destructive_hint\"w\n\x0cProposedCall\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\x12\x1c\n\x0fidempotency_key\x18\x04 \x01(\tH\x00\x88\x01\x01\x42\x12\n\x10_idempotency_key\"=\n\x08PlanStep\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\"\xb5\x02\n\x0bObservation\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12/\n\x06status\x18\x03 \x01(\x0e\x32\x1f.ringfence.v1.ObservationStatus\x12\x10\n\x08\x65xecuted\x18\x04 \x01(\x08\x12\x19\n\x0c\x63ontent_json\x18\x05 \x01(\tH\x00\x88\x01\x01\x12\x12\n\x05\x65rror\x18\x06 \x01(\tH\x01\x88\x01\x01\x12\x18\n\x0b\x65rror_class\x18\x07 \x01(\tH\x02\x88\x01\x01\x12\x14\n\x0cverdict_path\x18\x08 \x03(\t\x12\x18\n\x0b\x61pproval_id\x18\t \x01(\tH\x03\x88\x01\x01\x12\x10\n\x08\x61ttempts\x18\n \x01(\rB\x0f\n\r_content_jsonB\x08\n\x06_errorB\x0e\n\x0c_error_classB\x0e\n\x0c_approval_id\"3\n\x05Usage\x12\r\n\x05turns\x18\x01 \x01(\r\x12\r\n\x05\x63\x61lls\x18\x02 \x01(\r\x12\x0c\n\x04\x63ost\x18\x03 \x01(\x01\"\x86\x03\n\x08\x41pproval\x12\x13\n\x0b\x61pproval_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x04 \x01(\t\x12\x0c\n\x04tool\x18\x05 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x06 \x01(\t\x12\x0e\n\x06\x64igest\x18\x07 \x01(\t\x12,\n\x06status\x18\x08 \x01(\x0e\x32\x1c.ringfence.v1.ApprovalStatus\x12.\n\ncreated_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\ndecided_by\x18\x0b \x01(\tH\x00\x88\x01\x01\x12\x13\n\x06reason\x18\x0c \x01(\tH\x01\x88\x01\x01\x12(\n\x04kind\x18\r \x01(\x0e\x32\x1a.ringfence.v1.ApprovalKindB\r\n\x0b_decided_byB\t\n\x07_reason\"\xc8\x02\n\x03Run\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x0c\n\x04goal\x18\x03 \x01(\t\x12\'\n\x06status\x18\x04 \x01(\x0e\x32\x17.ringfence.v1.RunStatus\x12)\n\x07outcome\x18\x05 \x01(\x0e\x32\x18.ringfence.v1.RunOutcome\x12\r\n\x05turns\x18\x06 \x01(\r\x12-\n\ntrajectory\x18\x07 \x03(\x0b\x32\x19.ringfence.v1.Observation\x12\"\n\x05usage\x18\x08 \x01(\x0b\x32\x13.ringfence.v1.Usage\x12\x31\n\x11pending_approvals\x18\t \x03(\x0b\x32\x16.ringfence.v1.Approval\x12*\n\tworkspace\x18\n \x01(\x0b\x32\x17.ringfence.v1.Workspace\";\n\tWorkspace\x12\r\n\x05\x62ytes\x18\x01 \x01(\x04\x12\x0e\n\x06inodes\x18\x02 \x01(\x04\x12\x0f\n\x07removed\x18\x03 \x01(\x08\"\x85\x01\n\x05\x45vent\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x0c\n\x04type\x18\x03 \x01(\t\x12\x11\n\tdata_json\x18\x04 \x01(\t\x12\x16\n\x0eschema_version\x18\x05 \x01(\r\x12&\n\x02\x61t\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp*\x8b\x03\n\x11ObservationStatus\x12\"\n\x1eOBSERVATION_STATUS_UNSPECIFIED\x10\x00\x12\x1f\n\x1bOBSERVATION_STATUS_EXECUTED\x10\x01\x12\x1d\n\x19OBSERVATION_STATUS_DENIED\x10\x02\x12\x1e\n\x1aOBSERVATION_STATUS_BLOCKED\x10\x03\x12\x1f\n\x1bOBSERVATION_STATUS_DECLINED\x10\x04\x12#\n\x1fOBSERVATION_STATUS_UNKNOWN_TOOL\x10\x05\x12\'\n#OBSERVATION_STATUS_PENDING_APPROVAL\x10\x06\x12#\n\x1fOBSERVATION_STATUS_DEDUPLICATED\x10\x07\x12\x1d\n\x19OBSERVATION_STATUS_HALTED\x10\x08\x12\x1f\n\x1bOBSERVATION_STATUS_WITHHELD\x10\t\x12\x1e\n\x1aOBSERVATION_STATUS_INVALID\x10\n*y\n\tRunStatus\x12\x1a\n\x16RUN_STATUS_UNSPECIFIED\x10\x00\x12\x16\n\x12RUN_STATUS_RUNNING\x10\x01\x12\x1f\n\x1bRUN_STATUS_WAITING_APPROVAL\x10\x02\x12\x17\n\x13RUN_STATUS_FINISHED\x10\x03*\xb6\x02\n\nRunOutcome\x12\x1b\n\x17RUN_OUTCOME_UNSPECIFIED\x10\x00\x12\x19\n\x15RUN_OUTCOME_COMPLETED\x10\x01\x12\x1d\n\x19RUN_OUTCOME_LOOP_DETECTED\x10\x02\x12\x1e\n\x1aRUN_OUTCOME_GUARDRAIL_STOP\x10\x03\x12 \n\x1cRUN_OUTCOME_BUDGET_EXHAUSTED\x10\x04\x12!\n\x1dRUN_OUTCOME_DEADLINE_EXCEEDED\x10\x05\x12\x19\n\x15RUN_OUTCOME_CANCELLED\x10\x06\x12\x15\n\x11RUN_OUTCOME_ERROR\x10\x07\x12\x19\n\x15RUN_OUTCOME_UNCERTAIN\x10\x08\x12\x1f\n\x1bRUN_OUTCOME_MODEL_TRUNCATED\x10\t*\xe0\x01\n\x0e\x41pprovalStatus\x12\x1f\n\x1b\x41PPROVAL_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x41PPROVAL_STATUS_PENDING\x10\x01\x12\x1c\n\x18\x41PPROVAL_STATUS_APPROVED\x10\x02\x12\x1c\n\x18\x41PPROVAL_STATUS_DECLINED\x10\x03\x12\x1b\n\x17\x41PPROVAL_STATUS_EXPIRED\x10\x04\x12\x18\n\x14\x41PPROVAL_STATUS_USED\x10\x05\x12\x1d\n\x19\x41PPROVAL_STATUS_WITHDRAWN\x10\x06*b\n\x0c\x41pprovalKind\x12\x1d\n\x19\x41PPROVAL_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12\x41PPROVAL_KIND_CALL\x10\x01\x12\x1b\n\x17\x41PPROVAL_KIND_RECONCILE\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18ringfence/v1/types.proto\x12\x0cringfence.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe0\x01\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x1d\n\x15\x61rguments_schema_json\x18\x03 \x01(\t\x12\x1b\n\x0eread_only_hint\x18\x04 \x01(\x08H\x00\x88\x01\x01\x12\x1d\n\x10\x64\x65structive_hint\x18\x05 \x01(\x08H\x01\x88\x01\x01\x12)\n\x04risk\x18\x06 \x01(\x0b\x32\x16.ringfence.v1.ToolRiskH\x02\x88\x01\x01\x42\x11\n\x0f_read_only_hintB\x13\n\x11_destructive_hintB\x07\n\x05_risk\"\x88\x03\n\x08ToolRisk\x12\x0f\n\x07mutates\x18\x01 \x01(\x08\x12\x14\n\x0cirreversible\x18\x02 \x01(\x08\x12\x0c\n\x04\x63ost\x18\x03 \x01(\x01\x12\x14\n\x0cimage_digest\x18\x04 \x01(\t\x12\x14\n\x0c\x65gress_hosts\x18\x05 \x03(\t\x12\x11\n\ttimeout_s\x18\x06 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\x07 \x01(\x04\x12\x0c\n\x04\x63pus\x18\x08 \x01(\x01\x12\x0c\n\x04pids\x18\t \x01(\r\x12\x14\n\x0cstdout_limit\x18\n \x01(\x04\x12\x14\n\x0cstderr_limit\x18\x0b \x01(\x04\x12\x0f\n\x07runtime\x18\x0c \x01(\t\x12\r\n\x05image\x18\r \x01(\t\x12\x11\n\tworkspace\x18\x0e \x01(\t\x12\x30\n\x05paths\x18\x0f \x03(\x0b\x32!.ringfence.v1.ToolRisk.PathsEntry\x1a\x45\n\nPathsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12&\n\x05value\x18\x02 \x01(\x0b\x32\x17.ringfence.v1.PathRoots:\x02\x38\x01\"\x1a\n\tPathRoots\x12\r\n\x05roots\x18\x01 \x03(\t\"w\n\x0cProposedCall\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\x12\x1c\n\x0fidempotency_key\x18\x04 \x01(\tH\x00\x88\x01\x01\x42\x12\n\x10_idempotency_key\"=\n\x08PlanStep\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\"\xb5\x02\n\x0bObservation\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12/\n\x06status\x18\x03 \x01(\x0e\x32\x1f.ringfence.v1.ObservationStatus\x12\x10\n\x08\x65xecuted\x18\x04 \x01(\x08\x12\x19\n\x0c\x63ontent_json\x18\x05 \x01(\tH\x00\x88\x01\x01\x12\x12\n\x05\x65rror\x18\x06 \x01(\tH\x01\x88\x01\x01\x12\x18\n\x0b\x65rror_class\x18\x07 \x01(\tH\x02\x88\x01\x01\x12\x14\n\x0cverdict_path\x18\x08 \x03(\t\x12\x18\n\x0b\x61pproval_id\x18\t \x01(\tH\x03\x88\x01\x01\x12\x10\n\x08\x61ttempts\x18\n \x01(\rB\x0f\n\r_content_jsonB\x08\n\x06_errorB\x0e\n\x0c_error_classB\x0e\n\x0c_approval_id\"3\n\x05Usage\x12\r\n\x05turns\x18\x01 \x01(\r\x12\r\n\x05\x63\x61lls\x18\x02 \x01(\r\x12\x0c\n\x04\x63ost\x18\x03 \x01(\x01\"\xd8\x03\n\x08\x41pproval\x12\x13\n\x0b\x61pproval_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x04 \x01(\t\x12\x0c\n\x04tool\x18\x05 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x06 \x01(\t\x12\x0e\n\x06\x64igest\x18\x07 \x01(\t\x12,\n\x06status\x18\x08 \x01(\x0e\x32\x1c.ringfence.v1.ApprovalStatus\x12.\n\ncreated_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\ndecided_by\x18\x0b \x01(\tH\x00\x88\x01\x01\x12\x13\n\x06reason\x18\x0c \x01(\tH\x01\x88\x01\x01\x12(\n\x04kind\x18\r \x01(\x0e\x32\x1a.ringfence.v1.ApprovalKind\x12\x10\n\x08proposer\x18\x0e \x01(\t\x12\x13\n\x0bpolicy_rule\x18\x0f \x01(\t\x12)\n\ttool_risk\x18\x10 \x01(\x0b\x32\x16.ringfence.v1.ToolRiskB\r\n\x0b_decided_byB\t\n\x07_reason\"\xc8\x02\n\x03Run\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x0c\n\x04goal\x18\x03 \x01(\t\x12\'\n\x06status\x18\x04 \x01(\x0e\x32\x17.ringfence.v1.RunStatus\x12)\n\x07outcome\x18\x05 \x01(\x0e\x32\x18.ringfence.v1.RunOutcome\x12\r\n\x05turns\x18\x06 \x01(\r\x12-\n\ntrajectory\x18\x07 \x03(\x0b\x32\x19.ringfence.v1.Observation\x12\"\n\x05usage\x18\x08 \x01(\x0b\x32\x13.ringfence.v1.Usage\x12\x31\n\x11pending_approvals\x18\t \x03(\x0b\x32\x16.ringfence.v1.Approval\x12*\n\tworkspace\x18\n \x01(\x0b\x32\x17.ringfence.v1.Workspace\";\n\tWorkspace\x12\r\n\x05\x62ytes\x18\x01 \x01(\x04\x12\x0e\n\x06inodes\x18\x02 \x01(\x04\x12\x0f\n\x07removed\x18\x03 \x01(\x08\"\x85\x01\n\x05\x45vent\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x0c\n\x04type\x18\x03 \x01(\t\x12\x11\n\tdata_json\x18\x04 \x01(\t\x12\x16\n\x0eschema_version\x18\x05 \x01(\r\x12&\n\x02\x61t\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp*\x8b\x03\n\x11ObservationStatus\x12\"\n\x1eOBSERVATION_STATUS_UNSPECIFIED\x10\x00\x12\x1f\n\x1bOBSERVATION_STATUS_EXECUTED\x10\x01\x12\x1d\n\x19OBSERVATION_STATUS_DENIED\x10\x02\x12\x1e\n\x1aOBSERVATION_STATUS_BLOCKED\x10\x03\x12\x1f\n\x1bOBSERVATION_STATUS_DECLINED\x10\x04\x12#\n\x1fOBSERVATION_STATUS_UNKNOWN_TOOL\x10\x05\x12\'\n#OBSERVATION_STATUS_PENDING_APPROVAL\x10\x06\x12#\n\x1fOBSERVATION_STATUS_DEDUPLICATED\x10\x07\x12\x1d\n\x19OBSERVATION_STATUS_HALTED\x10\x08\x12\x1f\n\x1bOBSERVATION_STATUS_WITHHELD\x10\t\x12\x1e\n\x1aOBSERVATION_STATUS_INVALID\x10\n*y\n\tRunStatus\x12\x1a\n\x16RUN_STATUS_UNSPECIFIED\x10\x00\x12\x16\n\x12RUN_STATUS_RUNNING\x10\x01\x12\x1f\n\x1bRUN_STATUS_WAITING_APPROVAL\x10\x02\x12\x17\n\x13RUN_STATUS_FINISHED\x10\x03*\xb6\x02\n\nRunOutcome\x12\x1b\n\x17RUN_OUTCOME_UNSPECIFIED\x10\x00\x12\x19\n\x15RUN_OUTCOME_COMPLETED\x10\x01\x12\x1d\n\x19RUN_OUTCOME_LOOP_DETECTED\x10\x02\x12\x1e\n\x1aRUN_OUTCOME_GUARDRAIL_STOP\x10\x03\x12 \n\x1cRUN_OUTCOME_BUDGET_EXHAUSTED\x10\x04\x12!\n\x1dRUN_OUTCOME_DEADLINE_EXCEEDED\x10\x05\x12\x19\n\x15RUN_OUTCOME_CANCELLED\x10\x06\x12\x15\n\x11RUN_OUTCOME_ERROR\x10\x07\x12\x19\n\x15RUN_OUTCOME_UNCERTAIN\x10\x08\x12\x1f\n\x1bRUN_OUTCOME_MODEL_TRUNCATED\x10\t*\xe0\x01\n\x0e\x41pprovalStatus\x12\x1f\n\x1b\x41PPROVAL_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x41PPROVAL_STATUS_PENDING\x10\x01\x12\x1c\n\x18\x41PPROVAL_STATUS_APPROVED\x10\x02\x12\x1c\n\x18\x41PPROVAL_STATUS_DECLINED\x10\x03\x12\x1b\n\x17\x41PPROVAL_STATUS_EXPIRED\x10\x04\x12\x18\n\x14\x41PPROVAL_STATUS_USED\x10\x05\x12\x1d\n\x19\x41PPROVAL_STATUS_WITHDRAWN\x10\x06*b\n\x0c\x41pprovalKind\x12\x1d\n\x19\x41PPROVAL_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12\x41PPROVAL_KIND_CALL\x10\x01\x12\x1b\n\x17\x41PPROVAL_KIND_RECONCILE\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ringfence.v1.types_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OBSERVATIONSTATUS']._serialized_start=1721
-  _globals['_OBSERVATIONSTATUS']._serialized_end=2116
-  _globals['_RUNSTATUS']._serialized_start=2118
-  _globals['_RUNSTATUS']._serialized_end=2239
-  _globals['_RUNOUTCOME']._serialized_start=2242
-  _globals['_RUNOUTCOME']._serialized_end=2552
-  _globals['_APPROVALSTATUS']._serialized_start=2555
-  _globals['_APPROVALSTATUS']._serialized_end=2779
-  _globals['_APPROVALKIND']._serialized_start=2781
-  _globals['_APPROVALKIND']._serialized_end=2879
+  _globals['_TOOLRISK_PATHSENTRY']._loaded_options = None
+  _globals['_TOOLRISK_PATHSENTRY']._serialized_options = b'8\001'
+  _globals['_OBSERVATIONSTATUS']._serialized_start=2278
+  _globals['_OBSERVATIONSTATUS']._serialized_end=2673
+  _globals['_RUNSTATUS']._serialized_start=2675
+  _globals['_RUNSTATUS']._serialized_end=2796
+  _globals['_RUNOUTCOME']._serialized_start=2799
+  _globals['_RUNOUTCOME']._serialized_end=3109
+  _globals['_APPROVALSTATUS']._serialized_start=3112
+  _globals['_APPROVALSTATUS']._serialized_end=3336
+  _globals['_APPROVALKIND']._serialized_start=3338
+  _globals['_APPROVALKIND']._serialized_end=3436
   _globals['_TOOL']._serialized_start=76
-  _globals['_TOOL']._serialized_end=248
-  _globals['_PROPOSEDCALL']._serialized_start=250
-  _globals['_PROPOSEDCALL']._serialized_end=369
-  _globals['_PLANSTEP']._serialized_start=371
-  _globals['_PLANSTEP']._serialized_end=432
-  _globals['_OBSERVATION']._serialized_start=435
-  _globals['_OBSERVATION']._serialized_end=744
-  _globals['_USAGE']._serialized_start=746
-  _globals['_USAGE']._serialized_end=797
-  _globals['_APPROVAL']._serialized_start=800
-  _globals['_APPROVAL']._serialized_end=1190
-  _globals['_RUN']._serialized_start=1193
-  _globals['_RUN']._serialized_end=1521
-  _globals['_WORKSPACE']._serialized_start=1523
-  _globals['_WORKSPACE']._serialized_end=1582
-  _globals['_EVENT']._serialized_start=1585
-  _globals['_EVENT']._serialized_end=1718
+  _globals['_TOOL']._serialized_end=300
+  _globals['_TOOLRISK']._serialized_start=303
+  _globals['_TOOLRISK']._serialized_end=695
+  _globals['_TOOLRISK_PATHSENTRY']._serialized_start=626
+  _globals['_TOOLRISK_PATHSENTRY']._serialized_end=695
+  _globals['_PATHROOTS']._serialized_start=697
+  _globals['_PATHROOTS']._serialized_end=723
+  _globals['_PROPOSEDCALL']._serialized_start=725
+  _globals['_PROPOSEDCALL']._serialized_end=844
+  _globals['_PLANSTEP']._serialized_start=846
+  _globals['_PLANSTEP']._serialized_end=907
+  _globals['_OBSERVATION']._serialized_start=910
+  _globals['_OBSERVATION']._serialized_end=1219
+  _globals['_USAGE']._serialized_start=1221
+  _globals['_USAGE']._serialized_end=1272
+  _globals['_APPROVAL']._serialized_start=1275
+  _globals['_APPROVAL']._serialized_end=1747
+  _globals['_RUN']._serialized_start=1750
+  _globals['_RUN']._serialized_end=2078
+  _globals['_WORKSPACE']._serialized_start=2080
+  _globals['_WORKSPACE']._serialized_end=2139
+  _globals['_EVENT']._serialized_start=2142
+  _globals['_EVENT']._serialized_end=2275
 # @@protoc_insertion_point(module_scope)

@@ -199,7 +199,8 @@ Global___ApprovalKind: typing_extensions.TypeAlias = ApprovalKind
 @typing.final
 class Tool(google.protobuf.message.Message):
     """A tool as a caller may see it. Risk metadata (mutates, irreversible, cost, limits, roots,
-    egress) is policy's business and never appears here; only two hints derived from it do.
+    egress) is policy's business: an agent never sees it, only the two hints derived from it.
+    An approver or an admin, who must judge what a call may do, also gets `risk`.
     """
 
     DESCRIPTOR: google.protobuf.descriptor.Descriptor
@@ -209,6 +210,7 @@ class Tool(google.protobuf.message.Message):
     ARGUMENTS_SCHEMA_JSON_FIELD_NUMBER: builtins.int
     READ_ONLY_HINT_FIELD_NUMBER: builtins.int
     DESTRUCTIVE_HINT_FIELD_NUMBER: builtins.int
+    RISK_FIELD_NUMBER: builtins.int
     name: builtins.str
     description: builtins.str
     arguments_schema_json: builtins.str
@@ -217,6 +219,12 @@ class Tool(google.protobuf.message.Message):
     """The tool does not mutate the world. Absent (an older server): false."""
     destructive_hint: builtins.bool
     """The tool mutates the world irreversibly. Absent (an older server): true, the cautious reading."""
+    @property
+    def risk(self) -> Global___ToolRisk:
+        """The tool's risk metadata: set only for an approver or an admin, never for an agent (nor a
+        verifier), so an agent cannot tailor its calls to slip under a policy's thresholds.
+        """
+
     def __init__(
         self,
         *,
@@ -225,15 +233,127 @@ class Tool(google.protobuf.message.Message):
         arguments_schema_json: builtins.str = ...,
         read_only_hint: builtins.bool | None = ...,
         destructive_hint: builtins.bool | None = ...,
+        risk: Global___ToolRisk | None = ...,
     ) -> None: ...
-    def HasField(self, field_name: typing.Literal["_destructive_hint", b"_destructive_hint", "_read_only_hint", b"_read_only_hint", "destructive_hint", b"destructive_hint", "read_only_hint", b"read_only_hint"]) -> builtins.bool: ...
-    def ClearField(self, field_name: typing.Literal["_destructive_hint", b"_destructive_hint", "_read_only_hint", b"_read_only_hint", "arguments_schema_json", b"arguments_schema_json", "description", b"description", "destructive_hint", b"destructive_hint", "name", b"name", "read_only_hint", b"read_only_hint"]) -> None: ...
+    def HasField(self, field_name: typing.Literal["_destructive_hint", b"_destructive_hint", "_read_only_hint", b"_read_only_hint", "_risk", b"_risk", "destructive_hint", b"destructive_hint", "read_only_hint", b"read_only_hint", "risk", b"risk"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["_destructive_hint", b"_destructive_hint", "_read_only_hint", b"_read_only_hint", "_risk", b"_risk", "arguments_schema_json", b"arguments_schema_json", "description", b"description", "destructive_hint", b"destructive_hint", "name", b"name", "read_only_hint", b"read_only_hint", "risk", b"risk"]) -> None: ...
     @typing.overload
     def WhichOneof(self, oneof_group: typing.Literal["_destructive_hint", b"_destructive_hint"]) -> typing.Literal["destructive_hint"] | None: ...
     @typing.overload
     def WhichOneof(self, oneof_group: typing.Literal["_read_only_hint", b"_read_only_hint"]) -> typing.Literal["read_only_hint"] | None: ...
+    @typing.overload
+    def WhichOneof(self, oneof_group: typing.Literal["_risk", b"_risk"]) -> typing.Literal["risk"] | None: ...
 
 Global___Tool: typing_extensions.TypeAlias = Tool
+
+@typing.final
+class ToolRisk(google.protobuf.message.Message):
+    """What a tool may do, as the registry's manifest declares it (docs/TOOLS.md names each field).
+    For people who judge calls (approvers, admins); never sent to an agent.
+    """
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    @typing.final
+    class PathsEntry(google.protobuf.message.Message):
+        DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: builtins.int
+        VALUE_FIELD_NUMBER: builtins.int
+        key: builtins.str
+        @property
+        def value(self) -> Global___PathRoots: ...
+        def __init__(
+            self,
+            *,
+            key: builtins.str = ...,
+            value: Global___PathRoots | None = ...,
+        ) -> None: ...
+        def HasField(self, field_name: typing.Literal["value", b"value"]) -> builtins.bool: ...
+        def ClearField(self, field_name: typing.Literal["key", b"key", "value", b"value"]) -> None: ...
+
+    MUTATES_FIELD_NUMBER: builtins.int
+    IRREVERSIBLE_FIELD_NUMBER: builtins.int
+    COST_FIELD_NUMBER: builtins.int
+    IMAGE_DIGEST_FIELD_NUMBER: builtins.int
+    EGRESS_HOSTS_FIELD_NUMBER: builtins.int
+    TIMEOUT_S_FIELD_NUMBER: builtins.int
+    MEMORY_BYTES_FIELD_NUMBER: builtins.int
+    CPUS_FIELD_NUMBER: builtins.int
+    PIDS_FIELD_NUMBER: builtins.int
+    STDOUT_LIMIT_FIELD_NUMBER: builtins.int
+    STDERR_LIMIT_FIELD_NUMBER: builtins.int
+    RUNTIME_FIELD_NUMBER: builtins.int
+    IMAGE_FIELD_NUMBER: builtins.int
+    WORKSPACE_FIELD_NUMBER: builtins.int
+    PATHS_FIELD_NUMBER: builtins.int
+    mutates: builtins.bool
+    """It changes the world."""
+    irreversible: builtins.bool
+    """Its effect cannot be undone (the manifest's `reversible` is false)."""
+    cost: builtins.float
+    """Charged to the run's cost budget per dispatched call."""
+    image_digest: builtins.str
+    """The pinned image ID its calls run in ("" when the image is not pinned on this server)."""
+    timeout_s: builtins.float
+    """The sandbox's ceilings per call (the manifest's `limits`)."""
+    memory_bytes: builtins.int
+    cpus: builtins.float
+    pids: builtins.int
+    stdout_limit: builtins.int
+    stderr_limit: builtins.int
+    runtime: builtins.str
+    """runc or gvisor."""
+    image: builtins.str
+    """The image's name in images/images.lock."""
+    workspace: builtins.str
+    """"read" or "write" when it mounts the run's workspace; "" when it does not."""
+    @property
+    def egress_hosts(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
+        """Hosts (or *.suffix) it may reach; empty = no network."""
+
+    @property
+    def paths(self) -> google.protobuf.internal.containers.MessageMap[builtins.str, Global___PathRoots]:
+        """Argument name -> the container roots its value must stay under."""
+
+    def __init__(
+        self,
+        *,
+        mutates: builtins.bool = ...,
+        irreversible: builtins.bool = ...,
+        cost: builtins.float = ...,
+        image_digest: builtins.str = ...,
+        egress_hosts: collections.abc.Iterable[builtins.str] | None = ...,
+        timeout_s: builtins.float = ...,
+        memory_bytes: builtins.int = ...,
+        cpus: builtins.float = ...,
+        pids: builtins.int = ...,
+        stdout_limit: builtins.int = ...,
+        stderr_limit: builtins.int = ...,
+        runtime: builtins.str = ...,
+        image: builtins.str = ...,
+        workspace: builtins.str = ...,
+        paths: collections.abc.Mapping[builtins.str, Global___PathRoots] | None = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["cost", b"cost", "cpus", b"cpus", "egress_hosts", b"egress_hosts", "image", b"image", "image_digest", b"image_digest", "irreversible", b"irreversible", "memory_bytes", b"memory_bytes", "mutates", b"mutates", "paths", b"paths", "pids", b"pids", "runtime", b"runtime", "stderr_limit", b"stderr_limit", "stdout_limit", b"stdout_limit", "timeout_s", b"timeout_s", "workspace", b"workspace"]) -> None: ...
+
+Global___ToolRisk: typing_extensions.TypeAlias = ToolRisk
+
+@typing.final
+class PathRoots(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    ROOTS_FIELD_NUMBER: builtins.int
+    @property
+    def roots(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        roots: collections.abc.Iterable[builtins.str] | None = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["roots", b"roots"]) -> None: ...
+
+Global___PathRoots: typing_extensions.TypeAlias = PathRoots
 
 @typing.final
 class ProposedCall(google.protobuf.message.Message):
@@ -388,6 +508,9 @@ class Approval(google.protobuf.message.Message):
     DECIDED_BY_FIELD_NUMBER: builtins.int
     REASON_FIELD_NUMBER: builtins.int
     KIND_FIELD_NUMBER: builtins.int
+    PROPOSER_FIELD_NUMBER: builtins.int
+    POLICY_RULE_FIELD_NUMBER: builtins.int
+    TOOL_RISK_FIELD_NUMBER: builtins.int
     approval_id: builtins.str
     tenant: builtins.str
     run_id: builtins.str
@@ -405,10 +528,25 @@ class Approval(google.protobuf.message.Message):
     knows whether it took effect: approve = it did NOT happen, run it once now; decline = leave
     it (it happened, or must not be retried), recorded as uncertain with your reason.
     """
+    proposer: builtins.str
+    """The principal (token subject) that proposed the call; "" for a reconciliation task (the
+    control plane asks) or when the log does not say.
+    """
+    policy_rule: builtins.str
+    """The verdict-path step that asked, e.g. "policy:rule[2]:ask" or
+    "policy:risk:irreversible->ask" (the last asking step of the call's verdict path);
+    "recovery:reconcile" for a reconciliation task; "" when the log does not say.
+    """
     @property
     def created_at(self) -> google.protobuf.timestamp_pb2.Timestamp: ...
     @property
     def expires_at(self) -> google.protobuf.timestamp_pb2.Timestamp: ...
+    @property
+    def tool_risk(self) -> Global___ToolRisk:
+        """The tool's risk as the registry knows it now (ApprovalService only: approvers and admins);
+        absent in a Run's pending_approvals and when the tool is no longer registered.
+        """
+
     def __init__(
         self,
         *,
@@ -425,9 +563,12 @@ class Approval(google.protobuf.message.Message):
         decided_by: builtins.str | None = ...,
         reason: builtins.str | None = ...,
         kind: Global___ApprovalKind.ValueType = ...,
+        proposer: builtins.str = ...,
+        policy_rule: builtins.str = ...,
+        tool_risk: Global___ToolRisk | None = ...,
     ) -> None: ...
-    def HasField(self, field_name: typing.Literal["_decided_by", b"_decided_by", "_reason", b"_reason", "created_at", b"created_at", "decided_by", b"decided_by", "expires_at", b"expires_at", "reason", b"reason"]) -> builtins.bool: ...
-    def ClearField(self, field_name: typing.Literal["_decided_by", b"_decided_by", "_reason", b"_reason", "approval_id", b"approval_id", "arguments_json", b"arguments_json", "call_id", b"call_id", "created_at", b"created_at", "decided_by", b"decided_by", "digest", b"digest", "expires_at", b"expires_at", "kind", b"kind", "reason", b"reason", "run_id", b"run_id", "status", b"status", "tenant", b"tenant", "tool", b"tool"]) -> None: ...
+    def HasField(self, field_name: typing.Literal["_decided_by", b"_decided_by", "_reason", b"_reason", "created_at", b"created_at", "decided_by", b"decided_by", "expires_at", b"expires_at", "reason", b"reason", "tool_risk", b"tool_risk"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["_decided_by", b"_decided_by", "_reason", b"_reason", "approval_id", b"approval_id", "arguments_json", b"arguments_json", "call_id", b"call_id", "created_at", b"created_at", "decided_by", b"decided_by", "digest", b"digest", "expires_at", b"expires_at", "kind", b"kind", "policy_rule", b"policy_rule", "proposer", b"proposer", "reason", b"reason", "run_id", b"run_id", "status", b"status", "tenant", b"tenant", "tool", b"tool", "tool_risk", b"tool_risk"]) -> None: ...
     @typing.overload
     def WhichOneof(self, oneof_group: typing.Literal["_decided_by", b"_decided_by"]) -> typing.Literal["decided_by"] | None: ...
     @typing.overload

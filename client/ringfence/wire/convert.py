@@ -27,14 +27,18 @@ from ringfence.model import (
     Approval,
     ApprovalKind,
     ApprovalStatus,
+    AuditReport,
     Event,
+    EventPage,
     Observation,
     ObservationStatus,
     PlanStep,
     ProposedCall,
     RunOutcome,
+    RunPage,
     RunStatus,
     RunView,
+    ToolRisk,
     ToolView,
     Usage,
     WorkspaceRequest,
@@ -52,6 +56,8 @@ __all__ = [
     "Violations",
     "approval_from_proto",
     "approval_to_proto",
+    "audit_report_from_proto",
+    "audit_report_to_proto",
     "call_to_proto",
     "calls_from_proto",
     "check_id",
@@ -59,18 +65,27 @@ __all__ = [
     "decision_from_proto",
     "dump_json",
     "event_from_proto",
+    "event_page_from_proto",
+    "event_page_to_proto",
     "event_to_proto",
+    "events_request_from_proto",
     "from_timestamp",
     "load_json",
     "observation_from_proto",
     "observation_to_proto",
     "parse_json_object",
+    "run_filters_to_proto",
     "run_from_proto",
+    "run_page_from_proto",
+    "run_page_to_proto",
     "run_to_proto",
+    "runs_request_from_proto",
     "step_to_proto",
     "steps_from_proto",
     "to_timestamp",
     "tool_from_proto",
+    "tool_risk_from_proto",
+    "tool_risk_to_proto",
     "tool_to_proto",
     "workspace_from_proto",
     "workspace_to_proto",
@@ -83,6 +98,12 @@ MAX_REASON_CHARS = 1024
 MAX_TOOL_NAME_CHARS = 64
 # Deeper arguments are refused at the edge (see _shape_problem); real tool arguments are flat.
 MAX_JSON_DEPTH = 32
+RUNS_PAGE_DEFAULT, RUNS_PAGE_MAX = 50, 500
+"""ListRunsRequest.page_size: 0 means the default; above the maximum is refused, never clipped
+(a caller asking for 10 000 would otherwise believe it had them all)."""
+EVENTS_PAGE_DEFAULT, EVENTS_PAGE_MAX = 500, 1000
+"""ListEventsRequest.page_size, by the same rule."""
+MAX_PAGE_TOKEN_CHARS = 512
 
 
 class Violations:
@@ -304,6 +325,47 @@ def decision_from_proto(value: approvals_pb2.Decision.ValueType, v: Violations) 
     return None
 
 
+def _page_size(value: int, default: int, maximum: int, v: Violations) -> int:
+    if value > maximum:
+        v.add("page_size", f"is {value}; at most {maximum} (0 = {default})")
+    return value or default
+
+
+def runs_request_from_proto(
+    request: runs_pb2.ListRunsRequest, v: Violations
+) -> tuple[RunStatus | None, RunOutcome | None, int, str]:
+    """ListRunsRequest as (status, outcome, page size, page token): the filters None for
+    UNSPECIFIED (any), the size defaulted. Whether the token is one this server issued for
+    these filters and this tenant is the core's check (it made the token)."""
+    status = _filter_enum(request.status, _RUN_BACK, types_pb2.RunStatus, "status", v)
+    outcome = _filter_enum(request.outcome, _OUTCOME_BACK, types_pb2.RunOutcome, "outcome", v)
+    if outcome is RunOutcome.MODEL_TRUNCATED:
+        v.add("outcome", "RUN_OUTCOME_MODEL_TRUNCATED is the agent loop's, never a stored outcome")
+    size = _page_size(request.page_size, RUNS_PAGE_DEFAULT, RUNS_PAGE_MAX, v)
+    token = request.page_token
+    if len(token) > MAX_PAGE_TOKEN_CHARS or not token.isascii() or not token.isprintable():
+        v.add("page_token", "is not a token this server issued")
+    return status, outcome, size, token
+
+
+def _filter_enum(value: int, back: Mapping[Any, _E], enum_type: Any, field: str, v: Violations) -> _E | None:
+    if value == 0:  # *_UNSPECIFIED: no filter
+        return None
+    found = back.get(value)
+    if found is None:
+        v.add(field, f"{value} is not a value of {enum_type.DESCRIPTOR.name}")
+    return found
+
+
+def events_request_from_proto(request: runs_pb2.ListEventsRequest, v: Violations) -> tuple[str, int, int]:
+    """ListEventsRequest as (run id, first seq, page size)."""
+    check_id(request.run_id, "run_id", v)
+    if request.from_seq > 2**62:  # SQLite's integers are 64-bit signed; no run has 2**62 events
+        v.add("from_seq", f"is {request.from_seq}; at most {2**62}")
+    size = _page_size(request.page_size, EVENTS_PAGE_DEFAULT, EVENTS_PAGE_MAX, v)
+    return request.run_id, max(1, request.from_seq), size
+
+
 # --- enums -----------------------------------------------------------------------------------
 
 
@@ -344,9 +406,23 @@ def _seconds(ts: timestamp_pb2.Timestamp) -> float:
 
 
 def tool_to_proto(tool: ToolView) -> types_pb2.Tool:
-    return types_pb2.Tool(
+    msg = types_pb2.Tool(
         name=tool.name, description=tool.description, arguments_schema_json=dump_json(dict(tool.schema)),
         read_only_hint=tool.read_only_hint, destructive_hint=tool.destructive_hint,
+    )
+    if tool.risk is not None:
+        msg.risk.CopyFrom(tool_risk_to_proto(tool.risk))
+    return msg
+
+
+def tool_risk_to_proto(risk: ToolRisk) -> types_pb2.ToolRisk:
+    return types_pb2.ToolRisk(
+        mutates=risk.mutates, irreversible=risk.irreversible, cost=risk.cost, image_digest=risk.image_digest,
+        egress_hosts=list(risk.egress_hosts), timeout_s=risk.timeout_s, memory_bytes=max(0, int(risk.memory_bytes)),
+        cpus=risk.cpus, pids=max(0, int(risk.pids)), stdout_limit=max(0, int(risk.stdout_limit)),
+        stderr_limit=max(0, int(risk.stderr_limit)), runtime=risk.runtime, image=risk.image,
+        workspace=risk.workspace,
+        paths={name: types_pb2.PathRoots(roots=list(roots)) for name, roots in risk.paths.items()},
     )
 
 
@@ -380,7 +456,11 @@ def approval_to_proto(a: Approval) -> types_pb2.Approval:
         created_at=_ts(a.created_at),
         expires_at=_ts(a.expires_at),
         kind=_KIND[a.kind],
+        proposer=a.proposer,
+        policy_rule=a.policy_rule,
     )
+    if a.tool_risk is not None:
+        msg.tool_risk.CopyFrom(tool_risk_to_proto(a.tool_risk))
     if a.decided_by is not None:
         msg.decided_by = a.decided_by
     if a.reason is not None:
@@ -416,6 +496,20 @@ def event_to_proto(e: Event) -> types_pb2.Event:
     )
 
 
+def run_page_to_proto(page: RunPage) -> runs_pb2.ListRunsResponse:
+    return runs_pb2.ListRunsResponse(runs=[run_to_proto(r) for r in page.runs], next_page_token=page.next_page_token)
+
+
+def event_page_to_proto(page: EventPage) -> runs_pb2.ListEventsResponse:
+    return runs_pb2.ListEventsResponse(events=[event_to_proto(e) for e in page.events],
+                                       next_seq=max(0, page.next_seq))
+
+
+def audit_report_to_proto(report: AuditReport) -> runs_pb2.AuditReport:
+    return runs_pb2.AuditReport(ok=report.ok, first_bad_seq=max(0, report.first_bad_seq), problem=_text(report.problem),
+                                events=max(0, report.events), head_hash=report.head_hash)
+
+
 # --- proto -> model (client side) -------------------------------------------------------------
 
 
@@ -428,7 +522,18 @@ def tool_from_proto(msg: types_pb2.Tool) -> ToolView:
     # irreversibly), never proto3's false.
     hints: dict[str, bool] = {name: getattr(msg, name) for name in ("read_only_hint", "destructive_hint")
                               if msg.HasField(name)}
-    return ToolView(msg.name, msg.description, json.loads(msg.arguments_schema_json or "{}"), **hints)
+    risk = tool_risk_from_proto(msg.risk) if msg.HasField("risk") else None
+    return ToolView(msg.name, msg.description, json.loads(msg.arguments_schema_json or "{}"), **hints, risk=risk)
+
+
+def tool_risk_from_proto(msg: types_pb2.ToolRisk) -> ToolRisk:
+    return ToolRisk(
+        mutates=msg.mutates, irreversible=msg.irreversible, cost=msg.cost, image_digest=msg.image_digest,
+        egress_hosts=tuple(msg.egress_hosts), timeout_s=msg.timeout_s, memory_bytes=msg.memory_bytes, cpus=msg.cpus,
+        pids=msg.pids, stdout_limit=msg.stdout_limit, stderr_limit=msg.stderr_limit, runtime=msg.runtime,
+        image=msg.image, workspace=msg.workspace,
+        paths={name: tuple(roots.roots) for name, roots in msg.paths.items()},
+    )
 
 
 def observation_from_proto(msg: types_pb2.Observation) -> Observation:
@@ -461,6 +566,9 @@ def approval_from_proto(msg: types_pb2.Approval) -> Approval:
         decided_by=_optional(msg, "decided_by"),
         reason=_optional(msg, "reason"),
         kind=_KIND_BACK.get(msg.kind, ApprovalKind.CALL),
+        proposer=msg.proposer,
+        policy_rule=msg.policy_rule,
+        tool_risk=tool_risk_from_proto(msg.tool_risk) if msg.HasField("tool_risk") else None,
     )
 
 
@@ -489,6 +597,29 @@ def event_from_proto(msg: types_pb2.Event) -> Event:
         schema_version=msg.schema_version,
         at=_seconds(msg.at),
     )
+
+
+def run_page_from_proto(msg: runs_pb2.ListRunsResponse) -> RunPage:
+    return RunPage(tuple(run_from_proto(r) for r in msg.runs), msg.next_page_token)
+
+
+def event_page_from_proto(msg: runs_pb2.ListEventsResponse) -> EventPage:
+    return EventPage(tuple(event_from_proto(e) for e in msg.events), msg.next_seq)
+
+
+def audit_report_from_proto(msg: runs_pb2.AuditReport) -> AuditReport:
+    return AuditReport(ok=msg.ok, first_bad_seq=msg.first_bad_seq, problem=msg.problem, events=msg.events,
+                       head_hash=msg.head_hash)
+
+
+def run_filters_to_proto(request: runs_pb2.ListRunsRequest, status: RunStatus | None,
+                         outcome: RunOutcome | None) -> runs_pb2.ListRunsRequest:
+    """Client side: set ListRunsRequest's status and outcome (None: any, left UNSPECIFIED)."""
+    if status is not None:
+        request.status = _RUN[RunStatus(status)]
+    if outcome is not None:
+        request.outcome = _OUTCOME[RunOutcome(outcome)]
+    return request
 
 
 def call_to_proto(call: ProposedCall | Mapping[str, Any]) -> types_pb2.ProposedCall:

@@ -48,6 +48,9 @@ METHOD_ROLES: Mapping[str, frozenset[Role]] = {
     "/ringfence.v1.RunService/SubmitBatch": _AGENT,
     "/ringfence.v1.RunService/ExecutePlan": _AGENT,
     "/ringfence.v1.RunService/WatchRun": _ANY,
+    # Reads of a run's log and of its chain's integrity, like GetRun: anyone of the run's tenant.
+    "/ringfence.v1.RunService/ListEvents": _ANY,
+    "/ringfence.v1.RunService/VerifyRun": _ANY,
     # Who may submit may take back its own pending call (the core checks it is the proposer's).
     "/ringfence.v1.RunService/WithdrawApproval": _AGENT,
     "/ringfence.v1.ApprovalService/ListApprovals": _APPROVER,
@@ -60,9 +63,11 @@ METHOD_ROLES: Mapping[str, frozenset[Role]] = {
     "/ringfence.v1.EvidenceService/GetEvidence": _ANY,
     "/ringfence.v1.RoutingService/RouteTicket": _AGENT,
     "/ringfence.v1.RoutingService/GetRouting": _ANY,
-    # A run's files are the run's: those who act in it (as StartRun and SubmitBatch).
+    # A run's files are the run's: those who act in it (as StartRun and SubmitBatch). An approver
+    # may also download, but only a run's declared artifacts (what it is asked to judge came
+    # from them), never the workspace's working files: the core refuses that (PERMISSION_DENIED).
     "/ringfence.v1.FileService/UploadFiles": _AGENT,
-    "/ringfence.v1.FileService/DownloadFiles": _AGENT,
+    "/ringfence.v1.FileService/DownloadFiles": _ACTORS,
 }
 
 # Bearer tokens are opaque; this only bounds the work an absurd header can cause.

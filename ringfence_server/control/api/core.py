@@ -18,11 +18,16 @@ from typing import Protocol
 
 from ringfence.model import (
     Approval,
+    AuditReport,
     Event,
+    EventPage,
     Observation,
     PlanStep,
     Principal,
     ProposedCall,
+    RunOutcome,
+    RunPage,
+    RunStatus,
     RunView,
     ToolView,
     WorkspaceRequest,
@@ -88,7 +93,20 @@ class Core(Protocol):
 
     def cancel_run(self, p: Principal, run_id: str) -> RunView: ...
 
-    def list_runs(self, p: Principal) -> list[RunView]: ...
+    def list_runs_page(self, p: Principal, status: RunStatus | None, outcome: RunOutcome | None, page_size: int,
+                       page_token: str) -> RunPage:
+        """RunService.ListRuns: a page of the tenant's runs, newest first, read with a keyset
+        query (never the whole history); a token that is not this tenant's for these filters is
+        InvalidArgument naming page_token."""
+        ...
+
+    def list_events(self, p: Principal, run_id: str, from_seq: int, page_size: int) -> EventPage:
+        """RunService.ListEvents: at most `page_size` events of the run from `from_seq`."""
+        ...
+
+    def verify_run(self, p: Principal, run_id: str) -> AuditReport:
+        """RunService.VerifyRun: the run's stored hash chain checked (store/audit.py)."""
+        ...
 
     def submit_batch(self, p: Principal, run_id: str, calls: Sequence[ProposedCall],
                      batch_id: str | None = None) -> list[Observation]: ...

@@ -633,8 +633,24 @@ class RingfenceMethods:
         return await self._by_run_id(request, call, self.core.cancel_run)
 
     async def ListRuns(self, request: runs_pb2.ListRunsRequest, call: Call) -> runs_pb2.ListRunsResponse:
-        runs = await call.run(self.core.list_runs, call.principal)
-        return runs_pb2.ListRunsResponse(runs=[convert.run_to_proto(r) for r in runs])
+        v = convert.Violations()
+        status, outcome, page_size, page_token = convert.runs_request_from_proto(request, v)
+        v.raise_if_any()
+        page = await call.run(self.core.list_runs_page, call.principal, status, outcome, page_size, page_token)
+        return convert.run_page_to_proto(page)
+
+    async def ListEvents(self, request: runs_pb2.ListEventsRequest, call: Call) -> runs_pb2.ListEventsResponse:
+        v = convert.Violations()
+        run_id, from_seq, page_size = convert.events_request_from_proto(request, v)
+        v.raise_if_any()
+        page = await call.run(self.core.list_events, call.principal, run_id, from_seq, page_size)
+        return convert.event_page_to_proto(page)
+
+    async def VerifyRun(self, request: runs_pb2.VerifyRunRequest, call: Call) -> runs_pb2.AuditReport:
+        v = convert.Violations()
+        convert.check_id(request.run_id, "run_id", v)
+        v.raise_if_any()
+        return convert.audit_report_to_proto(await call.run(self.core.verify_run, call.principal, request.run_id))
 
     async def SubmitBatch(self, request: runs_pb2.SubmitBatchRequest, call: Call) -> runs_pb2.SubmitBatchResponse:
         options = self.edge.options

@@ -46,13 +46,17 @@ from ringfence.errors import (
 )
 from ringfence.model import (
     Approval,
+    AuditReport,
     Event,
+    EventPage,
     Observation,
     PlanStep,
     Principal,
     ProposedCall,
     Role,
     RunOutcome,
+    RunPage,
+    RunStatus,
     RunView,
     ToolView,
     WorkspaceRequest,
@@ -67,6 +71,7 @@ from ringfence_server.control.orchestration.batches import BatchRunner, TenantBa
 from ringfence_server.control.orchestration.dispatch import Dispatcher
 from ringfence_server.control.orchestration.execution import Execution
 from ringfence_server.control.orchestration.recovery import needs_recovery, recover_run
+from ringfence_server.control.orchestration.run_pages import RunPages
 from ringfence_server.control.orchestration.runs import RUN_ID, BusyElsewhere, RunRepository
 from ringfence_server.control.orchestration.stops import RunStops
 from ringfence_server.control.orchestration.workspaces import RunWorkspaces
@@ -75,6 +80,7 @@ from ringfence_server.control.policy import PolicyEngine
 from ringfence_server.control.registry import Registry, ToolManifest
 from ringfence_server.control.routing.service import TicketRouter
 from ringfence_server.control.state import RunState, sandbox_run_id
+from ringfence_server.control.store import audit
 from ringfence_server.control.store.base import EventStore
 from ringfence_server.control.toolpkg.packages import registry_from_config
 from ringfence_server.control.validation import signature, validate_arguments
@@ -87,6 +93,7 @@ log = logging.getLogger(__name__)
 _READ_ROLES = (Role.AGENT, Role.APPROVER, Role.VERIFIER, Role.ADMIN)
 _CANCEL_ROLES = (Role.AGENT, Role.APPROVER, Role.ADMIN)  # a verifier judges; it never acts on a run
 _AGENT_ROLES = (Role.AGENT, Role.ADMIN)
+_DOWNLOAD_ROLES = (Role.AGENT, Role.APPROVER, Role.ADMIN)  # an approver: the artifacts only
 _APPROVER_ROLES = (Role.APPROVER, Role.ADMIN)
 
 
@@ -113,6 +120,8 @@ class Orchestrator:
         recover: bool = True,
         workspaces: WorkspaceStore | None = None,
     ) -> None:
+        image_digest = image_digest or locked_image_ids(config.images_dir)
+        self._image_digest = image_digest  # a tool's risk, as approvers see it, names its pinned image
         self.config = config
         self.limits = config.limits
         self.registry = registry
@@ -141,8 +150,8 @@ class Orchestrator:
                                    clock=clock)
         self.desk = ApprovalDesk(repo=self.runs, dispatcher=self.dispatcher, registry=registry, policy=self.policy,
                                  limits=self.limits, clock=clock,
-                                 image_digest=image_digest or locked_image_ids(config.images_dir),
-                                 execution=self.execution)
+                                 image_digest=image_digest, execution=self.execution)
+        self.run_pages = RunPages(repo=self.runs, desk=self.desk)
         self.batches = BatchRunner(repo=self.runs, desk=self.desk, execution=self.execution, limits=self.limits,
                                    admission=AdmissionRules(registry=registry, config=config, policy=self.policy))
         # Two features over runs and the store, with boundaries of their own (ringfence_server.control.plans,
@@ -199,10 +208,22 @@ class Orchestrator:
 
     def list_tools(self, p: Principal, query: str = "") -> list[ToolView]:
         """The registry's tools (narrowed by `query`), each with the two hints derived from its
-        manifest (`hinted_view`): nothing else of its risk metadata leaves the control plane."""
+        manifest (`hinted_view`). Its risk metadata goes only to those who judge calls
+        (approvers, admins): an agent that saw it could shape its calls to slip under policy."""
         self._require(p, _READ_ROLES)
         manifests = [self.registry.get(view.name) for view in self.registry.list(query)]
-        return [hinted_view(m) for m in manifests if m is not None]
+        views = [(m, hinted_view(m)) for m in manifests if m is not None]
+        if p.role not in _APPROVER_ROLES:
+            return [view for _, view in views]
+        return [replace(view, risk=m.risk(self._image_digest(m.image))) for m, view in views]
+
+    def _with_risk(self, approval: Approval) -> Approval:
+        """An approval as an approver is shown it: with its tool's risk as the registry knows it
+        now (None for a tool no longer registered)."""
+        manifest = self.registry.get(approval.tool)
+        if manifest is None:
+            return approval
+        return replace(approval, tool_risk=manifest.risk(self._image_digest(manifest.image)))
 
     def start_run(self, p: Principal, goal: str, run_id: str | None = None, *,
                   workspace: WorkspaceRequest | None = None) -> RunView:
@@ -270,6 +291,34 @@ class Orchestrator:
             self.desk.try_sweep(state)
         return self.runs.views(p.tenant)
 
+    def list_runs_page(self, p: Principal, status: RunStatus | None, outcome: RunOutcome | None, page_size: int,
+                       page_token: str) -> RunPage:
+        """A page of the tenant's runs, newest first (run_pages.RunPages); `page_token` from the
+        previous page with the same filters, else InvalidArgument naming it."""
+        self._require(p, _READ_ROLES)
+        return self.run_pages.page(p.tenant, status, outcome, page_size, page_token)
+
+    def list_events(self, p: Principal, run_id: str, from_seq: int, page_size: int) -> EventPage:
+        """At most `page_size` events of the tenant's run from `from_seq`; `next_seq` where the
+        next page starts, 0 when this one reached the log's current end."""
+        self._require(p, _READ_ROLES)
+        state = self.runs.get(p.tenant, run_id)
+        # One more than asked: whether it exists says whether the log goes on past the page.
+        events = self.store.read(state.key, max(1, from_seq), limit=page_size + 1)
+        if len(events) > page_size:
+            return EventPage(tuple(events[:page_size]), events[page_size].seq)
+        return EventPage(tuple(events), 0)
+
+    def verify_run(self, p: Principal, run_id: str) -> AuditReport:
+        """The tenant's run's stored hash chain, checked as `ringfence runs verify` does
+        (store/audit.py), with the head hash a caller may record to detect a cut-off tail."""
+        self._require(p, _READ_ROLES)
+        state = self.runs.get(p.tenant, run_id)
+        events = self.store.read(state.key)
+        report = audit.verify(events)
+        return AuditReport(ok=report.ok, first_bad_seq=report.first_bad_seq or 0, problem=report.problem,
+                           events=report.events, head_hash=events[-1].hash if events else "")
+
     def finish_run(self, p: Principal, run_id: str) -> RunView:
         self._require(p, _AGENT_ROLES)
         state = self.runs.get(p.tenant, run_id)
@@ -306,8 +355,13 @@ class Orchestrator:
                        artifacts: bool) -> list[DownloadedFile]:
         """The workspace's files under `paths` (all of it when empty; FailedPrecondition without a
         live workspace), or with `artifacts` the run's collected artifacts (all of them when
-        `paths` is empty), finished run or not."""
-        self._require(p, _AGENT_ROLES)
+        `paths` is empty), finished run or not. An approver may download the artifacts (what
+        the run's tools declared as outputs, which it may be asked to judge), never the
+        workspace's working files."""
+        self._require(p, _DOWNLOAD_ROLES)
+        if p.role is Role.APPROVER and not artifacts:
+            raise PermissionDenied("an approver may download a run's artifacts only (artifacts=true), never "
+                                   "its workspace's files: those are the run's actors'")
         state = self.runs.get(p.tenant, run_id)
         with self._write(state):
             if artifacts:
@@ -369,6 +423,8 @@ class Orchestrator:
         for state in states:
             self.desk.try_sweep(state)
             out.extend(self.runs.approvals_of(state))
+        if p.role in _APPROVER_ROLES:
+            out = [self._with_risk(a) for a in out]
         return sorted(out, key=lambda a: (a.created_at, a.approval_id))
 
     def watch_approvals(self, p: Principal, stop: threading.Event) -> Iterator[Approval]:
@@ -403,7 +459,8 @@ class Orchestrator:
                                   [FieldViolation("remember", "only an approval can be remembered")])
         state = self.desk.find(p, approval_id)
         with self._write(state):
-            return self.desk.decide(p, state, approval_id, approve, reason, remember=remember, digest=digest)
+            decided = self.desk.decide(p, state, approval_id, approve, reason, remember=remember, digest=digest)
+        return self._with_risk(decided)
 
     def withdraw_approval(self, p: Principal, run_id: str, approval_id: str, reason: str = "") -> Observation:
         """Withdraw a pending approval of a call in run `run_id` (its proposer or an admin): the

@@ -22,8 +22,15 @@ through a path the database itself sanctions.
         them or none, with consecutive seqs from `expected_seq`, each by append's rules.
         `append` is append_all of one.
     lookup_key(name) -> (run_id, seq) | None    the event that holds a key
-    read(run_id, from_seq=0) -> list[Event]     events with seq >= from_seq, in order
+    read(run_id, from_seq=0, limit=None) -> list[Event]
+                                                events with seq >= from_seq, in order (at most limit)
     runs(tenant) -> list[str]                   run ids of a tenant, oldest first
+    run_page(tenant, finished=None, outcome=None, before=None, limit=50) -> list[RunRow]
+        a tenant's runs, newest first (by their first event's `at`, then insertion order), at
+        most `limit`, strictly after the cursor `before` (a RunRow of an earlier page): a keyset
+        query on an index, so a page costs the page, not the history. `finished` True/False:
+        only runs with / without run_finished; `outcome`: only runs finished with it (none
+        with finished=False).
     all_runs() -> list[tuple[tenant, run_id]]   every run (for recovery at startup)
     tenant_of(run_id) -> str | None
     unfinished(tenant=None) -> list[tuple[tenant, run_id]]   runs without run_finished, oldest first
@@ -79,10 +86,11 @@ from typing import Any, Protocol, runtime_checkable
 from ringfence.errors import FailedPrecondition, ResourceExhausted, Unavailable
 from ringfence.model import Event
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """The store schema this code writes. 1: events only (SQLite, no meta table). 2: schema_meta,
 the audit hash chain (prev_hash, hash), leases, sanctioned pruning. 3: keys. 4: records
-(revisioned documents outside any run: evidence, assessments, routing decisions). Each event
+(revisioned documents outside any run: evidence, assessments, routing decisions). 5: the
+indexes of `run_page` (a tenant's runs newest first; a run's run_finished by run id). Each event
 records the schema version it was written under."""
 
 FINISHED = "run_finished"
@@ -288,6 +296,18 @@ def next_revision(tenant: str, kind: str, key: str, latest: int, expected: int |
 
 
 @dataclass(frozen=True)
+class RunRow:
+    """One run of a `run_page`: its store key and its place in the newest-first order, which a
+    later page is asked to continue after (`before`)."""
+
+    key: str
+    at: float
+    """Its first event's `at`."""
+    id: int
+    """Its first event's row (SQLite's rowid, PostgreSQL's id): orders runs started at one `at`."""
+
+
+@dataclass(frozen=True)
 class NewEvent:
     """One event of an append_all, before the store gave it a seq and a hash."""
 
@@ -307,9 +327,12 @@ class EventStore(Protocol):
 
     def lookup_key(self, name: str) -> tuple[str, int] | None: ...
 
-    def read(self, run_id: str, from_seq: int = 0) -> list[Event]: ...
+    def read(self, run_id: str, from_seq: int = 0, limit: int | None = None) -> list[Event]: ...
 
     def runs(self, tenant: str) -> list[str]: ...
+
+    def run_page(self, tenant: str, *, finished: bool | None = None, outcome: str | None = None,
+                 before: RunRow | None = None, limit: int = 50) -> list[RunRow]: ...
 
     def all_runs(self) -> list[tuple[str, str]]: ...
 

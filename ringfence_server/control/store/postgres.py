@@ -43,6 +43,7 @@ from ringfence_server.control.store.base import (
     NewEvent,
     Record,
     RevisionConflict,
+    RunRow,
     SeqConflict,
     StoreError,
     StoreFull,
@@ -241,11 +242,35 @@ class PostgresEventStore:
 
     # ------------------------------------------------------------------ reading
 
-    def read(self, run_id: str, from_seq: int = 0) -> list[Event]:
+    def read(self, run_id: str, from_seq: int = 0, limit: int | None = None) -> list[Event]:
         with self._conn() as conn:
-            rows = conn.execute(f"SELECT {_EVENT_COLUMNS} FROM events WHERE run_id = %s AND seq >= %s ORDER BY seq",
-                                (run_id, from_seq)).fetchall()
+            rows = conn.execute(f"SELECT {_EVENT_COLUMNS} FROM events WHERE run_id = %s AND seq >= %s ORDER BY seq "
+                                "LIMIT %s", (run_id, from_seq, limit)).fetchall()
         return [Event(r[0], r[1], r[2], json.loads(r[3]), r[4], r[5], r[6], r[7]) for r in rows]
+
+    def run_page(self, tenant: str, *, finished: bool | None = None, outcome: str | None = None,
+                 before: RunRow | None = None, limit: int = 50) -> list[RunRow]:
+        """Walks events_first (tenant, at, id; first events only) backwards from the cursor; a
+        finished filter is one look-up per run in events_run_finished."""
+        if finished is False and outcome is not None:
+            return []  # an unfinished run has no outcome
+        query = "SELECT e.run_id, e.at, e.id FROM events e WHERE e.tenant = %s AND e.seq = 1"
+        args: list[Any] = [tenant]
+        if before is not None:
+            query += " AND (e.at, e.id) < (%s, %s)"
+            args += [before.at, before.id]
+        if finished is not None or outcome is not None:
+            done = "SELECT 1 FROM events f WHERE f.run_id = e.run_id AND f.type = %s"
+            args.append(FINISHED)
+            if outcome is not None:
+                done += " AND f.data::jsonb ->> 'outcome' = %s"
+                args.append(outcome)
+            query += f" AND {'NOT ' if finished is False else ''}EXISTS ({done})"
+        query += " ORDER BY e.at DESC, e.id DESC LIMIT %s"
+        args.append(limit)
+        with self._conn() as conn:
+            rows = conn.execute(query, args).fetchall()
+        return [RunRow(r[0], float(r[1]), int(r[2])) for r in rows]
 
     def runs(self, tenant: str) -> list[str]:
         with self._conn() as conn:

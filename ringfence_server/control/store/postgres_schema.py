@@ -2,8 +2,9 @@
 
 Version numbers are shared with the SQLite store (ringfence_server.control.store.base.SCHEMA_VERSION); the
 PostgreSQL store first appeared at version 2, so there is no earlier PostgreSQL layout to
-migrate from; version 3 adds the `keys` table, version 4 `records`. Creation and migration run in one transaction under
-an advisory lock, so instances starting together on an empty database create it once.
+migrate from; version 3 adds the `keys` table, version 4 `records`, version 5 the index of
+run_page's finished filter. Creation and migration run in one transaction under an advisory
+lock, so instances starting together on an empty database create it once.
 
 `data` is TEXT, not JSONB: the audit chain hashes the exact canonical JSON that was written, and
 JSONB would re-encode numbers and keys on the way back.
@@ -121,7 +122,19 @@ def _v3_to_v4(conn: Any) -> None:
         conn.execute(statement)
 
 
-MIGRATIONS: dict[int, Callable[[Any], None]] = {2: _v2_to_v3, 3: _v3_to_v4}
+# Version 5: "is this run finished (with this outcome)?" is one look-up by run id (run_page's
+# filters; a page walks events_first, which version 2 made).
+_V5 = [
+    f"CREATE INDEX events_run_finished ON events (run_id) WHERE type = '{FINISHED}'",
+]
+
+
+def _v4_to_v5(conn: Any) -> None:
+    for statement in _V5:
+        conn.execute(statement)
+
+
+MIGRATIONS: dict[int, Callable[[Any], None]] = {2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5}
 """version -> the step that takes a database from it to version + 1."""
 
 
@@ -163,6 +176,7 @@ def open_schema(conn: Any) -> int:
                 conn.execute(statement)
             _v2_to_v3(conn)
             _v3_to_v4(conn)
+            _v4_to_v5(conn)
         else:
             for version in range(found, SCHEMA_VERSION):
                 if version not in MIGRATIONS:

@@ -32,6 +32,7 @@ from ringfence_server.control.store.base import (
     Lease,
     NewEvent,
     Record,
+    RunRow,
     SeqConflict,
     StoreError,
     StoreFull,
@@ -193,12 +194,35 @@ class SqliteEventStore:
 
     # ------------------------------------------------------------------ reading
 
-    def read(self, run_id: str, from_seq: int = 0) -> list[Event]:
+    def read(self, run_id: str, from_seq: int = 0, limit: int | None = None) -> list[Event]:
         with self._lock:
             rows = self._db.execute(
-                f"SELECT {_EVENT_COLUMNS} FROM events WHERE run_id = ? AND seq >= ? ORDER BY seq",
-                (run_id, from_seq)).fetchall()
+                f"SELECT {_EVENT_COLUMNS} FROM events WHERE run_id = ? AND seq >= ? ORDER BY seq LIMIT ?",
+                (run_id, from_seq, -1 if limit is None else limit)).fetchall()
         return [Event(r[0], r[1], r[2], json.loads(r[3]), r[4], r[5], r[6], r[7]) for r in rows]
+
+    def run_page(self, tenant: str, *, finished: bool | None = None, outcome: str | None = None,
+                 before: RunRow | None = None, limit: int = 50) -> list[RunRow]:
+        """Walks events_tenant_started (tenant, at, rowid; first events only) backwards from the
+        cursor; a finished filter is one look-up per run in events_run_finished."""
+        if finished is False and outcome is not None:
+            return []  # an unfinished run has no outcome
+        query = "SELECT e.run_id, e.at, e.rowid FROM events e WHERE e.tenant = ? AND e.seq = 1"
+        args: list[Any] = [tenant]
+        if before is not None:
+            query += " AND (e.at, e.rowid) < (?, ?)"
+            args += [before.at, before.id]
+        if finished is not None or outcome is not None:
+            done = f"SELECT 1 FROM events f WHERE f.run_id = e.run_id AND f.type = '{FINISHED}'"
+            if outcome is not None:
+                done += " AND json_extract(f.data, '$.outcome') = ?"
+                args.append(outcome)
+            query += f" AND {'NOT ' if finished is False else ''}EXISTS ({done})"
+        query += " ORDER BY e.at DESC, e.rowid DESC LIMIT ?"
+        args.append(limit)
+        with self._lock:
+            rows = self._db.execute(query, args).fetchall()
+        return [RunRow(r[0], float(r[1]), int(r[2])) for r in rows]
 
     def runs(self, tenant: str) -> list[str]:
         with self._lock:

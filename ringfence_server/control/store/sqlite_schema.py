@@ -3,8 +3,8 @@
 Version 1 (the first release) had only the `events` table and no meta table: a database with
 `events` and no `schema_meta` is version 1. Version 2 adds `schema_meta`, the audit chain
 columns, leases and sanctioned pruning; version 3 the `keys` table (unique names held by
-events); version 4 `records`. A migration runs in one write transaction (SQLite DDL is
-transactional), so a failure leaves the file exactly as it was.
+events); version 4 `records`; version 5 the indexes of run_page. A migration runs in one write
+transaction (SQLite DDL is transactional), so a failure leaves the file exactly as it was.
 
 The statements are run one by one, never with `executescript`: that COMMITs a pending
 transaction first, which would split a migration.
@@ -148,7 +148,21 @@ def _v3_to_v4(db: sqlite3.Connection) -> None:
         db.execute(statement)
 
 
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
+# Version 5: a page of a tenant's runs, newest first, is a walk of an index from a cursor (never
+# a sort of the whole history), and "is this run finished (with this outcome)?" one look-up.
+_V5 = [
+    "CREATE INDEX events_tenant_started ON events (tenant, at) WHERE seq = 1",
+    f"CREATE INDEX events_run_finished ON events (run_id) WHERE type = '{FINISHED}'",
+]
+
+
+def _v4_to_v5(db: sqlite3.Connection) -> None:
+    for statement in _V5:
+        db.execute(statement)
+
+
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4,
+                                                               4: _v4_to_v5}
 """version -> the step that takes a database from it to version + 1."""
 
 
@@ -168,6 +182,7 @@ def open_schema(db: sqlite3.Connection) -> int:
             _create(db)
             _v2_to_v3(db)
             _v3_to_v4(db)
+            _v4_to_v5(db)
         else:
             for version in range(found, SCHEMA_VERSION):
                 MIGRATIONS[version](db)
