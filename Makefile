@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 export TESTCONTAINERS_RYUK_DISABLED := true
 
-.PHONY: help venv docker packages gvisor postgres images mcp-wheels mcp-images protos test test-unit demo bench lint clean gc dist \
+.PHONY: help venv docker packages gvisor postgres browser images mcp-wheels mcp-images protos test test-unit demo bench lint clean gc dist \
 	local-model demo-local
 
 help: ## list the targets
@@ -42,6 +42,9 @@ packages: ## host packages the build needs (debootstrap, Docker's default seccom
 
 gvisor: docker ## register gVisor (runsc) as a second runtime
 	@bash scripts/ensure-runsc.sh
+
+browser: ## Debian's chromium and chromedriver, for the console's browser tests (installs them as root; Selenium never downloads one)
+	@bash scripts/ensure-chromium.sh
 
 postgres: ## PostgreSQL's server binaries for the store tests (installs Debian's postgresql as root; no cluster)
 	@bash scripts/ensure-postgres.sh
@@ -79,7 +82,7 @@ mcp-images: venv docker packages images mcp-wheels ## build the MCP servers' pin
 protos: venv ## regenerate the protobuf/gRPC modules from protos/
 	$(PY) -m ringfence_server.control.api.protos_gen
 
-test: venv lint images mcp-images gvisor postgres local-model ## lint, then run every test: unit, integration, escape battery, end to end
+test: venv lint images mcp-images gvisor postgres browser local-model ## lint, then run every test: unit, integration, escape battery, end to end
 	$(VENV)/bin/pytest --durations=40 tests
 
 test-unit: venv ## the fast tests that need no Docker

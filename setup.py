@@ -116,6 +116,8 @@ setup(
         "": ["*.toml", "*.json", "*.pyi"],
         # The contract suite's stored baseline (`ringfence eval contract` compares with it).
         "ringfence_server.control.evals": ["baselines/*.json"],
+        # The reviewer's console: its page templates, its one script and its one stylesheet.
+        "ringfence_server.console": ["templates/*.html", "static/*.js", "static/*.css"],
         "ringfence_images": image_files(),
     },
     # A second guard: image_files() already leaves these out.

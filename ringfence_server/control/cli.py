@@ -1,8 +1,8 @@
 """The server's commands, added to the client's one `ringfence` command (entry point group
 `ringfence.cli`, declared in pyproject.toml): serve the control plane, run sandboxes, build
 and verify images, run the conformance suite, write and check your own tools, inspect and
-verify the runs in the event store, add third-party MCP servers, the demos and the evaluation
-suites."""
+verify the runs in the event store, add third-party MCP servers, the demos, the evaluation
+suites and the reviewer's web console."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ _OWN_TOOLS = ("Your own tools, without a server: `ringfence tools new NAME` scaf
 def extend(cli: CommandLine) -> None:
     """Add the server's commands; each area registers its own."""
     from ringfence_server.conformance import cli as conformance_cli
+    from ringfence_server.console import cli as console_cli
     from ringfence_server.control.api import serve
     from ringfence_server.control.demo import cli as demo_cli
     from ringfence_server.control.evals import cli as eval_cli
@@ -42,6 +43,7 @@ def extend(cli: CommandLine) -> None:
     trace_cli.register(cli.commands)  # `ringfence trace RUN_ID`: a run's span tree, from the event store
     demo_cli.register(cli.commands)  # the demos run a server in-process
     eval_cli.register(cli.commands)  # `ringfence eval SUITE`: scripted agents on a real stack, scored
+    console_cli.register(cli.commands)  # `ringfence console`: the reviewer's web console (over the public API)
 
 
 def main(argv: list[str] | None = None) -> int:

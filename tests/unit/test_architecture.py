@@ -13,7 +13,9 @@ Two distributions: the client `ringfence` (client/ringfence/) and the server `ri
 - control.registry never imports control.policy: a tool must not describe itself as permitted;
 - the wire (the client's generated ringfence.v1 and its ringfence.wire conversions) is imported
   only at the server's edge (control.api, the CLI's extension, the demo);
-- control.orchestration is imported by nothing but the edge (and itself).
+- control.orchestration is imported by nothing but the edge (and itself);
+- the console imports nothing of the server but control.tracing (pure rendering): it reaches the
+  control plane through the client, with the signed-in person's token.
 """
 
 from __future__ import annotations
@@ -116,6 +118,22 @@ def test_generated_protos_only_at_the_edge():
 def test_only_the_edge_depends_on_orchestration():
     core = [p for p in modules("control") if not is_edge(p) and "orchestration" not in p.parts]
     assert offenders(core, from_package("control.orchestration")) == []
+
+
+def test_the_console_reaches_the_control_plane_only_through_the_client():
+    # The console (ringfence_server/console) has no authority of its own: it talks to the control
+    # plane over the public API with the signed-in person's token. Of the server it may import only
+    # the pure span-tree rendering of control.tracing (a run's trace rebuilt from its events), never
+    # the store, the orchestration or anything else that holds state or power.
+    console = list(modules("console"))
+    assert console, "the console's sources moved: update this rule"
+
+    def forbidden(name: str) -> bool:
+        if name == S or not name.startswith(f"{S}."):
+            return False
+        return not from_package("console", "control.tracing")(name)
+
+    assert offenders(console, forbidden) == []
 
 
 def test_the_checker_sees_a_violation(tmp_path):

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the CLI imports this module: the server's dependencies load only to serve
     from opentelemetry.sdk.trace import TracerProvider
 
+    from ringfence_server.console.server import ConsoleServer
     from ringfence_server.control.api.mcp_http import McpListener
     from ringfence_server.control.api.server import TlsOptions
     from ringfence_server.control.config import Config
@@ -98,6 +99,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--mcp-sessions-per-token", default=MCP_SESSIONS_PER_TOKEN, type=int, metavar="N",
                    help="open MCP sessions one token may hold at once; beyond, a new one is refused with 429 "
                         f"(default {MCP_SESSIONS_PER_TOKEN})")
+    p.add_argument("--console", default=None, metavar="HOST:PORT",
+                   help="also serve the reviewer's console (web pages for approvals, runs, traces and tools) at "
+                        "http://HOST:PORT/ (off by default; port 0 picks one). It signs people in with their own "
+                        "tokens and reaches this server over gRPC only, as `ringfence console` would. TLS with "
+                        "--tls-cert/--tls-key (required off loopback)")
     p.add_argument("--otlp-endpoint", default=None, metavar="HOST:PORT",
                    help="export traces over OTLP/gRPC to this collector (plaintext to a loopback HOST:PORT or "
                         "http://..., TLS to any other host or https://...; off by default)")
@@ -151,6 +157,8 @@ class _Setup:
     metrics_at: tuple[str, int] | None
     otlp_endpoint: str | None
     mcp: McpOptions | None = None
+    console: tuple[str, int] | None = None
+    """--console: where the reviewer's console listens (None: no console)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,7 +250,18 @@ def _setup(args: argparse.Namespace) -> _Setup:
     _check_otlp_endpoint(otlp_endpoint)
     _warn_crash_point()
     mcp = _mcp_options(args, tls)
-    return _Setup(config, listen, tools, registry, tls, metrics_at, otlp_endpoint, mcp)
+    console = _console_at(args, tls)
+    return _Setup(config, listen, tools, registry, tls, metrics_at, otlp_endpoint, mcp, console)
+
+
+def _console_at(args: argparse.Namespace, tls: TlsOptions | None) -> tuple[str, int] | None:
+    """--console's host and port (None: no console); ValueError for a bad one."""
+    if getattr(args, "console", None) is None:
+        return None
+    if tls is not None and tls.client_ca is not None:
+        # The console is a client of the gRPC listener, with no client certificate of its own.
+        raise ValueError("--console cannot be combined with --tls-client-ca (mTLS) yet")
+    return _host_port(args.console, "--console")
 
 
 def _mcp_options(args: argparse.Namespace, tls: TlsOptions | None) -> McpOptions | None:
@@ -301,6 +320,8 @@ def _refuses_exposure(setup: _Setup) -> bool:
     served (on either listener), or the MCP listener would take bearer tokens in clear text (it
     is HTTP: no mTLS or proxy in front is assumed); a warning when the gRPC listener's would."""
     if setup.mcp is not None and _listener_refused(setup, setup.mcp.listen, "--mcp-listen"):
+        return True
+    if setup.console is not None and _listener_refused(setup, f"{setup.console[0]}:{setup.console[1]}", "--console"):
         return True
     if _is_loopback(setup.listen):
         return False
@@ -392,7 +413,7 @@ def _run(args: argparse.Namespace, setup: _Setup, lock: ImageLock, running: _Run
     running.reaping = Periodic("rf-ws-reaper", config.workspace.reap_interval_s, orchestrator.reap_workspaces,
                                "reaping workspaces")
     running.reaping.start()
-    return asyncio.run(_serve(setup.listen, orchestrator, config, setup.tls, setup.mcp))
+    return asyncio.run(_serve(setup.listen, orchestrator, config, setup.tls, setup.mcp, setup.console))
 
 
 def _open_event_store(config: Config, where: str | Path) -> EventStore | None:
@@ -432,7 +453,7 @@ def _attach_event_hooks(args: argparse.Namespace, setup: _Setup, running: _Runni
 
 
 async def _serve(listen: str, orchestrator: Orchestrator, config: Config, tls: TlsOptions | None,
-                 mcp: McpOptions | None = None) -> int:
+                 mcp: McpOptions | None = None, console_at: tuple[str, int] | None = None) -> int:
     from ringfence._version import __version__
     from ringfence.wire import version
     from ringfence_server.control.api.server import create_server
@@ -443,11 +464,14 @@ async def _serve(listen: str, orchestrator: Orchestrator, config: Config, tls: T
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     mcp_listener: McpListener | None = None
+    console: ConsoleServer | None = None
     try:
         if mcp is not None:
             # Bound before any address is announced: a port in use is said before the first line.
             mcp_listener = _mcp_listener(mcp, host, port, tls)
             mcp_listener.bind()
+        if console_at is not None:
+            console = _console(console_at, host, port, tls)  # bound here, served below
         # The handlers go in before the address is announced: a supervisor that reads the line and
         # stops us at once must find them (a SIGTERM in between would be swallowed and the server hang).
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -456,9 +480,16 @@ async def _serve(listen: str, orchestrator: Orchestrator, config: Config, tls: T
         if mcp_listener is not None:
             await mcp_listener.start()
             print(f"ringfence: MCP (Streamable HTTP) on {mcp_listener.url}{' (TLS)' if tls else ''}", flush=True)
+        if console is not None:
+            # Its own thread and event loop: a slow page never holds up the gRPC listener's loop.
+            await asyncio.to_thread(console.start_in_thread)
+            print(f"ringfence: console on {console.url}/", flush=True)
         # A log line of its own (stderr): the lines above are parsed by supervisors and tests.
         log.info("ringfence-server %s, serving clients %s", __version__, version.served_clients(__version__))
         await stopping.wait()
+        if console is not None:  # its live pages hold gRPC streams: closed before the listener
+            await asyncio.to_thread(console.stop)
+            console = None
         if mcp_listener is not None:
             # Before the gRPC server: the MCP sessions' runs are finished over it.
             await mcp_listener.stop()
@@ -471,6 +502,8 @@ async def _serve(listen: str, orchestrator: Orchestrator, config: Config, tls: T
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+        if console is not None:
+            await asyncio.to_thread(console.stop)
         if mcp_listener is not None:  # it failed to start, or serving failed: still stopped first
             await mcp_listener.stop()
         await server.stop(SHUTDOWN_GRACE_S)
@@ -487,6 +520,20 @@ def _mcp_listener(mcp: McpOptions, grpc_host: str, grpc_port: int, tls: TlsOptio
         tls_cert=tls.cert_chain if tls else None, tls_key=tls.private_key if tls else None,
         idle_timeout_s=mcp.idle_timeout_s, sessions_per_token=mcp.sessions_per_token,
     ), shutdown_grace_s=SHUTDOWN_GRACE_S)
+
+
+def _console(at: tuple[str, int], grpc_host: str, grpc_port: int, tls: TlsOptions | None) -> ConsoleServer:
+    """The console of --console (bound, not serving yet), a client of the gRPC listener at
+    grpc_host:grpc_port: over TLS with serve's own certificate as its root, as the MCP listener."""
+    from ringfence.options import TlsConfig
+    from ringfence_server.console.app import ConsoleSettings, create_app
+    from ringfence_server.console.server import ConsoleServer
+    from ringfence_server.control.api.mcp_http import connect_target
+
+    client_tls = TlsConfig.from_files(tls.cert_chain) if tls is not None else None
+    settings = ConsoleSettings(server=connect_target(grpc_host, grpc_port), tls=client_tls, https=tls is not None)
+    return ConsoleServer(create_app(settings), at[0], at[1], tls_cert=tls.cert_chain if tls else None,
+                         tls_key=tls.private_key if tls else None)
 
 
 def workspaces(backend: DockerBackend, lock: ImageLock, store_address: str) -> DockerWorkspaces:

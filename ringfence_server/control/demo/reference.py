@@ -20,17 +20,20 @@ never from a tool's reply.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ringfence import ApprovalDecision, Approver, Client
 from ringfence.agent import AgentContext, AgentLoop, AgentResult, ModelClient, ModelTurn, ScriptedModel, ToolCall
-from ringfence.model import Approval, Observation, ObservationStatus
+from ringfence.model import Approval, ApprovalStatus, Observation, ObservationStatus
 from ringfence.turns import TurnRecord
+from ringfence_server.control.demo.console_mode import HUMAN_WAIT_S, PersonApproves, person_approves
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -181,7 +184,28 @@ def _install_span_memory() -> InMemorySpanExporter:
     return exporter
 
 
-def run(workdir: Path | None = None, out: TextIO = sys.stdout) -> int:
+@contextlib.contextmanager
+def _approver(client: Client, approve: DemoApprover, address: str, console: str | None,
+              out: TextIO) -> Iterator[Approver | PersonApproves]:
+    """The scripted approver, or (with `console`) a person in the reviewer's console."""
+    if console is None:
+        with Approver(client, approve) as helper:
+            yield helper
+        return
+    with person_approves(address, console, APPROVER_TOKEN, out) as person:
+        yield person
+
+
+def _asked(approvals: list[Approval]) -> str:
+    """The console mode's approvals line: what the person decided, from the run's own record."""
+    said = {ApprovalStatus.APPROVED: "approved", ApprovalStatus.USED: "approved",
+            ApprovalStatus.DECLINED: "declined"}
+    return ", ".join(f"${float(a.arguments.get('amount', 0)):g} {said.get(a.status, a.status.value)}"
+                     for a in approvals)
+
+
+def run(workdir: Path | None = None, out: TextIO = sys.stdout, console: str | None = None) -> int:
+    """The demo; with `console` (HOST:PORT) a person approves in the reviewer's console served there."""
     from ringfence_server.control.demo.skills_scene import run_skill_scene
     from ringfence_server.control.demo.stack import DemoStack
     from ringfence_server.control.demo.tracetree import render, run_spans
@@ -196,17 +220,21 @@ def run(workdir: Path | None = None, out: TextIO = sys.stdout) -> int:
             print(f"control plane   {stack.address} (event log {config.db_path})", file=out)
             print(f"services        runbooks.internal.corp, ledger.ringfence.internal on {ledger.network}, "
                   "reached only through the egress proxy", file=out)
-            print(f"approver        a second client with the approver token; approves credits up to "
-                  f"${APPROVER_LIMIT:g}\n", file=out, flush=True)
+            if console is None:
+                print(f"approver        a second client with the approver token; approves credits up to "
+                      f"${APPROVER_LIMIT:g}\n", file=out, flush=True)
+            else:
+                print("approver        you, in the reviewer's console", file=out, flush=True)
             approve = DemoApprover(out)
             with Client(stack.address, AGENT_TOKEN) as agent, Client(stack.address, APPROVER_TOKEN) as approver_client:
-                with Approver(approver_client, approve) as helper:
+                with _approver(approver_client, approve, stack.address, console, out) as helper:
                     loop = AgentLoop(agent, Narrated(reference_model(), out), goal=GOAL, max_turns=10, max_cost=1.0,
                                      cost_per_input_token=3e-6, cost_per_output_token=1.5e-5,
-                                     approval_timeout_s=120, on_turn=lambda r: _show_turn(r, out),
-                                     context_budget_tokens=CONTEXT_BUDGET)
+                                     approval_timeout_s=120 if console is None else HUMAN_WAIT_S,
+                                     on_turn=lambda r: _show_turn(r, out), context_budget_tokens=CONTEXT_BUDGET)
                     result = loop.run()
                 print(file=out)
+                decided = approver_client.list_approvals(result.run_id) if console is not None else []
                 events, by_type = _count_events(agent, result.run_id)
                 # A skill the agent proposes is not reusable until a reviewer's fixtures pass it
                 # in fresh sandboxes (ringfence.skills).
@@ -229,10 +257,13 @@ def run(workdir: Path | None = None, out: TextIO = sys.stdout) -> int:
             print(f"cost            ${result.total_cost:.4f} at $3/M input, $15/M output tokens", file=out)
             print(f"events          {events} in the run's log ({by_type.get('approval_requested', 0)} "
                   f"approval_requested, {by_type.get('grant_added', 0)} grant_added)", file=out)
-            asked = ", ".join(f"${float(a.arguments['amount']):g} {'approved' if d.approve else 'declined'}"
-                              for a, d in approve.asked)
-            print(f"approvals       asked {len(approve.asked)}: {asked}; the repeat of $50 was not asked "
-                  f"({len(helper.decided)} decided, {len(helper.errors)} approver error(s))", file=out)
+            if console is None:
+                asked = ", ".join(f"${float(a.arguments['amount']):g} {'approved' if d.approve else 'declined'}"
+                                  for a, d in approve.asked)
+                print(f"approvals       asked {len(approve.asked)}: {asked}; the repeat of $50 was not asked "
+                      f"({len(helper.decided)} decided, {len(helper.errors)} approver error(s))", file=out)
+            else:
+                print(f"approvals       asked {len(decided)}: {_asked(decided)} (decided in the console)", file=out)
             print(f"ledger          {ledger_stats['credits']} credit(s) applied, {ledger_stats['replays']} replay(s), "
                   f"{ledger_stats['network']['requests']} request(s) over the network", file=out)
             ours = stack.container_names()
@@ -242,7 +273,9 @@ def run(workdir: Path | None = None, out: TextIO = sys.stdout) -> int:
     for line in summary_lines(result, credits):
         print(line, file=out)
     out.flush()
-    return 0 if _as_expected(result, credits, approve) and skill_ok and not left else 1
+    # A person's decisions are theirs: the scripted approver's expectations hold only without one.
+    expected = _as_expected(result, credits, approve) if console is None else True
+    return 0 if expected and skill_ok and not left else 1
 
 
 def _left_behind(run_id: str, names: set[str]) -> list[str]:
