@@ -15,7 +15,11 @@ Two distributions: the client `ringfence` (client/ringfence/) and the server `ri
   only at the server's edge (control.api, the CLI's extension, the demo);
 - control.orchestration is imported by nothing but the edge (and itself);
 - the console imports nothing of the server but control.tracing (pure rendering): it reaches the
-  control plane through the client, with the signed-in person's token.
+  control plane through the client, with the signed-in person's token;
+- the worker (ringfence_server/worker: sandbox workers on other hosts, docs/workers.md) imports
+  nothing of the control plane but control.validation (the canonical JSON an envelope's arguments
+  are in): a worker holds no store, no policy, no approvals, no tokens; and the sandbox imports
+  nothing of the worker (the worker uses it, never the other way round).
 """
 
 from __future__ import annotations
@@ -134,6 +138,37 @@ def test_the_console_reaches_the_control_plane_only_through_the_client():
         return not from_package("console", "control.tracing")(name)
 
     assert offenders(console, forbidden) == []
+
+
+# What a worker may use of the control plane: pure canonicalization, nothing that holds state,
+# secrets or authority (the store, policy, approvals, tenants' tokens, orchestration, the API).
+WORKER_MAY_IMPORT_OF_CONTROL = ("control.validation",)
+
+
+def test_the_worker_imports_nothing_of_the_control_plane_but_canonicalization():
+    worker = list(modules("worker"))
+    assert worker, "the worker's sources moved: update this rule"
+    allowed = from_package(*WORKER_MAY_IMPORT_OF_CONTROL)
+
+    def forbidden(name: str) -> bool:
+        return from_package("control")(name) and not allowed(name)
+
+    assert offenders(worker, forbidden) == []
+    assert offenders(worker, from_package("console")) == []
+
+
+def test_the_sandbox_imports_nothing_of_the_worker():
+    assert offenders(modules("sandbox"), from_package("worker")) == []
+
+
+def test_the_worker_rule_sees_a_violation(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("from ringfence_server.control.store import open_store\n"
+                   "from ringfence_server.control.validation import canonical_json\n")
+    names = imports_of(bad)
+    allowed = from_package(*WORKER_MAY_IMPORT_OF_CONTROL)
+    assert sorted(n for n in names if from_package("control")(n) and not allowed(n)) == [
+        "ringfence_server.control.store", "ringfence_server.control.store.open_store"]
 
 
 def test_the_checker_sees_a_violation(tmp_path):

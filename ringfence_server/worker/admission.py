@@ -1,0 +1,188 @@
+"""Worker admission: every decision a sandbox worker makes about a delivered envelope before
+anything runs, and nothing else.
+
+Pure: no Docker, no network, no database, no clock. What it reads of the worker is behind three
+Protocols (the images it has verified, the runtimes it can run, the results it has recorded and
+the calls it has claimed), and `now` is an argument. The worker does the I/O around it: it runs
+the tool only on a `Run` decision, and records the result under the envelope's logical key.
+
+`admit` checks in this order, the first failure deciding:
+
+1. envelope       `open_sealed`: version, signature present, trusted key, signature verifies,
+                  canonical payload, deadline not passed (ringfence_server.worker.envelope;
+                  Refuse with that layer's reason). Nothing below reads an unverified envelope.
+2. image          the image digest is one this worker has verified ("image_unverified"): a
+                  worker runs only images it checked by content itself, whatever the envelope says
+3. runtime        the profile's runtime is available here ("runtime_unavailable"), and a call
+                  with egress has an egress proxy here ("egress_unavailable")
+4. delivery       a result recorded for the logical call: ReturnRecorded (or "call_conflict" when
+                  it was recorded for other content under the same ids); otherwise the claim:
+                  won → Run; held by another delivery → InProgress (its result is recorded
+                  later), or ReturnRecorded if the result landed between the look-up and the claim
+
+Why this order: the checks that need no state come first, and the claim comes last, so a claim is
+made only for a call this worker will run. A forged or unrunnable envelope never claims the
+logical call (it cannot block the real call's delivery), never reads a recorded result (it
+cannot fetch another call's output), and never starts a container.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Protocol
+
+from ringfence_server.worker.envelope import Envelope, EnvelopeRefused, LogicalKey, Refusal, SealedEnvelope, open_sealed
+from ringfence_server.worker.keys import TrustedKeys
+
+__all__ = [
+    "Capabilities",
+    "Decision",
+    "InProgress",
+    "RecordedResult",
+    "Refuse",
+    "Results",
+    "ReturnRecorded",
+    "Run",
+    "VerifiedImages",
+    "WorkRefusal",
+    "admit",
+]
+
+
+class WorkRefusal(enum.StrEnum):
+    """Why a worker refuses an envelope that opened (the envelope's own reasons are Refusal's)."""
+
+    IMAGE_UNVERIFIED = "image_unverified"
+    RUNTIME_UNAVAILABLE = "runtime_unavailable"
+    EGRESS_UNAVAILABLE = "egress_unavailable"
+    CALL_CONFLICT = "call_conflict"
+
+
+class VerifiedImages(Protocol):
+    """The images this worker has verified by content (pulled or loaded, then checked by digest)."""
+
+    def has(self, digest: str) -> bool: ...
+
+
+class Capabilities(Protocol):
+    """What this worker's sandbox can run."""
+
+    def has_runtime(self, runtime: str) -> bool:
+        """The runtime ("runc", "gvisor") is registered in this worker's engine."""
+        ...
+
+    def has_egress(self) -> bool:
+        """This worker runs an egress proxy (a call with an egress grant needs one)."""
+        ...
+
+
+@dataclass(frozen=True)
+class RecordedResult:
+    """A logical call's result as the worker recorded it."""
+
+    envelope_id: str
+    """The delivery that ran it."""
+    call_digest: str
+    """`Envelope.call_digest` of that delivery: what the result is the result of."""
+    result: bytes
+    """The result as the worker reports it (opaque here)."""
+
+
+class Results(Protocol):
+    """The worker's record of logical calls: claims and results, keyed by the logical call.
+
+    `claim` must be atomic: of any number of concurrent claims of one key exactly one returns True,
+    ever (a durable store: across the worker's restarts too)."""
+
+    def get(self, key: LogicalKey) -> RecordedResult | None:
+        """The result recorded for the logical call, or None."""
+        ...
+
+    def claim(self, key: LogicalKey, envelope_id: str) -> bool:
+        """Take the logical call for the delivery `envelope_id`: True for the first claim of `key`
+        only; False when any delivery (this one included) already holds it."""
+        ...
+
+
+@dataclass(frozen=True)
+class Run:
+    """Run the call: this delivery holds the logical call's claim."""
+
+    envelope: Envelope
+
+
+@dataclass(frozen=True)
+class ReturnRecorded:
+    """The logical call already ran: answer with its recorded result, run nothing."""
+
+    envelope: Envelope
+    recorded: RecordedResult
+
+
+@dataclass(frozen=True)
+class InProgress:
+    """Another delivery of the logical call holds the claim and has no result yet: run nothing."""
+
+    envelope: Envelope
+
+
+@dataclass(frozen=True)
+class Refuse:
+    """Run nothing: the envelope is not authentic, not runnable here, or conflicts."""
+
+    reason: Refusal | WorkRefusal
+    detail: str = ""
+
+
+Decision = Run | ReturnRecorded | InProgress | Refuse
+
+
+def _check_image(envelope: Envelope, images: VerifiedImages) -> Refuse | None:
+    """Its own function: the step a red check (tests/unit/test_worker_admission.py) switches off."""
+    if not images.has(envelope.image_digest):
+        return Refuse(WorkRefusal.IMAGE_UNVERIFIED, f"{envelope.image_digest} is not an image this worker verified")
+    return None
+
+
+def _check_runtime(envelope: Envelope, capabilities: Capabilities) -> Refuse | None:
+    runtime = envelope.profile.runtime
+    if not capabilities.has_runtime(runtime):
+        return Refuse(WorkRefusal.RUNTIME_UNAVAILABLE, f"{runtime} is not available on this worker")
+    if envelope.egress is not None and not capabilities.has_egress():
+        return Refuse(WorkRefusal.EGRESS_UNAVAILABLE, "the call has an egress grant; this worker has no egress proxy")
+    return None
+
+
+def _recorded(envelope: Envelope, recorded: RecordedResult) -> Decision:
+    if recorded.call_digest != envelope.call_digest:
+        # The same (tenant, run, call) with other content: never answer one call with another's
+        # result, and never run it (its id is taken).
+        return Refuse(WorkRefusal.CALL_CONFLICT,
+                      f"call {envelope.call_id} was recorded for other content (delivery {recorded.envelope_id})")
+    return ReturnRecorded(envelope, recorded)
+
+
+def _delivery(envelope: Envelope, results: Results) -> Decision:
+    key = envelope.logical_key
+    recorded = results.get(key)
+    if recorded is not None:
+        return _recorded(envelope, recorded)
+    if results.claim(key, envelope.envelope_id):
+        return Run(envelope)
+    # Lost the claim: either another delivery is running it, or it finished between get and claim.
+    recorded = results.get(key)
+    return _recorded(envelope, recorded) if recorded is not None else InProgress(envelope)
+
+
+def admit(sealed: SealedEnvelope, *, trusted_keys: TrustedKeys, images: VerifiedImages,
+          capabilities: Capabilities, results: Results, now: float) -> Decision:
+    """What the worker does with `sealed`, in the order of the module's docstring."""
+    try:
+        envelope = open_sealed(sealed, trusted_keys, now)
+    except EnvelopeRefused as e:
+        return Refuse(e.reason, e.detail)
+    refused = _check_image(envelope, images) or _check_runtime(envelope, capabilities)
+    if refused is not None:
+        return refused
+    return _delivery(envelope, results)
