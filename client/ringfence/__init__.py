@@ -17,7 +17,8 @@ The public API is what `__all__` lists; modules whose names start with `_` are n
     ProposedCall, Observation, RunView, ToolView, Approval, Event, PlanStep ...
                     the values of ringfence.model, re-exported here (RunPage, EventPage,
                     AuditReport, ToolRisk: what a console reads through list_runs_page,
-                    list_events, verify_run and an approver's list_tools / approvals)
+                    list_events, verify_run and an approver's list_tools / approvals;
+                    Identity: whoami(), who the server takes the token to be)
     ringfence.agent   the agent loop: ModelClient, ScriptedModel, AgentLoop, AgentResult
     ringfence.v1      the generated gRPC stubs (ringfence.v1.runs_pb2_grpc ...), for raw access
 
@@ -62,6 +63,7 @@ from ringfence.model import (
     Event,
     EventPage,
     EventType,
+    Identity,
     Observation,
     ObservationStatus,
     PlanStep,
@@ -103,6 +105,7 @@ __all__ = [
     "EventType",
     "FailedPrecondition",
     "FieldViolation",
+    "Identity",
     "Internal",
     "InvalidArgument",
     "NotFound",

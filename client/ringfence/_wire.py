@@ -30,6 +30,7 @@ from ringfence.model import (
     AuditReport,
     Event,
     EventPage,
+    Identity,
     Observation,
     PlanStep,
     ProposedCall,
@@ -48,6 +49,8 @@ from ringfence.v1 import (
     approvals_pb2_grpc,
     files_pb2,
     files_pb2_grpc,
+    identity_pb2,
+    identity_pb2_grpc,
     plans_pb2,
     plans_pb2_grpc,
     routing_pb2,
@@ -67,7 +70,7 @@ T = TypeVar("T")
 E = TypeVar("E", RunStatus, RunOutcome)
 
 TOOLS, RUNS, APPROVALS, PLANS, EVIDENCE, ROUTING = "tools", "runs", "approvals", "plans", "evidence", "routing"
-FILES = "files"
+FILES, IDENTITY = "files", "identity"
 
 RUNS_PAGE_MAX = convert.RUNS_PAGE_MAX
 """list_runs follows pages of the largest size the server serves: the fewest round trips."""
@@ -91,6 +94,7 @@ class Stubs:
     evidence: Any  # plans_pb2_grpc.EvidenceServiceStub
     routing: Any  # routing_pb2_grpc.RoutingServiceStub
     files: Any  # files_pb2_grpc.FileServiceStub
+    identity: Any  # identity_pb2_grpc.IdentityServiceStub
 
 
 def make_stubs(channel: Any) -> Stubs:
@@ -103,6 +107,7 @@ def make_stubs(channel: Any) -> Stubs:
         evidence=plans_pb2_grpc.EvidenceServiceStub(channel),
         routing=routing_pb2_grpc.RoutingServiceStub(channel),
         files=files_pb2_grpc.FileServiceStub(channel),
+        identity=identity_pb2_grpc.IdentityServiceStub(channel),
     )
 
 
@@ -228,6 +233,15 @@ def watch_run(run_id: str, from_seq: int) -> ServerStream[Event]:
 def list_approvals(run_id: str | None) -> Unary[list[Approval]]:
     return Unary(APPROVALS, "ListApprovals", approvals_pb2.ListApprovalsRequest(run_id=run_id or ""),
                  lambda r: [convert.approval_from_proto(a) for a in r.approvals], retryable=True)
+
+
+def get_approval(approval_id: str) -> Unary[Approval]:
+    return Unary(APPROVALS, "GetApproval", approvals_pb2.GetApprovalRequest(approval_id=approval_id),
+                 convert.approval_from_proto, retryable=True)
+
+
+def whoami() -> Unary[Identity]:
+    return Unary(IDENTITY, "WhoAmI", identity_pb2.WhoAmIRequest(), convert.identity_from_proto, retryable=True)
 
 
 def watch_approvals() -> ServerStream[Approval]:

@@ -15,6 +15,7 @@ from ringfence.model import (
     AuditReport,
     Event,
     EventPage,
+    Identity,
     Observation,
     PlanStep,
     ProposedCall,
@@ -138,6 +139,13 @@ class AsyncClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    # -- IdentityService ---------------------------------------------------------------------
+
+    async def whoami(self, *, timeout: float | None = None) -> Identity:
+        """Who the server takes this client's token to be: tenant, principal (the subject that
+        `Approval.proposer` names for the calls you propose) and role. Any role may ask."""
+        return await self._send(W.whoami(), timeout)
+
     # -- ToolService ------------------------------------------------------------------------
 
     async def list_tools(self, query: str = "", *, timeout: float | None = None) -> list[ToolView]:
@@ -248,6 +256,11 @@ class AsyncClient:
 
     async def list_approvals(self, run_id: str | None = None, *, timeout: float | None = None) -> list[Approval]:
         return await self._send(W.list_approvals(run_id), timeout)
+
+    async def get_approval(self, approval_id: str, *, timeout: float | None = None) -> Approval:
+        """One approval of your tenant by its id, whatever its state and whether or not its run has
+        finished (with its tool's risk); another tenant's, or an unknown id, is NotFound."""
+        return await self._send(W.get_approval(approval_id), timeout)
 
     def watch_approvals(self, *, timeout: float | None = None) -> AsyncStream[Approval]:
         return self._open(W.watch_approvals(), timeout)

@@ -20,6 +20,7 @@ __all__ = [
     "AuditReport",
     "Event",
     "EventPage",
+    "Identity",
     "Observation",
     "ObservationStatus",
     "PlanStep",
@@ -56,6 +57,25 @@ class Principal:
     tenant: str
     role: Role
     subject: str
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The caller as the server authenticated its token (IdentityService.WhoAmI)."""
+
+    tenant: str
+    principal: str
+    """The token's subject: what `Approval.proposer` holds for the calls this caller proposed
+    (four eyes: the server refuses to let it decide those) and `Approval.decided_by` for the
+    approvals it decided."""
+    role: Role
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "role", Role(self.role))
+
+    def proposed(self, approval: Approval) -> bool:
+        """Whether this caller proposed `approval`'s call, so the server will not let it decide it."""
+        return bool(approval.proposer) and approval.proposer == self.principal
 
 
 @dataclass(frozen=True)

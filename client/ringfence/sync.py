@@ -14,6 +14,7 @@ from ringfence.model import (
     AuditReport,
     Event,
     EventPage,
+    Identity,
     Observation,
     PlanStep,
     ProposedCall,
@@ -74,7 +75,7 @@ class Client:
     Every call carries the bearer token, the current W3C trace context and a deadline
     (`timeout` for unary calls, `stream_timeout` for streams, None for none; each method takes a `timeout`
     override). Reads (get_run, list_runs, list_runs_page, list_events, verify_run, list_tools,
-    list_approvals) and submit_batch, which carries its batch id, are retried on UNAVAILABLE
+    list_approvals, get_approval, whoami) and submit_batch, which carries its batch id, are retried on UNAVAILABLE
     within that one deadline; nothing else is.
     Failures are ringfence.errors exceptions (InvalidArgument has `.violations`; Internal is a
     server fault); DEADLINE_EXCEEDED and CANCELLED stay grpc.RpcError.
@@ -143,6 +144,13 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # -- IdentityService ---------------------------------------------------------------------
+
+    def whoami(self, *, timeout: float | None = None) -> Identity:
+        """Who the server takes this client's token to be: tenant, principal (the subject that
+        `Approval.proposer` names for the calls you propose) and role. Any role may ask."""
+        return self._send(W.whoami(), timeout)
 
     # -- ToolService ------------------------------------------------------------------------
 
@@ -266,6 +274,11 @@ class Client:
 
     def list_approvals(self, run_id: str | None = None, *, timeout: float | None = None) -> list[Approval]:
         return self._send(W.list_approvals(run_id), timeout)
+
+    def get_approval(self, approval_id: str, *, timeout: float | None = None) -> Approval:
+        """One approval of your tenant by its id, whatever its state and whether or not its run has
+        finished (with its tool's risk); another tenant's, or an unknown id, is NotFound."""
+        return self._send(W.get_approval(approval_id), timeout)
 
     def watch_approvals(self, *, timeout: float | None = None) -> Stream[Approval]:
         return self._open(W.watch_approvals(), timeout)

@@ -39,7 +39,7 @@ from ringfence.errors import (
     Unauthenticated,
     Unavailable,
 )
-from ringfence.model import Approval, ApprovalKind, ApprovalStatus, Event, RunOutcome, RunStatus
+from ringfence.model import Approval, ApprovalKind, ApprovalStatus, Event, Identity, RunOutcome, RunStatus
 from ringfence.options import TlsConfig
 from ringfence_server.console import csrf, waterfall
 from ringfence_server.console.headers import SecurityHeaders
@@ -184,19 +184,25 @@ class Console:
         client = AsyncClient(self.settings.server, token.strip(), tls=self.settings.tls,
                              timeout=self.settings.timeout, stream_timeout=None)
         problem = ""
+        identity: Identity | None = None
         try:
-            await client.list_approvals()  # the control plane says whether this token may review
+            # Who the control plane takes this token to be (kept: the approval page compares its
+            # principal with a call's proposer), then whether it may review: the server's word,
+            # from its own role table, never a guess of the console's.
+            identity = await client.whoami()
+            await client.list_approvals()
         except Unauthenticated:
             problem = "The control plane does not know this token."
         except PermissionDenied:
-            problem = "This token cannot review approvals (it is not an approver's or an admin's)."
+            who = f" ({identity.principal}, {identity.role}, tenant {identity.tenant})" if identity else ""
+            problem = f"This token{who} cannot review approvals (it is not an approver's or an admin's)."
         except ControlError as e:
             problem = f"The control plane could not be asked: {e}"
-        if problem:
+        if problem or identity is None:
             await client.close()
             return self.render(request, session, "signin.html", 401, next=target, problem=problem)
         self.sessions.end(session)  # a new id once signed in: an id planted before is worth nothing
-        fresh = self.sessions.new(client, role="approver")
+        fresh = self.sessions.new(client, identity)
         response = RedirectResponse(target, status_code=303)
         self.set_cookie(response, fresh)
         return response
@@ -224,23 +230,21 @@ class Console:
         client = self.client(session)
         return EventSourceResponse(_live_events(client), ping=15)
 
-    async def _find(self, session: Session, approval_id: str) -> Approval:
-        for a in await self.client(session).list_approvals():
-            if a.approval_id == approval_id:
-                return a
-        raise NotFound(f"no approval {approval_id} in an unfinished run of your tenant")
-
     async def approval_page(self, request: Request, session: Session, *, status_code: int = 200,
                             problem: str = "", stale: bool = False) -> Response:
-        approval = await self._find(session, request.path_params["approval_id"])
         client = self.client(session)
+        # GetApproval: this one approval, pending or not, of a live or a finished run; another
+        # tenant's is NotFound (the 404 page), as an id nobody has.
+        approval = await client.get_approval(request.path_params["approval_id"])
         run = await client.get_run(approval.run_id)
         events, complete = await _events(client, approval.run_id)
         turns = turns_of(run, events)
         return self.render(request, session, "approval.html", status_code, approval=approval,
                            summary=approval_summary(approval), run=run, turns=turns, events_complete=complete,
                            pending=approval.status is ApprovalStatus.PENDING,
-                           reconcile=approval.kind is ApprovalKind.RECONCILE, problem=problem, stale=stale)
+                           reconcile=approval.kind is ApprovalKind.RECONCILE, problem=problem, stale=stale,
+                           # Four eyes: the server refuses the proposer's decision, so none is offered.
+                           own=session.identity is not None and session.identity.proposed(approval))
 
     async def decide(self, request: Request, session: Session) -> Response:
         form: FormData = request.state.form

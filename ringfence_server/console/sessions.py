@@ -2,7 +2,8 @@
 
 A browser gets an anonymous session on its first page (so the sign-in form has a CSRF token
 too); signing in replaces it with a fresh one (a new id: an id planted before sign-in is worth
-nothing after it) that holds the person's bearer token and a gRPC client opened with it. The
+nothing after it) that holds the person's bearer token, a gRPC client opened with it, and who
+the control plane says the token is (WhoAmI: tenant, principal, role). The
 token lives here, in the console's memory, and is sent only to the control plane; no page, no
 cookie and no log line carries it. A session ends when it is signed out, when it has been idle
 for `idle_s`, or when the store is full and it is the least recently used. Anonymous sessions
@@ -18,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ringfence import AsyncClient
+from ringfence import AsyncClient, Identity
 
 __all__ = ["COOKIE", "Session", "SessionStore"]
 
@@ -34,14 +35,21 @@ class Session:
     last_seen: float
     client: AsyncClient | None = None
     """Opened with the signed-in person's token; None: not signed in."""
-    role: str = ""
-    """What the control plane said this token may do ("approver" when it may decide)."""
+    identity: Identity | None = None
+    """Who the control plane said this token is at sign-in (WhoAmI); None: not signed in. Its
+    `principal` is what Approval.proposer names for the calls this person proposed (four eyes:
+    those are another person's to decide)."""
     flash: list[str] = field(default_factory=list)
     """Messages for the next page shown (e.g. "approved apr-…")."""
 
     @property
     def signed_in(self) -> bool:
         return self.client is not None
+
+    @property
+    def role(self) -> str:
+        """The token's role as the control plane named it ("approver", "admin"); "" signed out."""
+        return self.identity.role.value if self.identity is not None else ""
 
 
 class SessionStore:
@@ -68,7 +76,7 @@ class SessionStore:
         self._sessions.move_to_end(session_id)
         return session
 
-    def new(self, client: AsyncClient | None = None, role: str = "") -> Session:
+    def new(self, client: AsyncClient | None = None, identity: Identity | None = None) -> Session:
         """A new session under a new random id and CSRF token."""
         self._expire()
         signed_in = client is not None
@@ -78,7 +86,7 @@ class SessionStore:
             del self._sessions[oldest.session_id]
             self._retire(oldest)
         session = Session(session_id=secrets.token_urlsafe(32), csrf=secrets.token_urlsafe(32),
-                          last_seen=self._clock(), client=client, role=role)
+                          last_seen=self._clock(), client=client, identity=identity)
         self._sessions[session.session_id] = session
         return session
 

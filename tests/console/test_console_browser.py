@@ -143,8 +143,7 @@ def propose(world: World, token: str, goal: str, tool: str, arguments: dict[str,
 
 def approval(world: World, approval_id: str, token: str = APPROVER_A) -> Approval:
     with Client(world.server, token) as reviewer:
-        [found] = [a for a in reviewer.list_approvals() if a.approval_id == approval_id]
-    return found
+        return reviewer.get_approval(approval_id)
 
 
 def run_view(world: World, run_id: str, token: str = AGENT_A) -> RunView:
@@ -300,16 +299,65 @@ def test_a_stale_page_is_told_to_look_again(world):
     assert approval(world, asked.approval_id).status is ApprovalStatus.PENDING
 
 
-def test_four_eyes_the_proposer_cannot_decide_and_the_console_shows_why(world):
+FOUR_EYES = "You proposed this call: another person must decide it (four-eyes)."
+DECISION_CONTROLS = "#approve, #remember, #decline, #reason, form[action$='/decide']"
+
+
+def test_four_eyes_the_proposer_is_told_and_offered_no_decision_another_reviewer_is(world):
     d = world.driver
-    _, asked = propose(world, ADMIN_A, "an admin's own credit", "credit", {"account": account(), "amount": 4})
+    acct = account()
+    run_id, asked = propose(world, ADMIN_A, "an admin's own credit", "credit", {"account": acct, "amount": 4})
+    assert asked.proposer == "acme-admin"
     sign_in(d, world.url, ADMIN_A)
     open_page(d, f"{world.url}/approvals/{asked.approval_id}")
-    assert text(d, "main dl.facts").count("acme-admin") >= 1
+    assert text(d, "#four-eyes") == FOUR_EYES
+    assert d.find_elements(By.CSS_SELECTOR, DECISION_CONTROLS) == []
+    assert text(d, "#digest") == asked.digest  # everything else is shown as to anyone
+    assert unlabelled_controls(d) == []
+
+    sign_in(d, world.url, APPROVER_A)  # another person of the same tenant
+    open_page(d, f"{world.url}/approvals/{asked.approval_id}")
+    assert d.find_elements(By.ID, "four-eyes") == [] and FOUR_EYES not in d.page_source
+    assert all(d.find_elements(By.ID, name) for name in ("approve", "remember", "decline", "reason"))
     d.find_element(By.ID, "approve").click()
-    wait(d, lambda d: d.find_elements(By.ID, "problem"))
-    assert "acme-admin proposed this call and cannot decide its approval" in text(d, "#problem")
+    wait(d, lambda d: d.current_url.endswith(f"/runs/{run_id}"))
+    decided = approval(world, asked.approval_id)
+    assert decided.decided_by == "acme-reviewer"
+    assert decided.status in (ApprovalStatus.APPROVED, ApprovalStatus.USED)
+    eventually(lambda: int(world.ledger.balance(acct)["credits"]) == 1, "the reviewer's approval ran the credit")
+
+
+def test_four_eyes_a_decision_the_proposer_posts_anyway_is_refused_by_the_server(world):
+    """No button is no protection: the proposer posts the decision form by hand, and the control
+    plane refuses it; the console shows the server's reason."""
+    _, asked = propose(world, ADMIN_A, "an admin's own credit, posted by hand", "credit",
+                       {"account": account(), "amount": 4})
+    session = HttpSession(world.url)
+    session.sign_in(ADMIN_A)
+    page = session.request(f"/approvals/{asked.approval_id}")
+    assert page.status == 200 and FOUR_EYES in page.body and 'id="approve"' not in page.body
+    answer = session.request(f"/approvals/{asked.approval_id}/decide",
+                             decide_form(session, asked, decision="approve", reason=""), {"Origin": world.url})
+    assert answer.status == 403
+    assert "acme-admin proposed this call and cannot decide its approval" in answer.body
+    assert FOUR_EYES in answer.body and 'id="approve"' not in answer.body
     assert approval(world, asked.approval_id).status is ApprovalStatus.PENDING
+
+
+def test_an_approval_of_a_finished_run_still_opens(world):
+    """GetApproval: the page reads the one approval, so one of a finished run (declined by the
+    system when the run ended) shows, with nothing left to decide."""
+    run_id, asked = propose(world, AGENT_A, "credit, then the run ends", "credit", {"account": account(), "amount": 5})
+    with Client(world.server, AGENT_A) as agent:
+        agent.finish_run(run_id)
+    d = world.driver
+    sign_in(d, world.url, APPROVER_A)
+    open_page(d, f"{world.url}/approvals/{asked.approval_id}")
+    assert text(d, "#not-pending") == "This approval is declined: there is nothing to decide."
+    assert "system" in text(d, "main dl.facts") and text(d, "#digest") == asked.digest
+    assert d.find_elements(By.CSS_SELECTOR, DECISION_CONTROLS) == []
+    open_page(d, f"{world.url}/approvals/no-such-approval")
+    assert text(d, "h1") == "Not found"
 
 
 # -- XSS: data is text ---------------------------------------------------------------------------
@@ -507,7 +555,8 @@ def test_sign_in_goes_back_only_to_a_page_of_the_console(world):
 def test_a_token_that_cannot_review_does_not_sign_in(world):
     session = HttpSession(world.url)
     session.request("/signin")
-    for token, says in ((AGENT_A, "cannot review approvals"), ("no-such-token", "does not know this token")):
+    for token, says in ((AGENT_A, "This token (acme-agent, agent, tenant acme) cannot review approvals"),
+                        ("no-such-token", "does not know this token")):
         answer = session.request("/signin", {"csrf_token": session.csrf, "token": token, "next": "/approvals"},
                                  {"Origin": world.url})
         assert answer.status == 401 and says in answer.body

@@ -16,7 +16,17 @@ import pytest
 from console_support import HttpSession, console
 from starlette.requests import Request
 
-from ringfence.model import Approval, ApprovalKind, ApprovalStatus, RunStatus, RunView, ToolRisk, Usage
+from ringfence.model import (
+    Approval,
+    ApprovalKind,
+    ApprovalStatus,
+    Identity,
+    Role,
+    RunStatus,
+    RunView,
+    ToolRisk,
+    Usage,
+)
 from ringfence_server.console import csrf
 from ringfence_server.console.headers import CSP
 from ringfence_server.console.render import Pages, approval_summary, arguments_view, risk_rows
@@ -36,13 +46,13 @@ def an_approval(kind: ApprovalKind = ApprovalKind.CALL, **arguments: Any) -> App
                     tool_risk=ToolRisk(mutates=True, irreversible=True, egress_hosts=("ledger.ringfence.internal",)))
 
 
-def approval_page(pages: Pages, approval: Approval, goal: str = "a goal") -> str:
+def approval_page(pages: Pages, approval: Approval, goal: str = "a goal", *, own: bool = False) -> str:
     run = RunView(run_id="run-1", tenant="acme", goal=goal, status=RunStatus.WAITING_APPROVAL, outcome=None,
                   turns=1, trajectory=(), usage=Usage())
     response = pages.render("approval.html", session=None, flash=[], csrf_token="t", path="/approvals/apr-1",
                             approval=approval, summary=approval_summary(approval), run=run, turns=[],
                             events_complete=True, pending=True, reconcile=approval.kind is ApprovalKind.RECONCILE,
-                            problem="", stale=False)
+                            problem="", stale=False, own=own)
     return bytes(response.body).decode()
 
 
@@ -68,6 +78,15 @@ def test_a_reconciliation_task_says_what_approve_and_decline_mean():
     assert "Approve</strong> if it did <em>not</em> happen: the call is run once now" in page
     assert "Decline</strong> if it <em>did</em> happen" in page
     assert 'id="remember"' not in page  # a reconciliation is never remembered
+
+
+def test_the_proposers_own_approval_offers_no_decision():
+    other = approval_page(Pages(), an_approval())
+    assert 'id="approve"' in other and 'id="decline"' in other and 'id="four-eyes"' not in other
+    own = approval_page(Pages(), an_approval(), own=True)
+    assert "You proposed this call: another person must decide it (four-eyes)." in own
+    assert "<form" not in own.split("</header>", 1)[1]  # nothing to post but sign-out (in the header)
+    assert 'id="approve"' not in own and 'id="decline"' not in own and 'id="remember"' not in own
 
 
 def request(headers: dict[str, str]) -> Request:
@@ -111,10 +130,12 @@ def test_sessions_end_when_idle_when_full_and_when_signed_out():
 
 def test_a_flood_of_anonymous_sessions_never_signs_a_reviewer_out():
     store = SessionStore(max_sessions=2, max_anonymous=3)
-    reviewer = store.new(client=object(), role="approver")  # type: ignore[arg-type]  # a stand-in client
+    alice = Identity("acme", "alice", Role.APPROVER)
+    reviewer = store.new(client=object(), identity=alice)  # type: ignore[arg-type]  # a stand-in client
     for _ in range(50):
         store.new()
     assert store.get(reviewer.session_id) is reviewer and len(store) == 4
+    assert (reviewer.identity, reviewer.role) == (alice, "approver")
 
 
 def test_the_waterfall_lays_spans_out_in_order_with_labels_cut():

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ringfence.model import Role
-from ringfence.v1 import approvals_pb2, runs_pb2, tools_pb2, types_pb2
+from ringfence.v1 import approvals_pb2, identity_pb2, runs_pb2, tools_pb2, types_pb2
 from ringfence_server.control.api.background import BackgroundServer
 
 EXPECTED = {
@@ -108,6 +108,11 @@ UNARY = {
         st.builds(approvals_pb2.ListApprovalsRequest, run_id=ids),
         approvals_pb2.ListApprovalsResponse,
     ),
+    "/ringfence.v1.ApprovalService/GetApproval": (
+        st.builds(approvals_pb2.GetApprovalRequest, approval_id=ids),
+        types_pb2.Approval,
+    ),
+    "/ringfence.v1.IdentityService/WhoAmI": (st.just(identity_pb2.WhoAmIRequest()), identity_pb2.Identity),
     "/ringfence.v1.ApprovalService/DecideApproval": (
         st.builds(
             approvals_pb2.DecideApprovalRequest,

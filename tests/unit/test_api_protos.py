@@ -68,7 +68,8 @@ def test_every_rpc_has_a_role_entry_and_nothing_else_does():
     assert methods == set(auth.METHOD_ROLES)
     assert set(SERVICE_NAMES) == {"ringfence.v1.ToolService", "ringfence.v1.RunService", "ringfence.v1.ApprovalService",
                                   "ringfence.v1.PlanService", "ringfence.v1.EvidenceService",
-                                  "ringfence.v1.RoutingService", "ringfence.v1.FileService"}
+                                  "ringfence.v1.RoutingService", "ringfence.v1.FileService",
+                                  "ringfence.v1.IdentityService"}
 
 
 def test_status_table_codes_agree_with_google_rpc_code():

@@ -2,8 +2,10 @@
 with the real Orchestrator and a real store (a SQLite file; the paging also on PostgreSQL):
 runs a page at a time with filters, a run's log a page at a time, the server's check of a run's
 audit chain (and a tampered row caught), an approval's proposer, asking rule and tool risk
-(listed, watched, decided, and after a restart), a tool's risk for approvers only, and who may
-download what. Each rule with its red direction: another tenant, the wrong role, bad input.
+(listed, watched, decided, and after a restart), one approval by its id in any state and of a
+finished run (GetApproval, also after a restart), who the server takes a token to be (WhoAmI:
+the name four eyes compares), a tool's risk for approvers only, and who may download what. Each
+rule with its red direction: another tenant, the wrong role, bad input.
 """
 
 from __future__ import annotations
@@ -11,15 +13,25 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 from api_support import TOKENS, fake_backend, make_config
 
 from ringfence import Client
-from ringfence.errors import InvalidArgument, NotFound, PermissionDenied
-from ringfence.model import ApprovalStatus, ObservationStatus, Role, RunOutcome, RunStatus, RunView
-from ringfence.v1 import runs_pb2, tools_pb2
+from ringfence.errors import InvalidArgument, NotFound, PermissionDenied, Unauthenticated
+from ringfence.model import (
+    Approval,
+    ApprovalStatus,
+    Identity,
+    ObservationStatus,
+    Role,
+    RunOutcome,
+    RunStatus,
+    RunView,
+)
+from ringfence.v1 import approvals_pb2, identity_pb2, runs_pb2, tools_pb2
 from ringfence_server.control.api.background import BackgroundServer
 
 AGENT = TOKENS[("acme", Role.AGENT)]
@@ -33,12 +45,12 @@ CREDIT = {"tool": "credit", "arguments": {"account": "acme-9", "amount": 50}}  #
 class Served:
     """A real server over the real Orchestrator on `store`, with a client per token."""
 
-    def __init__(self, config, store) -> None:
+    def __init__(self, config, store, clock: Callable[[], float] = time.time) -> None:
         from ringfence_server.control.orchestration import Orchestrator
 
         self.config = config
         self.store = store
-        self.orchestrator = Orchestrator.from_config(config, fake_backend(), store)
+        self.orchestrator = Orchestrator.from_config(config, fake_backend(), store, clock)
         self.server = BackgroundServer(self.orchestrator, config)
         self.server.__enter__()
         self.clients: dict[str, Client] = {}
@@ -57,8 +69,8 @@ class Served:
 
 
 @contextlib.contextmanager
-def served(config, store) -> Iterator[Served]:
-    s = Served(config, store)
+def served(config, store, clock: Callable[[], float] = time.time) -> Iterator[Served]:
+    s = Served(config, store, clock)
     try:
         yield s
     finally:
@@ -370,6 +382,158 @@ def test_an_old_log_without_the_proposer_reads_as_unknown():
                   Event("r1", 2, "approval_requested", requested, 4, 1.0)])
     approval = state.approvals["ap-1"]
     assert (approval.proposer, approval.policy_rule, approval.tool_risk) == ("", "", None)
+
+
+# --- GetApproval: one approval by its id, whatever its state -------------------------------------
+
+
+def _essence(a: Approval) -> tuple:
+    return (a.approval_id, a.tenant, a.run_id, a.call_id, a.tool, dict(a.arguments), a.digest, a.status,
+            a.created_at, a.expires_at, a.decided_by, a.reason, a.kind, a.proposer, a.policy_rule, a.tool_risk)
+
+
+def test_get_approval_reads_one_approval_pending_decided_and_of_a_finished_run_also_after_a_restart(config):
+    from ringfence_server.control.store import SqliteEventStore
+
+    with served(config, SqliteEventStore(config.db_path)) as s:
+        agent, approver, admin = s.client(AGENT), s.client(APPROVER), s.client(ADMIN)
+        credit = s.orchestrator.registry.get("credit")
+        agent.start_run("pay twice", "r1")
+        second = {"call_id": "c2", "tool": "credit", "arguments": {"account": "acme-9", "amount": 60}}
+        [first, other] = agent.submit_batch("r1", [dict(CREDIT, call_id="c1"), second])
+        listed = {a.call_id: a for a in approver.list_approvals("r1")}
+
+        # Pending: exactly what ListApprovals says of it, tool risk included.
+        got = approver.get_approval(first.approval_id)
+        assert _essence(got) == _essence(listed["c1"])
+        assert (got.approval_id, got.run_id, got.call_id, got.status, got.proposer) == (
+            first.approval_id, "r1", "c1", ApprovalStatus.PENDING, "acme-agent")
+        assert dict(got.arguments) == CREDIT["arguments"] and got.policy_rule in first.verdict_path
+        assert got.tool_risk is not None and got.tool_risk.mutates is credit.mutates is True
+        assert got.tool_risk.image_digest and got.tool_risk.egress_hosts == credit.egress_hosts
+        assert _essence(admin.get_approval(first.approval_id)) == _essence(got)  # an admin reads it too
+
+        # Decided: the decision and who made it.
+        approver.decide_approval(first.approval_id, True, "fine", digest=got.digest)
+        decided = approver.get_approval(first.approval_id)
+        assert decided.status is ApprovalStatus.USED and decided.decided_by == "acme-approver"
+        assert decided.reason == "fine" and decided.digest == got.digest and decided.tool_risk == got.tool_risk
+
+        # The run finishes: its pending approval is declined by the system, and is gone from
+        # ListApprovals (unfinished runs only) but not from GetApproval.
+        agent.finish_run("r1")
+        assert other.approval_id not in [a.approval_id for a in approver.list_approvals()]
+        closed = approver.get_approval(other.approval_id)
+        assert (closed.status, closed.decided_by, closed.run_id, closed.call_id) == (
+            ApprovalStatus.DECLINED, "system", "r1", "c2")
+        assert closed.tool_risk == got.tool_risk
+        before = {i: _essence(approver.get_approval(i)) for i in (first.approval_id, other.approval_id)}
+
+    # A restart: this process never saw them; the store's key of each finds its (finished) run.
+    with served(config, SqliteEventStore(config.db_path)) as s:
+        approver = s.client(APPROVER)
+        assert {i: _essence(approver.get_approval(i)) for i in before} == before
+        with pytest.raises(NotFound):
+            s.client(OTHER_APPROVER).get_approval(first.approval_id)
+
+
+def test_get_approval_shows_an_approval_whose_time_is_up_as_expired(config):
+    from ringfence_server.control.store import SqliteEventStore
+
+    now = [1_000_000.0]
+    with served(config, SqliteEventStore(config.db_path), clock=lambda: now[0]) as s:
+        agent, approver = s.client(AGENT), s.client(APPROVER)
+        agent.start_run("pay later", "r1")
+        [asked] = agent.submit_batch("r1", [dict(CREDIT, call_id="c1")])
+        assert approver.get_approval(asked.approval_id).status is ApprovalStatus.PENDING
+        now[0] += config.limits.approval_ttl_s + 1
+        expired = approver.get_approval(asked.approval_id)
+        assert expired.status is ApprovalStatus.EXPIRED and expired.tool_risk is not None
+        [obs] = agent.get_run("r1").trajectory
+        assert obs.status is ObservationStatus.DECLINED and obs.error_class == "approval_expired"
+
+
+def test_get_approval_is_the_tenants_approvers_and_refuses_bad_ids_naming_the_field(sqlite_served):
+    agent, approver = sqlite_served.client(AGENT), sqlite_served.client(APPROVER)
+    agent.start_run("pay", "r1")
+    [asked] = agent.submit_batch("r1", [dict(CREDIT, call_id="c1")])
+    approval_id = asked.approval_id or ""
+    assert approver.get_approval(approval_id).approval_id == approval_id
+
+    # Another tenant's approval is NOT_FOUND, worded exactly as an id nobody has.
+    with pytest.raises(NotFound) as theirs:
+        sqlite_served.client(OTHER_APPROVER).get_approval(approval_id)
+    unknown_id = "ap-" + "0" * len(approval_id[3:])
+    with pytest.raises(NotFound) as unknown:
+        sqlite_served.client(OTHER_APPROVER).get_approval(unknown_id)
+    assert str(theirs.value).replace(approval_id, "ID") == str(unknown.value).replace(unknown_id, "ID")
+    with pytest.raises(NotFound):
+        approver.get_approval(unknown_id)
+
+    # Agents never read approvals (theirs come with their run, without the tool's risk).
+    for token in (AGENT, OTHER):
+        with pytest.raises(PermissionDenied, match="GetApproval"):
+            sqlite_served.client(token).get_approval(approval_id)
+
+    # A malformed id is refused at the edge, naming the field.
+    for bad in ("", "bad id!", "../etc", "x" * 101, "-leading-dash"):
+        with pytest.raises(InvalidArgument) as e:
+            approver.get_approval(bad)
+        assert violated(e) == {"approval_id"}, bad
+    raw = approver.stubs.approvals.GetApproval(approvals_pb2.GetApprovalRequest(approval_id=approval_id),
+                                               metadata=approver.metadata(), timeout=10)
+    assert raw.approval_id == approval_id and raw.HasField("tool_risk")
+
+
+# --- WhoAmI: the caller as the server sees it -----------------------------------------------------
+
+
+def test_whoami_answers_every_role_its_tenant_principal_and_role(sqlite_served):
+    for (tenant, role), token in TOKENS.items():
+        assert sqlite_served.client(token).whoami() == Identity(tenant, f"{tenant}-{role.value}", role)
+    agent = sqlite_served.client(AGENT)
+    raw = agent.stubs.identity.WhoAmI(identity_pb2.WhoAmIRequest(), metadata=agent.metadata(), timeout=10)
+    assert (raw.tenant, raw.principal, raw.role) == ("acme", "acme-agent", "agent")
+    for token in ("no-such-token", None):
+        with Client(sqlite_served.server.address, token) as stranger, pytest.raises(Unauthenticated):
+            stranger.whoami()
+
+
+def test_whoami_names_the_proposer_four_eyes_compares(sqlite_served):
+    """The principal WhoAmI answers is the proposer an approval names: whoever it names is refused
+    the decision, and anyone else of the tenant's approvers is not."""
+    agent, approver, admin = (sqlite_served.client(t) for t in (AGENT, APPROVER, ADMIN))
+    agent.start_run("pay", "r1")
+    admin.start_run("the admin's own", "r2")
+    [by_agent] = agent.submit_batch("r1", [dict(CREDIT, call_id="c1")])
+    [by_admin] = admin.submit_batch("r2", [dict(CREDIT, call_id="c1")])
+    mine = admin.get_approval(by_admin.approval_id or "")
+    me = admin.whoami()
+    assert me.principal == mine.proposer == "acme-admin" and me.proposed(mine)
+    with pytest.raises(PermissionDenied, match="acme-admin proposed this call"):
+        admin.decide_approval(mine.approval_id, True, digest=mine.digest)
+    assert agent.whoami().principal == approver.get_approval(by_agent.approval_id or "").proposer
+    assert not approver.whoami().proposed(mine)
+    assert approver.decide_approval(mine.approval_id, True, digest=mine.digest).decided_by == (
+        approver.whoami().principal)
+
+
+def test_the_async_client_gets_an_approval_and_asks_who_it_is(sqlite_served):
+    import asyncio
+
+    from ringfence import AsyncClient
+
+    agent = sqlite_served.client(AGENT)
+    agent.start_run("pay", "r1")
+    [asked] = agent.submit_batch("r1", [dict(CREDIT, call_id="c1")])
+
+    async def read():
+        async with AsyncClient(sqlite_served.server.address, APPROVER) as c:
+            return await c.whoami(), await c.get_approval(asked.approval_id or "")
+
+    me, got = asyncio.run(read())
+    assert me == Identity("acme", "acme-approver", Role.APPROVER)
+    assert _essence(got) == _essence(sqlite_served.client(APPROVER).get_approval(asked.approval_id or ""))
 
 
 # --- ListTools: risk for approvers only ----------------------------------------------------------

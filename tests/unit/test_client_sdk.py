@@ -195,6 +195,8 @@ def test_public_exports_are_pinned():
         "ObservationStatus", "PlanStep", "ProposedCall", "RunOutcome", "RunStatus", "RunView", "ToolView", "Usage",
         # the pages and reports a console reads (ListRuns, ListEvents, VerifyRun, an approver's tools)
         "RunPage", "EventPage", "AuditReport", "ToolRisk",
+        # who the server takes the token to be (WhoAmI)
+        "Identity",
         "__version__"])
     assert sorted(ringfence.agent.__all__) == sorted([
         "AgentLoop", "AgentResult", "AgentContext", "ModelClient", "ModelTurn", "ScriptedModel",

@@ -16,7 +16,7 @@ def test_model_exports_are_pinned():
     assert sorted(model.__all__) == sorted([
         "Role", "Principal", "ToolView", "ProposedCall", "ObservationStatus", "Observation", "RunStatus",
         "RunOutcome", "Usage", "ApprovalStatus", "ApprovalKind", "Approval", "RunView", "Event",
-        "PlanStep", "WorkspaceRequest", "WorkspaceView", "ToolRisk", "RunPage", "EventPage", "AuditReport"])
+        "PlanStep", "WorkspaceRequest", "WorkspaceView", "ToolRisk", "RunPage", "EventPage", "AuditReport", "Identity"])
     assert [s.value for s in model.ObservationStatus] == [
         "executed", "denied", "blocked", "declined", "unknown_tool", "pending_approval", "deduplicated", "halted",
         "withheld", "invalid"]

@@ -73,6 +73,6 @@ def test_without_the_extra_the_demo_says_how_to_install_it(monkeypatch, capsys):
 def test_local_is_the_reference_agents_model_only(capsys):
     from ringfence_server.control.demo import cli as demo_cli
 
-    args = argparse.Namespace(which="showcase", workdir=None, model="local")
+    args = argparse.Namespace(which="showcase", workdir=None, model="local", console=None)
     assert demo_cli.demo_command(args) == 2
     assert "--model local drives the reference agent" in capsys.readouterr().err

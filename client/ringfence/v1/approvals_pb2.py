@@ -25,23 +25,25 @@ _sym_db = _symbol_database.Default()
 from ringfence.v1 import types_pb2 as ringfence_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cringfence/v1/approvals.proto\x12\x0cringfence.v1\x1a\x18ringfence/v1/types.proto\"&\n\x14ListApprovalsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"B\n\x15ListApprovalsResponse\x12)\n\tapprovals\x18\x01 \x03(\x0b\x32\x16.ringfence.v1.Approval\"\x17\n\x15WatchApprovalsRequest\"\x88\x01\n\x15\x44\x65\x63ideApprovalRequest\x12\x13\n\x0b\x61pproval_id\x18\x01 \x01(\t\x12(\n\x08\x64\x65\x63ision\x18\x02 \x01(\x0e\x32\x16.ringfence.v1.Decision\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x10\n\x08remember\x18\x04 \x01(\x08\x12\x0e\n\x06\x64igest\x18\x05 \x01(\t*P\n\x08\x44\x65\x63ision\x12\x18\n\x14\x44\x45\x43ISION_UNSPECIFIED\x10\x00\x12\x14\n\x10\x44\x45\x43ISION_APPROVE\x10\x01\x12\x14\n\x10\x44\x45\x43ISION_DECLINE\x10\x02\x32\x8b\x02\n\x0f\x41pprovalService\x12X\n\rListApprovals\x12\".ringfence.v1.ListApprovalsRequest\x1a#.ringfence.v1.ListApprovalsResponse\x12O\n\x0eWatchApprovals\x12#.ringfence.v1.WatchApprovalsRequest\x1a\x16.ringfence.v1.Approval0\x01\x12M\n\x0e\x44\x65\x63ideApproval\x12#.ringfence.v1.DecideApprovalRequest\x1a\x16.ringfence.v1.Approvalb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cringfence/v1/approvals.proto\x12\x0cringfence.v1\x1a\x18ringfence/v1/types.proto\"&\n\x14ListApprovalsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"B\n\x15ListApprovalsResponse\x12)\n\tapprovals\x18\x01 \x03(\x0b\x32\x16.ringfence.v1.Approval\")\n\x12GetApprovalRequest\x12\x13\n\x0b\x61pproval_id\x18\x01 \x01(\t\"\x17\n\x15WatchApprovalsRequest\"\x88\x01\n\x15\x44\x65\x63ideApprovalRequest\x12\x13\n\x0b\x61pproval_id\x18\x01 \x01(\t\x12(\n\x08\x64\x65\x63ision\x18\x02 \x01(\x0e\x32\x16.ringfence.v1.Decision\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x10\n\x08remember\x18\x04 \x01(\x08\x12\x0e\n\x06\x64igest\x18\x05 \x01(\t*P\n\x08\x44\x65\x63ision\x12\x18\n\x14\x44\x45\x43ISION_UNSPECIFIED\x10\x00\x12\x14\n\x10\x44\x45\x43ISION_APPROVE\x10\x01\x12\x14\n\x10\x44\x45\x43ISION_DECLINE\x10\x02\x32\xd4\x02\n\x0f\x41pprovalService\x12X\n\rListApprovals\x12\".ringfence.v1.ListApprovalsRequest\x1a#.ringfence.v1.ListApprovalsResponse\x12G\n\x0bGetApproval\x12 .ringfence.v1.GetApprovalRequest\x1a\x16.ringfence.v1.Approval\x12O\n\x0eWatchApprovals\x12#.ringfence.v1.WatchApprovalsRequest\x1a\x16.ringfence.v1.Approval0\x01\x12M\n\x0e\x44\x65\x63ideApproval\x12#.ringfence.v1.DecideApprovalRequest\x1a\x16.ringfence.v1.Approvalb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ringfence.v1.approvals_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DECISION']._serialized_start=344
-  _globals['_DECISION']._serialized_end=424
+  _globals['_DECISION']._serialized_start=387
+  _globals['_DECISION']._serialized_end=467
   _globals['_LISTAPPROVALSREQUEST']._serialized_start=72
   _globals['_LISTAPPROVALSREQUEST']._serialized_end=110
   _globals['_LISTAPPROVALSRESPONSE']._serialized_start=112
   _globals['_LISTAPPROVALSRESPONSE']._serialized_end=178
-  _globals['_WATCHAPPROVALSREQUEST']._serialized_start=180
-  _globals['_WATCHAPPROVALSREQUEST']._serialized_end=203
-  _globals['_DECIDEAPPROVALREQUEST']._serialized_start=206
-  _globals['_DECIDEAPPROVALREQUEST']._serialized_end=342
-  _globals['_APPROVALSERVICE']._serialized_start=427
-  _globals['_APPROVALSERVICE']._serialized_end=694
+  _globals['_GETAPPROVALREQUEST']._serialized_start=180
+  _globals['_GETAPPROVALREQUEST']._serialized_end=221
+  _globals['_WATCHAPPROVALSREQUEST']._serialized_start=223
+  _globals['_WATCHAPPROVALSREQUEST']._serialized_end=246
+  _globals['_DECIDEAPPROVALREQUEST']._serialized_start=249
+  _globals['_DECIDEAPPROVALREQUEST']._serialized_end=385
+  _globals['_APPROVALSERVICE']._serialized_start=470
+  _globals['_APPROVALSERVICE']._serialized_end=810
 # @@protoc_insertion_point(module_scope)

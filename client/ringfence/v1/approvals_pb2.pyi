@@ -70,6 +70,21 @@ class ListApprovalsResponse(google.protobuf.message.Message):
 Global___ListApprovalsResponse: typing_extensions.TypeAlias = ListApprovalsResponse
 
 @typing.final
+class GetApprovalRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    APPROVAL_ID_FIELD_NUMBER: builtins.int
+    approval_id: builtins.str
+    def __init__(
+        self,
+        *,
+        approval_id: builtins.str = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["approval_id", b"approval_id"]) -> None: ...
+
+Global___GetApprovalRequest: typing_extensions.TypeAlias = GetApprovalRequest
+
+@typing.final
 class WatchApprovalsRequest(google.protobuf.message.Message):
     DESCRIPTOR: google.protobuf.descriptor.Descriptor
 

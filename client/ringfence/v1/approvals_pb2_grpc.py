@@ -41,6 +41,11 @@ class ApprovalServiceStub:
                 request_serializer=ringfence_dot_v1_dot_approvals__pb2.ListApprovalsRequest.SerializeToString,
                 response_deserializer=ringfence_dot_v1_dot_approvals__pb2.ListApprovalsResponse.FromString,
                 _registered_method=True)
+        self.GetApproval = channel.unary_unary(
+                '/ringfence.v1.ApprovalService/GetApproval',
+                request_serializer=ringfence_dot_v1_dot_approvals__pb2.GetApprovalRequest.SerializeToString,
+                response_deserializer=ringfence_dot_v1_dot_types__pb2.Approval.FromString,
+                _registered_method=True)
         self.WatchApprovals = channel.unary_stream(
                 '/ringfence.v1.ApprovalService/WatchApprovals',
                 request_serializer=ringfence_dot_v1_dot_approvals__pb2.WatchApprovalsRequest.SerializeToString,
@@ -59,6 +64,15 @@ class ApprovalServiceServicer:
 
     def ListApprovals(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetApproval(self, request, context):
+        """One approval by its id, in whatever state it is (pending, decided, expired, used,
+        withdrawn) and whether its run is finished or not. Another tenant's approval is NOT_FOUND,
+        exactly as an unknown id.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -84,6 +98,11 @@ def add_ApprovalServiceServicer_to_server(servicer, server):
                     servicer.ListApprovals,
                     request_deserializer=ringfence_dot_v1_dot_approvals__pb2.ListApprovalsRequest.FromString,
                     response_serializer=ringfence_dot_v1_dot_approvals__pb2.ListApprovalsResponse.SerializeToString,
+            ),
+            'GetApproval': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetApproval,
+                    request_deserializer=ringfence_dot_v1_dot_approvals__pb2.GetApprovalRequest.FromString,
+                    response_serializer=ringfence_dot_v1_dot_types__pb2.Approval.SerializeToString,
             ),
             'WatchApprovals': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchApprovals,
@@ -124,6 +143,33 @@ class ApprovalService:
             '/ringfence.v1.ApprovalService/ListApprovals',
             ringfence_dot_v1_dot_approvals__pb2.ListApprovalsRequest.SerializeToString,
             ringfence_dot_v1_dot_approvals__pb2.ListApprovalsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetApproval(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ringfence.v1.ApprovalService/GetApproval',
+            ringfence_dot_v1_dot_approvals__pb2.GetApprovalRequest.SerializeToString,
+            ringfence_dot_v1_dot_types__pb2.Approval.FromString,
             options,
             channel_credentials,
             insecure,

@@ -42,6 +42,22 @@ _ApprovalServiceListApprovalsType = typing_extensions.TypeVar(
     ],
 )
 
+_ApprovalServiceGetApprovalType = typing_extensions.TypeVar(
+    '_ApprovalServiceGetApprovalType',
+    grpc.UnaryUnaryMultiCallable[
+        ringfence.v1.approvals_pb2.GetApprovalRequest,
+        ringfence.v1.types_pb2.Approval,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        ringfence.v1.approvals_pb2.GetApprovalRequest,
+        ringfence.v1.types_pb2.Approval,
+    ],
+    default=grpc.UnaryUnaryMultiCallable[
+        ringfence.v1.approvals_pb2.GetApprovalRequest,
+        ringfence.v1.types_pb2.Approval,
+    ],
+)
+
 _ApprovalServiceWatchApprovalsType = typing_extensions.TypeVar(
     '_ApprovalServiceWatchApprovalsType',
     grpc.UnaryStreamMultiCallable[
@@ -74,7 +90,7 @@ _ApprovalServiceDecideApprovalType = typing_extensions.TypeVar(
     ],
 )
 
-class ApprovalServiceStub(typing.Generic[_ApprovalServiceListApprovalsType, _ApprovalServiceWatchApprovalsType, _ApprovalServiceDecideApprovalType]):
+class ApprovalServiceStub(typing.Generic[_ApprovalServiceListApprovalsType, _ApprovalServiceGetApprovalType, _ApprovalServiceWatchApprovalsType, _ApprovalServiceDecideApprovalType]):
     """Human approval of ASK verdicts. Approver (or admin) role; scoped to the caller's tenant."""
 
     @typing.overload
@@ -82,6 +98,10 @@ class ApprovalServiceStub(typing.Generic[_ApprovalServiceListApprovalsType, _App
         grpc.UnaryUnaryMultiCallable[
             ringfence.v1.approvals_pb2.ListApprovalsRequest,
             ringfence.v1.approvals_pb2.ListApprovalsResponse,
+        ],
+        grpc.UnaryUnaryMultiCallable[
+            ringfence.v1.approvals_pb2.GetApprovalRequest,
+            ringfence.v1.types_pb2.Approval,
         ],
         grpc.UnaryStreamMultiCallable[
             ringfence.v1.approvals_pb2.WatchApprovalsRequest,
@@ -99,6 +119,10 @@ class ApprovalServiceStub(typing.Generic[_ApprovalServiceListApprovalsType, _App
             ringfence.v1.approvals_pb2.ListApprovalsRequest,
             ringfence.v1.approvals_pb2.ListApprovalsResponse,
         ],
+        grpc.aio.UnaryUnaryMultiCallable[
+            ringfence.v1.approvals_pb2.GetApprovalRequest,
+            ringfence.v1.types_pb2.Approval,
+        ],
         grpc.aio.UnaryStreamMultiCallable[
             ringfence.v1.approvals_pb2.WatchApprovalsRequest,
             ringfence.v1.types_pb2.Approval,
@@ -111,6 +135,12 @@ class ApprovalServiceStub(typing.Generic[_ApprovalServiceListApprovalsType, _App
 
     ListApprovals: _ApprovalServiceListApprovalsType
 
+    GetApproval: _ApprovalServiceGetApprovalType
+    """One approval by its id, in whatever state it is (pending, decided, expired, used,
+    withdrawn) and whether its run is finished or not. Another tenant's approval is NOT_FOUND,
+    exactly as an unknown id.
+    """
+
     WatchApprovals: _ApprovalServiceWatchApprovalsType
     """Pending approvals first, then each new one as it is requested, until the caller cancels."""
 
@@ -121,6 +151,10 @@ ApprovalServiceAsyncStub: typing_extensions.TypeAlias = ApprovalServiceStub[
     grpc.aio.UnaryUnaryMultiCallable[
         ringfence.v1.approvals_pb2.ListApprovalsRequest,
         ringfence.v1.approvals_pb2.ListApprovalsResponse,
+    ],
+    grpc.aio.UnaryUnaryMultiCallable[
+        ringfence.v1.approvals_pb2.GetApprovalRequest,
+        ringfence.v1.types_pb2.Approval,
     ],
     grpc.aio.UnaryStreamMultiCallable[
         ringfence.v1.approvals_pb2.WatchApprovalsRequest,
@@ -141,6 +175,17 @@ class ApprovalServiceServicer(metaclass=abc.ABCMeta):
         request: ringfence.v1.approvals_pb2.ListApprovalsRequest,
         context: _ServicerContext,
     ) -> typing.Union[ringfence.v1.approvals_pb2.ListApprovalsResponse, collections.abc.Awaitable[ringfence.v1.approvals_pb2.ListApprovalsResponse]]: ...
+
+    @abc.abstractmethod
+    def GetApproval(
+        self,
+        request: ringfence.v1.approvals_pb2.GetApprovalRequest,
+        context: _ServicerContext,
+    ) -> typing.Union[ringfence.v1.types_pb2.Approval, collections.abc.Awaitable[ringfence.v1.types_pb2.Approval]]:
+        """One approval by its id, in whatever state it is (pending, decided, expired, used,
+        withdrawn) and whether its run is finished or not. Another tenant's approval is NOT_FOUND,
+        exactly as an unknown id.
+        """
 
     @abc.abstractmethod
     def WatchApprovals(

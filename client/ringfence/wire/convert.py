@@ -22,7 +22,7 @@ from typing import Any, Protocol, TypeVar
 from google.protobuf import timestamp_pb2
 from google.protobuf.message import Message
 
-from ringfence.errors import FieldViolation, InvalidArgument
+from ringfence.errors import FieldViolation, Internal, InvalidArgument
 from ringfence.model import (
     Approval,
     ApprovalKind,
@@ -30,10 +30,13 @@ from ringfence.model import (
     AuditReport,
     Event,
     EventPage,
+    Identity,
     Observation,
     ObservationStatus,
     PlanStep,
+    Principal,
     ProposedCall,
+    Role,
     RunOutcome,
     RunPage,
     RunStatus,
@@ -44,7 +47,7 @@ from ringfence.model import (
     WorkspaceRequest,
     WorkspaceView,
 )
-from ringfence.v1 import approvals_pb2, runs_pb2, types_pb2
+from ringfence.v1 import approvals_pb2, identity_pb2, runs_pb2, types_pb2
 
 __all__ = [
     "ID_PATTERN",
@@ -70,6 +73,8 @@ __all__ = [
     "event_to_proto",
     "events_request_from_proto",
     "from_timestamp",
+    "identity_from_proto",
+    "identity_to_proto",
     "load_json",
     "observation_from_proto",
     "observation_to_proto",
@@ -510,6 +515,12 @@ def audit_report_to_proto(report: AuditReport) -> runs_pb2.AuditReport:
                                 events=max(0, report.events), head_hash=report.head_hash)
 
 
+def identity_to_proto(p: Principal) -> identity_pb2.Identity:
+    """The caller as the edge authenticated it: `principal` is its subject, the name a call it
+    proposes is recorded under (Approval.proposer)."""
+    return identity_pb2.Identity(tenant=p.tenant, principal=p.subject, role=Role(p.role).value)
+
+
 # --- proto -> model (client side) -------------------------------------------------------------
 
 
@@ -570,6 +581,14 @@ def approval_from_proto(msg: types_pb2.Approval) -> Approval:
         policy_rule=msg.policy_rule,
         tool_risk=tool_risk_from_proto(msg.tool_risk) if msg.HasField("tool_risk") else None,
     )
+
+
+def identity_from_proto(msg: identity_pb2.Identity) -> Identity:
+    try:
+        role = Role(msg.role)
+    except ValueError:
+        raise Internal(f"the server answered WhoAmI with a role this client does not know: {msg.role!r}") from None
+    return Identity(tenant=msg.tenant, principal=msg.principal, role=role)
 
 
 def run_from_proto(msg: types_pb2.Run) -> RunView:

@@ -54,6 +54,7 @@ METHOD_ROLES: Mapping[str, frozenset[Role]] = {
     # Who may submit may take back its own pending call (the core checks it is the proposer's).
     "/ringfence.v1.RunService/WithdrawApproval": _AGENT,
     "/ringfence.v1.ApprovalService/ListApprovals": _APPROVER,
+    "/ringfence.v1.ApprovalService/GetApproval": _APPROVER,
     "/ringfence.v1.ApprovalService/WatchApprovals": _APPROVER,
     "/ringfence.v1.ApprovalService/DecideApproval": _APPROVER,
     "/ringfence.v1.PlanService/RunEvidencePlan": _AGENT,
@@ -68,6 +69,8 @@ METHOD_ROLES: Mapping[str, frozenset[Role]] = {
     # from them), never the workspace's working files: the core refuses that (PERMISSION_DENIED).
     "/ringfence.v1.FileService/UploadFiles": _AGENT,
     "/ringfence.v1.FileService/DownloadFiles": _ACTORS,
+    # The caller's own tenant, subject and role: nothing its token does not already say.
+    "/ringfence.v1.IdentityService/WhoAmI": _ANY,
 }
 
 # Bearer tokens are opaque; this only bounds the work an absurd header can cause.

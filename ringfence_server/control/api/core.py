@@ -140,6 +140,12 @@ class Core(Protocol):
     # ApprovalService
     def list_approvals(self, p: Principal, run_id: str | None = None) -> list[Approval]: ...
 
+    def get_approval(self, p: Principal, approval_id: str) -> Approval:
+        """ApprovalService.GetApproval: one approval of the tenant's, in whatever state, of a
+        finished run or not (found through the store after a restart), with its tool's risk;
+        anyone else's, or an unknown id, NotFound."""
+        ...
+
     def watch_approvals(self, p: Principal, stop: threading.Event) -> Iterator[Approval]: ...
 
     def decide_approval(self, p: Principal, approval_id: str, approve: bool, reason: str,

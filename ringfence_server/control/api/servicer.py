@@ -61,6 +61,7 @@ from ringfence.model import Principal, Role, RunView
 from ringfence.v1 import (
     approvals_pb2,
     files_pb2,
+    identity_pb2,
     plans_pb2,
     routing_pb2,
     runs_pb2,
@@ -85,7 +86,7 @@ UnaryImpl = Callable[[Any, "Call"], Awaitable[Any]]
 StreamImpl = Callable[[Any, "Call"], AsyncIterator[Any]]
 ClientStreamImpl = Callable[[AsyncIterator[Any], "Call"], Awaitable[Any]]
 
-PROTO_MODULES = (tools_pb2, runs_pb2, approvals_pb2, plans_pb2, routing_pb2, files_pb2)
+PROTO_MODULES = (tools_pb2, runs_pb2, approvals_pb2, plans_pb2, routing_pb2, files_pb2, identity_pb2)
 # What one message of a client stream costs beyond its fields: grpc's 5-byte frame header,
 # rounded up. Charged so that a flood of empty messages reaches the stream's cap too.
 _FRAME_BYTES = 8
@@ -730,6 +731,12 @@ class RingfenceMethods:
         approvals = await call.run(self.core.list_approvals, call.principal, request.run_id or None)
         return approvals_pb2.ListApprovalsResponse(approvals=[convert.approval_to_proto(a) for a in approvals])
 
+    async def GetApproval(self, request: approvals_pb2.GetApprovalRequest, call: Call) -> types_pb2.Approval:
+        v = convert.Violations()
+        convert.check_id(request.approval_id, "approval_id", v)
+        v.raise_if_any()
+        return convert.approval_to_proto(await call.run(self.core.get_approval, call.principal, request.approval_id))
+
     async def WatchApprovals(
         self, request: approvals_pb2.WatchApprovalsRequest, call: Call
     ) -> AsyncIterator[types_pb2.Approval]:
@@ -752,6 +759,12 @@ class RingfenceMethods:
             request.remember, request.digest or None,
         )
         return convert.approval_to_proto(approval)
+
+    # IdentityService
+
+    async def WhoAmI(self, request: identity_pb2.WhoAmIRequest, call: Call) -> identity_pb2.Identity:
+        # The principal the edge authenticated: no core call, nothing the token does not say.
+        return convert.identity_to_proto(call.principal)
 
 
 def _merge_core_violations(v: convert.Violations, core: tuple[FieldViolation, ...]) -> None:

@@ -427,6 +427,15 @@ class Orchestrator:
             out = [self._with_risk(a) for a in out]
         return sorted(out, key=lambda a: (a.created_at, a.approval_id))
 
+    def get_approval(self, p: Principal, approval_id: str) -> Approval:
+        """One approval of the caller's tenant (approver/admin), whatever its state, of a live or a
+        finished run: found by the desk (this process's index, else the store's key claimed when
+        it was asked, so after a restart too). Another tenant's, or an unknown id, is NotFound."""
+        self._require(p, _APPROVER_ROLES)
+        state = self.desk.find(p, approval_id)
+        self.desk.try_sweep(state)  # one whose time is up reads expired, as ListApprovals shows it
+        return self._with_risk(self.runs.approval_of(state, approval_id))
+
     def watch_approvals(self, p: Principal, stop: threading.Event) -> Iterator[Approval]:
         self._require(p, _APPROVER_ROLES)
         return streams.watch_approvals(lambda: self.list_approvals(p), self.store.version, self.store.wait,

@@ -286,6 +286,10 @@ class RunRepository:
         with self._state_lock(state.key):
             return list(state.approvals.values())
 
+    def approval_of(self, state: RunState, approval_id: str) -> Approval:
+        with self._state_lock(state.key):
+            return state.approvals[approval_id]
+
     # -- writing -----------------------------------------------------------------------
 
     def start(self, tenant: str, run_id: str, started: RunStarted) -> RunState | None:
