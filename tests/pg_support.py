@@ -136,6 +136,15 @@ class PgCluster:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
         return name
 
+    def listeners(self, name: str) -> int:
+        """How many event store listeners of this process are connected to database `name`."""
+        import psycopg
+
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND application_name = %s",
+                               (name, f"ringfence-listen:{os.getpid()}")).fetchone()
+        return int(row[0]) if row else 0
+
     def drop_database(self, name: str) -> None:
         import psycopg
         from psycopg import sql
@@ -188,4 +197,8 @@ def pg_url(pg_cluster):
     try:
         yield pg_cluster.url(name)
     finally:
+        left = pg_cluster.listeners(name)
         pg_cluster.drop_database(name)
+        # A store this process opened and never closed keeps a listener thread that would retry a
+        # dropped database for the rest of the session (its log lines outliving pytest's streams).
+        assert left == 0, f"the test left {left} PostgreSQL event store(s) open: close what it opens"

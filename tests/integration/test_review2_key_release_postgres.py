@@ -14,4 +14,8 @@ from test_review2_dispatch_outcomes import released_key_runs_once
 
 
 def test_a_released_client_key_is_claimed_again_on_postgres(tmp_path, pg_url):
-    released_key_runs_once(Harness(tmp_path, store_url=pg_url, limits={"breaker_threshold": 50}))
+    h = Harness(tmp_path, store_url=pg_url, limits={"breaker_threshold": 50})
+    try:
+        released_key_runs_once(h)
+    finally:
+        h.close()

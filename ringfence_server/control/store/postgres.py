@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import threading
 import time
 import uuid
@@ -519,7 +520,9 @@ class _Listener:
 
     def _connect(self) -> psycopg.Connection:
         try:
-            conn = psycopg.connect(self._url, autocommit=True, application_name="ringfence-listen")
+            # The pid names whose listener it is in pg_stat_activity (an operator's question, and
+            # the tests' check that a store they opened was closed).
+            conn = psycopg.connect(self._url, autocommit=True, application_name=f"ringfence-listen:{os.getpid()}")
         except psycopg.OperationalError as e:
             raise StoreUnavailable(f"cannot connect to the event store database: {e}") from e
         try:
