@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from ringfence.model import Event, Observation, RunView
@@ -55,8 +56,16 @@ class EgressRow:
 
     @property
     def rest(self) -> list[tuple[str, str]]:
-        """The decision's other facts (whatever the proxy recorded), by name."""
-        return sorted((str(k), str(v)) for k, v in self.decision.items() if k not in _EGRESS_SHOWN and k != "call_id")
+        """The decision's other facts (whatever the proxy recorded), by name; facts it left empty
+        (None, "") are left out, and its clock (`ts`) is shown as UTC time, not epoch seconds."""
+        out = []
+        for k, v in self.decision.items():
+            if k in _EGRESS_SHOWN or k == "call_id" or v is None or v == "":
+                continue
+            if k == "ts" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                v = datetime.fromtimestamp(v, tz=UTC).strftime("%H:%M:%S.%f")[:-3] + " UTC"
+            out.append((str(k), str(v)))
+        return sorted(out)
 
 
 @dataclass(frozen=True)

@@ -228,3 +228,12 @@ def test_without_a_control_plane_sign_in_says_so_and_keeps_no_session():
                                  {"Origin": url})
         assert answer.status == 401 and "could not be asked" in answer.body
         assert session.request("/approvals").status == 303  # still signed out
+
+
+def test_an_egress_rows_other_facts_leave_out_empty_ones_and_show_the_proxys_clock_as_utc():
+    from ringfence_server.console.runview import EgressRow
+
+    row = EgressRow(call_id="c1", attempt=1, decision={
+        "decision": "allowed", "host": "ledger.ringfence.internal", "cut": None, "note": "",
+        "ts": 1796664478.182, "service": True, "call_id": "c1"})
+    assert row.rest == [("service", "True"), ("ts", "17:27:58.182 UTC")]
