@@ -1,7 +1,9 @@
 """Sandbox workers: processes on sandbox hosts that run admitted calls and hold no
 secret of the control plane. docs/workers.md says what exists and what is still to build.
 
-So far the foundation, used by nothing else yet: `envelope` (the signed work envelope), `keys`
-(the control plane's Ed25519 keys and a worker's trusted set) and `admission` (what a worker
-checks before it runs anything: pure, no Docker, network or database).
+So far the foundation, used by nothing else yet: `envelope` (the signed work envelope, naming the
+worker it was placed on), `keys` (the control plane's Ed25519 keys and a worker's trusted set),
+`admission` (what a worker checks before it runs anything: pure, no Docker, network or
+database), `results` (the worker's durable record of claims, start marks, results and releases,
+in SQLite) and `errors` (the layer's one exception hierarchy).
 """

@@ -3,7 +3,8 @@ anything runs, and nothing else.
 
 Pure: no Docker, no network, no database, no clock. What it reads of the worker is behind three
 Protocols (the images it has verified, the runtimes it can run, the results it has recorded and
-the calls it has claimed), and `now` is an argument. The worker does the I/O around it: it runs
+the calls it has claimed: ringfence_server.worker.results is the durable one), and the worker's
+own id and `now` are arguments. The worker does the I/O around it: it runs
 the tool only on a `Run` decision, and records the result under the envelope's logical key.
 
 `admit` checks in this order, the first failure deciding:
@@ -11,14 +12,20 @@ the tool only on a `Run` decision, and records the result under the envelope's l
 1. envelope       `open_sealed`: version, signature present, trusted key, signature verifies,
                   canonical payload, deadline not passed (ringfence_server.worker.envelope;
                   Refuse with that layer's reason). Nothing below reads an unverified envelope.
-2. image          the image digest is one this worker has verified ("image_unverified"): a
+2. worker         the envelope names this worker ("wrong_worker"): an envelope placed on another
+                  worker is never run here, so a captured one runs at most on the worker it was
+                  placed on. After the signature (an unverified worker id means nothing, and a
+                  forger learns nothing of which worker this is), before anything is looked up
+3. image          the image digest is one this worker has verified ("image_unverified"): a
                   worker runs only images it checked by content itself, whatever the envelope says
-3. runtime        the profile's runtime is available here ("runtime_unavailable"), and a call
+4. runtime        the profile's runtime is available here ("runtime_unavailable"), and a call
                   with egress has an egress proxy here ("egress_unavailable")
-4. delivery       a result recorded for the logical call: ReturnRecorded (or "call_conflict" when
+5. delivery       a result recorded for the logical call: ReturnRecorded (or "call_conflict" when
                   it was recorded for other content under the same ids); otherwise the claim:
-                  won → Run; held by another delivery → InProgress (its result is recorded
-                  later), or ReturnRecorded if the result landed between the look-up and the claim
+                  won → Run; held by another delivery of the same content → InProgress (its
+                  result is recorded later), held for other content → "call_conflict" (the
+                  store's CallConflict), or ReturnRecorded if the result landed between the
+                  look-up and the claim
 
 Why this order: the checks that need no state come first, and the claim comes last, so a claim is
 made only for a call this worker will run. A forged or unrunnable envelope never claims the
@@ -33,6 +40,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ringfence_server.worker.envelope import Envelope, EnvelopeRefused, LogicalKey, Refusal, SealedEnvelope, open_sealed
+from ringfence_server.worker.errors import CallConflict
 from ringfence_server.worker.keys import TrustedKeys
 
 __all__ = [
@@ -53,6 +61,7 @@ __all__ = [
 class WorkRefusal(enum.StrEnum):
     """Why a worker refuses an envelope that opened (the envelope's own reasons are Refusal's)."""
 
+    WRONG_WORKER = "wrong_worker"
     IMAGE_UNVERIFIED = "image_unverified"
     RUNTIME_UNAVAILABLE = "runtime_unavailable"
     EGRESS_UNAVAILABLE = "egress_unavailable"
@@ -92,16 +101,19 @@ class RecordedResult:
 class Results(Protocol):
     """The worker's record of logical calls: claims and results, keyed by the logical call.
 
-    `claim` must be atomic: of any number of concurrent claims of one key exactly one returns True,
-    ever (a durable store: across the worker's restarts too)."""
+    `claim` must be atomic: of any number of concurrent claims of one key exactly one returns True
+    (a durable store: across the worker's restarts too), until the claim is released (a call that
+    never started: ringfence_server.worker.results)."""
 
     def get(self, key: LogicalKey) -> RecordedResult | None:
         """The result recorded for the logical call, or None."""
         ...
 
-    def claim(self, key: LogicalKey, envelope_id: str) -> bool:
-        """Take the logical call for the delivery `envelope_id`: True for the first claim of `key`
-        only; False when any delivery (this one included) already holds it."""
+    def claim(self, key: LogicalKey, envelope_id: str, call_digest: str) -> bool:
+        """Take the logical call for the delivery `envelope_id` of the call `call_digest`: True for
+        the first claim of `key` only; False when any delivery (this one included) already holds
+        it or recorded its result. Raises CallConflict when `key` is held or recorded for another
+        call digest (the same ids, other content)."""
         ...
 
 
@@ -145,6 +157,13 @@ def _check_image(envelope: Envelope, images: VerifiedImages) -> Refuse | None:
     return None
 
 
+def _check_worker(envelope: Envelope, worker_id: str) -> Refuse | None:
+    """Its own function: the step a red check (tests/unit/test_worker_admission.py) switches off."""
+    if envelope.worker_id != worker_id:
+        return Refuse(WorkRefusal.WRONG_WORKER, f"placed on worker {envelope.worker_id!r}, this is {worker_id!r}")
+    return None
+
+
 def _check_runtime(envelope: Envelope, capabilities: Capabilities) -> Refuse | None:
     runtime = envelope.profile.runtime
     if not capabilities.has_runtime(runtime):
@@ -168,21 +187,26 @@ def _delivery(envelope: Envelope, results: Results) -> Decision:
     recorded = results.get(key)
     if recorded is not None:
         return _recorded(envelope, recorded)
-    if results.claim(key, envelope.envelope_id):
-        return Run(envelope)
+    try:
+        if results.claim(key, envelope.envelope_id, envelope.call_digest):
+            return Run(envelope)
+    except CallConflict as e:
+        # Held (not yet recorded) by a delivery of other content: as for a recorded one.
+        return Refuse(WorkRefusal.CALL_CONFLICT, str(e))
     # Lost the claim: either another delivery is running it, or it finished between get and claim.
     recorded = results.get(key)
     return _recorded(envelope, recorded) if recorded is not None else InProgress(envelope)
 
 
-def admit(sealed: SealedEnvelope, *, trusted_keys: TrustedKeys, images: VerifiedImages,
+def admit(sealed: SealedEnvelope, *, worker_id: str, trusted_keys: TrustedKeys, images: VerifiedImages,
           capabilities: Capabilities, results: Results, now: float) -> Decision:
-    """What the worker does with `sealed`, in the order of the module's docstring."""
+    """What the worker `worker_id` does with `sealed`, in the order of the module's docstring."""
     try:
         envelope = open_sealed(sealed, trusted_keys, now)
     except EnvelopeRefused as e:
         return Refuse(e.reason, e.detail)
-    refused = _check_image(envelope, images) or _check_runtime(envelope, capabilities)
+    refused = (_check_worker(envelope, worker_id) or _check_image(envelope, images)
+               or _check_runtime(envelope, capabilities))
     if refused is not None:
         return refused
     return _delivery(envelope, results)

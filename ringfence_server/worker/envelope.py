@@ -20,10 +20,14 @@ bytes under its own name, each part is length-prefixed, and `decode` accepts onl
 canonical form (`encode(decode(p)) == p`, every key present, every type exact), so a signature
 cannot be moved to another envelope and no field can be read as another.
 
+The envelope names the worker it was placed on (`worker_id`, signed like the rest); whether that
+is this worker is admission's check (ringfence_server.worker.admission), not this module's: an
+envelope opens the same on every worker, and only the worker knows its own id.
+
 `open_sealed` checks in this order, the first failure raising EnvelopeRefused with its reason:
 
 1. wrong_version   the sealed envelope's format version is not FORMAT_VERSION (nothing else of it
-                   can be read by this code)
+                   can be read by this code; version 1, before `worker_id`, included)
 2. unsigned        no signature
 3. unknown_key     its key id is not one of the trusted keys
 4. bad_signature   the signature does not verify over `signed_message` with that key
@@ -56,6 +60,7 @@ from ringfence_server.sandbox.egress.grant import EgressGrant
 from ringfence_server.sandbox.errors import ProfileError
 from ringfence_server.sandbox.profile import LIMIT_RANGES, RUNTIMES
 from ringfence_server.worker import keys
+from ringfence_server.worker.errors import WorkerError
 from ringfence_server.worker.keys import KEY_ID_HEX, TrustedKeys
 
 __all__ = [
@@ -78,9 +83,12 @@ __all__ = [
 ]
 
 FORMAT = "ringfence/work-envelope"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 """Raised for any change to the fields or their encoding: a worker refuses a version it does not
-know (wrong_version) rather than reading it as the one it does."""
+know (wrong_version) rather than reading it as the one it does. Version 2 added `worker_id` (the
+envelope names the worker it was placed on); version 1 envelopes are refused as wrong_version, and
+there is nothing to stay compatible with: no version 1 worker was ever deployed (nothing ran the
+worker package before version 2)."""
 DOMAIN = FORMAT.encode("ascii") + b"\0"
 MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
 """An envelope's payload at most: the arguments are capped far below this by the control plane
@@ -109,7 +117,7 @@ class Refusal(enum.StrEnum):
     EXPIRED = "expired"
 
 
-class EnvelopeRefused(Exception):
+class EnvelopeRefused(WorkerError):
     """An envelope this layer will not hand on: the one exception of ringfence_server.worker.envelope.
     `reason` is machine-readable (a worker reports it and counts it); the message is for people."""
 
@@ -251,6 +259,11 @@ class Envelope:
     """When the control plane sealed it (unix seconds)."""
     key_id: str
     """The id of the control plane key that signs it ("" until `seal` sets it)."""
+    worker_id: str
+    """The worker the call was placed on (since format version 2): any other worker refuses it
+    (admission's `wrong_worker`), so a captured envelope cannot be run once by every worker that
+    trusts the key. Signed like every field; not part of `call_digest` (placing the same call on
+    another worker is another delivery of it, not another call)."""
     run_id: str
     """The run the call belongs to."""
     call_id: str
@@ -279,7 +292,7 @@ class Envelope:
     """The call's way out, or None: no network at all."""
 
     def __post_init__(self) -> None:
-        for name in ("envelope_id", "run_id", "call_id", "tenant", "tool"):
+        for name in ("envelope_id", "worker_id", "run_id", "call_id", "tenant", "tool"):
             _name(name, getattr(self, name))
         if self.idempotency_key is not None:
             _name("idempotency_key", self.idempotency_key)
@@ -304,14 +317,14 @@ class Envelope:
                 raise ValueError("egress: egress calls run on runc")
 
     @classmethod
-    def for_call(cls, *, run_id: str, call_id: str, tenant: str, tool: str, arguments: Mapping[str, Any],
-                 image_digest: str, profile: SandboxSpec, deadline: float, now: float,
+    def for_call(cls, *, worker_id: str, run_id: str, call_id: str, tenant: str, tool: str,
+                 arguments: Mapping[str, Any], image_digest: str, profile: SandboxSpec, deadline: float, now: float,
                  idempotency_key: str | None = None, traceparent: str = "",
                  egress: GrantedEgress | None = None) -> Envelope:
-        """A new envelope for one call: a fresh envelope id, issued `now`, its arguments in the
+        """A new envelope for one call placed on `worker_id`: a fresh envelope id, issued `now`, its arguments in the
         control plane's canonical form (raises ValueError for arguments that are not JSON)."""
-        return cls(envelope_id="env-" + uuid.uuid4().hex, issued_at=now, key_id="", run_id=run_id,
-                   call_id=call_id, idempotency_key=idempotency_key, traceparent=traceparent,
+        return cls(envelope_id="env-" + uuid.uuid4().hex, issued_at=now, key_id="", worker_id=worker_id,
+                   run_id=run_id, call_id=call_id, idempotency_key=idempotency_key, traceparent=traceparent,
                    deadline=deadline, tenant=tenant, tool=tool, arguments_json=canonical_json(dict(arguments)),
                    image_digest=image_digest, profile=profile, egress=egress)
 
@@ -327,11 +340,11 @@ class Envelope:
     @property
     def call_digest(self) -> str:
         """sha256 hex of what makes the call this call (everything but the delivery: envelope id,
-        issued_at, key id, traceparent, deadline). A second delivery of the logical call with
+        issued_at, key id, worker id, traceparent, deadline). A second delivery of the logical call with
         another digest is another call under a reused id, and is never answered with the first's
         result."""
         doc = _to_json(self)
-        for name in ("envelope_id", "issued_at", "key_id", "traceparent", "deadline"):
+        for name in ("envelope_id", "issued_at", "key_id", "worker_id", "traceparent", "deadline"):
             del doc[name]
         return hashlib.sha256(_canonical_bytes(doc)).hexdigest()
 
@@ -424,7 +437,8 @@ def _is_str_list(v: Any) -> bool:
 
 # Each field's JSON type: a decoded value of another type is malformed, never coerced.
 _ENVELOPE_TYPES: dict[str, Callable[[Any], bool]] = {
-    "envelope_id": _is_str, "issued_at": _is_num, "key_id": _is_str, "run_id": _is_str, "call_id": _is_str,
+    "envelope_id": _is_str, "issued_at": _is_num, "key_id": _is_str, "worker_id": _is_str, "run_id": _is_str,
+    "call_id": _is_str,
     "idempotency_key": _is_opt_str, "traceparent": _is_str, "deadline": _is_num, "tenant": _is_str,
     "tool": _is_str, "arguments_json": _is_str, "image_digest": _is_str,
 }

@@ -25,6 +25,8 @@ from types import MappingProxyType
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from ringfence_server.worker.errors import WorkerError
+
 __all__ = [
     "KEY_ID_HEX",
     "KeyFileError",
@@ -48,7 +50,7 @@ _NOT_OWNER = stat.S_IRWXG | stat.S_IRWXO
 _MAX_PEM_BYTES = 16 * 1024
 
 
-class KeyFileError(Exception):
+class KeyFileError(WorkerError):
     """A key file that cannot be used: missing, not a regular file, readable by others, not an
     Ed25519 key in PEM. The message names the file and why."""
 

@@ -16,7 +16,7 @@ import threading
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from worker_support import CONTROL_KEY, DIGEST, NOW, OTHER_DIGEST, TRUSTED, envelope
+from worker_support import CONTROL_KEY, DIGEST, NOW, OTHER_DIGEST, TRUSTED, WORKER, envelope
 
 from ringfence_server.control.validation import canonical_json
 from ringfence_server.worker import admission as admission_mod
@@ -30,7 +30,16 @@ from ringfence_server.worker.admission import (
     WorkRefusal,
     admit,
 )
-from ringfence_server.worker.envelope import Envelope, LogicalKey, Refusal, SandboxSpec, SealedEnvelope, seal
+from ringfence_server.worker.envelope import (
+    FORMAT_VERSION,
+    Envelope,
+    LogicalKey,
+    Refusal,
+    SandboxSpec,
+    SealedEnvelope,
+    seal,
+)
+from ringfence_server.worker.errors import CallConflict
 from ringfence_server.worker.keys import TrustedKeys
 
 # -- fakes for what admission reads ------------------------------------------------------------
@@ -56,11 +65,13 @@ class Caps:
 
 
 class Results:
-    """In memory, with an atomic claim; counts its reads so a test can say none happened."""
+    """In memory, with an atomic claim held for one call digest; counts its reads so a test can
+    say none happened. (ringfence_server.worker.results is the durable one: test_worker_results.py
+    runs admission over it too.)"""
 
     def __init__(self) -> None:
         self.recorded: dict[LogicalKey, RecordedResult] = {}
-        self.claims: dict[LogicalKey, str] = {}
+        self.claims: dict[LogicalKey, tuple[str, str]] = {}
         self.gets = 0
         self._lock = threading.Lock()
 
@@ -68,11 +79,13 @@ class Results:
         self.gets += 1
         return self.recorded.get(key)
 
-    def claim(self, key: LogicalKey, envelope_id: str) -> bool:
+    def claim(self, key: LogicalKey, envelope_id: str, call_digest: str) -> bool:
         with self._lock:
             if key in self.claims:
+                if self.claims[key][1] != call_digest:
+                    raise CallConflict(key, self.claims[key][1], call_digest)
                 return False
-            self.claims[key] = envelope_id
+            self.claims[key] = (envelope_id, call_digest)
             return True
 
 
@@ -91,7 +104,9 @@ class Worker:
     """The loop a worker runs around admission (the real one is for a later session): admit,
     then run only on Run and record the result under the logical key."""
 
-    def __init__(self, *, trusted: TrustedKeys = TRUSTED, images=None, caps=None, results=None) -> None:
+    def __init__(self, *, worker_id: str = WORKER, trusted: TrustedKeys = TRUSTED, images=None, caps=None,
+                 results=None) -> None:
+        self.worker_id = worker_id
         self.trusted = trusted
         self.images = images if images is not None else Images(DIGEST)
         self.caps = caps if caps is not None else Caps()
@@ -99,8 +114,8 @@ class Worker:
         self.runner = CountingRunner()
 
     def decide(self, sealed: SealedEnvelope, now: float = NOW):
-        return admit(sealed, trusted_keys=self.trusted, images=self.images, capabilities=self.caps,
-                     results=self.results, now=now)
+        return admit(sealed, worker_id=self.worker_id, trusted_keys=self.trusted, images=self.images,
+                     capabilities=self.caps, results=self.results, now=now)
 
     def deliver(self, sealed: SealedEnvelope, now: float = NOW):
         decision = self.decide(sealed, now)
@@ -161,9 +176,20 @@ def test_a_second_delivery_while_the_first_runs_is_in_progress():
     assert w.runner.runs == []
 
 
+def test_a_second_delivery_of_other_content_while_the_first_runs_is_a_conflict():
+    # The claim is held (not yet recorded) for one content; the same ids with other content are
+    # refused, not told "in progress" (they would wait for another call's result).
+    w = Worker()
+    first = w.decide(sealed(arguments={"amount": 1}))
+    second = w.decide(sealed(arguments={"amount": 1_000_000}))
+    assert isinstance(first, Run)
+    assert isinstance(second, Refuse) and second.reason is WorkRefusal.CALL_CONFLICT
+    assert w.runner.runs == []
+
+
 def test_a_result_recorded_between_the_look_up_and_the_claim_is_returned():
     class Racing(Results):
-        def claim(self, key, envelope_id):
+        def claim(self, key, envelope_id, call_digest):
             # The first delivery finishes just as this one looks.
             self.recorded[key] = RecordedResult("env-first", env.call_digest, b"{}")
             return False
@@ -217,6 +243,26 @@ def assert_nothing_happened(w: Worker) -> None:
     assert w.results.claims == {} and w.results.gets == 0
 
 
+def test_an_envelope_placed_on_another_worker_is_refused_and_nothing_runs():
+    w = Worker(worker_id="worker-2")
+    d = w.deliver(sealed())  # placed on worker-1
+    assert isinstance(d, Refuse) and d.reason is WorkRefusal.WRONG_WORKER
+    assert "worker-1" in d.detail and "worker-2" in d.detail
+    assert_nothing_happened(w)
+    # The one it was placed on runs it.
+    assert isinstance(Worker(worker_id="worker-1").deliver(sealed()), Run)
+
+
+def test_a_captured_envelope_runs_at_most_on_the_worker_it_was_placed_on():
+    # Issue 30's gap before format version 2: one captured envelope, replayed to every worker
+    # that trusts the key, ran once on each. Now it runs on its own worker only.
+    s = sealed()
+    workers = [Worker(worker_id=f"worker-{i}") for i in range(1, 5)]
+    decisions = [w.deliver(s) for w in workers]
+    assert [type(d).__name__ for d in decisions] == ["Run", "Refuse", "Refuse", "Refuse"]
+    assert sum(len(w.runner.runs) for w in workers) == 1
+
+
 def test_an_image_this_worker_has_not_verified_is_refused_and_nothing_runs():
     w = Worker(images=Images(OTHER_DIGEST))
     d = w.deliver(sealed())
@@ -251,7 +297,8 @@ def _forged() -> SealedEnvelope:
     (lambda: dataclasses.replace(sealed(), signature=b""), Refusal.UNSIGNED),
     (_forged, Refusal.BAD_SIGNATURE),
     (lambda: dataclasses.replace(sealed(), key_id="0" * 16), Refusal.UNKNOWN_KEY),
-    (lambda: dataclasses.replace(sealed(), version=2), Refusal.WRONG_VERSION),
+    (lambda: dataclasses.replace(sealed(), version=FORMAT_VERSION + 1), Refusal.WRONG_VERSION),
+    (lambda: dataclasses.replace(sealed(), version=1), Refusal.WRONG_VERSION),
     (lambda: sealed(deadline=NOW - 1, now=NOW - 10), Refusal.EXPIRED),
 ])
 def test_an_envelope_that_does_not_open_runs_nothing_and_touches_no_result(make, reason):
@@ -277,6 +324,7 @@ class Setup:
 
     images: Images
     caps: Caps
+    worker_id: str = WORKER
 
 
 def test_the_refusal_order_is_the_documented_one():
@@ -284,6 +332,7 @@ def test_the_refusal_order_is_the_documented_one():
     # decision names the i-th.
     faults = [
         ("unsigned", lambda w, s: (w, dataclasses.replace(s, signature=b""))),
+        ("wrong_worker", lambda w, s: (dataclasses.replace(w, worker_id="worker-other"), s)),
         ("image_unverified", lambda w, s: (dataclasses.replace(w, images=Images()), s)),
         ("runtime_unavailable", lambda w, s: (dataclasses.replace(w, caps=Caps(runtimes=())), s)),
     ]
@@ -294,15 +343,15 @@ def test_the_refusal_order_is_the_documented_one():
             setup, s = apply(setup, s)
         results = Results()
         results.recorded[envelope().logical_key] = RecordedResult("env-x", "0" * 64, b"{}")  # the 4th check's answer
-        d = Worker(images=setup.images, caps=setup.caps, results=results).deliver(s)
+        d = Worker(worker_id=setup.worker_id, images=setup.images, caps=setup.caps, results=results).deliver(s)
         assert isinstance(d, Refuse) and d.reason.value == expected
     # No fault before it: the delivery check answers (the recorded result is for other content).
     results = Results()
     results.recorded[envelope().logical_key] = RecordedResult("env-x", "0" * 64, b"{}")
     assert Worker(results=results).deliver(base).reason is WorkRefusal.CALL_CONFLICT
     doc = admission_mod.__doc__ or ""
-    steps = [line.split()[1] for line in doc.splitlines() if line[:2] in {"1.", "2.", "3.", "4."}]
-    assert steps == ["envelope", "image", "runtime", "delivery"]
+    steps = [line.split()[1] for line in doc.splitlines() if line[:2] in {f"{n}." for n in range(1, 10)}]
+    assert steps == ["envelope", "worker", "image", "runtime", "delivery"]
 
 
 def test_admission_loads_no_engine_client_database_or_control_plane_state():
@@ -327,6 +376,14 @@ def test_red_check_without_the_image_check_an_unverified_image_runs(monkeypatch)
     d = w.deliver(sealed())
     assert isinstance(d, Run) and len(w.runner.runs) == 1  # the unverified image ran
     assert w.runner.runs[0].image_digest == DIGEST
+
+
+def test_red_check_without_the_worker_check_an_envelope_for_another_worker_runs(monkeypatch):
+    w = Worker(worker_id="worker-2")
+    assert isinstance(w.deliver(sealed()), Refuse) and w.runner.runs == []
+    monkeypatch.setattr(admission_mod, "_check_worker", lambda *_: None)  # the protection, removed
+    d = w.deliver(sealed())
+    assert isinstance(d, Run) and [e.worker_id for e in w.runner.runs] == ["worker-1"]  # ran on worker-2
 
 
 def test_red_check_without_signature_verification_a_forged_call_runs(monkeypatch):

@@ -97,11 +97,15 @@ def test_two_deliveries_of_one_call_share_its_logical_key_and_digest_but_not_the
     other = envelope(arguments={"amount": 51})
     assert other.logical_key == a.logical_key and other.call_digest != a.call_digest
     assert envelope(tenant="other").logical_key != a.logical_key
+    # Placed on another worker (after a worker was lost): another delivery of the same call.
+    moved = envelope(worker_id="worker-2")
+    assert moved.logical_key == a.logical_key and moved.call_digest == a.call_digest
 
 
 @pytest.mark.parametrize("change", [
     {"image_digest": "sha256:" + "A" * 64}, {"image_digest": "tool"}, {"deadline": NOW}, {"deadline": float("nan")},
-    {"tenant": ""}, {"run_id": "run\n1"}, {"traceparent": "not-a-traceparent"}, {"idempotency_key": ""},
+    {"tenant": ""}, {"run_id": "run\n1"}, {"worker_id": ""}, {"worker_id": "w\x00"}, {"worker_id": None},
+    {"traceparent": "not-a-traceparent"}, {"idempotency_key": ""},
     {"egress": GrantedEgress(allow=("a.example",)), "profile": SandboxSpec(runtime="gvisor")},
     {"arguments": {"x": float("nan")}}, {"arguments": {"x": object()}},
 ])
@@ -209,6 +213,7 @@ def test_tampering_with_any_field_breaks_the_signature():
         assert payload != sealed.payload, name
         assert refused(dataclasses.replace(sealed, payload=payload)) is Refusal.BAD_SIGNATURE, name
         seen.append(name)
+    assert "worker_id" in seen  # format version 2's field: signed, so covered by the loop
     assert len(seen) == len(dataclasses.fields(Envelope)) + 2 + len(dataclasses.fields(SandboxSpec)) \
         + len(dataclasses.fields(GrantedEgress))
 
@@ -261,7 +266,41 @@ def test_wrong_version():
     assert e.value.reason is Refusal.WRONG_VERSION
 
 
-@pytest.mark.parametrize("wire", [b"", b"RFWE", b"garbage that is not an envelope", b"RFWE\0\0\0\1\xff\xff"])
+def _version_1(env: Envelope) -> bytes:
+    """`env` as format version 1 encoded it: the same fields less worker_id."""
+    doc = json.loads(encode(dataclasses.replace(env, key_id=OWN_ID)))
+    del doc["worker_id"]
+    doc["version"] = 1
+    return _canonical(doc)
+
+
+def test_a_version_1_envelope_is_refused_as_wrong_version():
+    # Version 1 named no worker. Properly signed by a trusted key, in version 1's own framing, it
+    # is still refused before anything of it is read (no version 1 worker was ever deployed: there
+    # is nothing to stay compatible with).
+    assert FORMAT_VERSION == 2
+    v1 = signed(_version_1(envelope()), version=1)
+    assert refused(v1) is Refusal.WRONG_VERSION
+    assert refused(dataclasses.replace(seal(envelope(), CONTROL_KEY), version=1)) is Refusal.WRONG_VERSION
+    with pytest.raises(EnvelopeRefused) as e:
+        SealedEnvelope.from_bytes(v1.to_bytes())
+    assert e.value.reason is Refusal.WRONG_VERSION
+    # Its payload under a version 2 seal: not a version 2 envelope (no worker id): malformed.
+    assert refused(signed(_version_1(envelope()))) is Refusal.MALFORMED
+
+
+def test_the_worker_id_is_signed_and_not_part_of_the_call():
+    sealed = seal(envelope(), CONTROL_KEY)
+    doc = json.loads(sealed.payload)
+    assert doc["worker_id"] == "worker-1"
+    doc["worker_id"] = "worker-2"  # an attacker moving a captured envelope to another worker
+    assert refused(dataclasses.replace(sealed, payload=_canonical(doc))) is Refusal.BAD_SIGNATURE
+    assert open_sealed(sealed, TRUSTED, NOW).worker_id == "worker-1"
+
+
+# The last: this version's framing (FORMAT_VERSION, 4 bytes), then a part longer than what follows.
+@pytest.mark.parametrize("wire", [b"", b"RFWE", b"garbage that is not an envelope",
+                                  b"RFWE" + FORMAT_VERSION.to_bytes(4, "big") + b"\xff\xff"])
 def test_malformed_framing(wire):
     with pytest.raises(EnvelopeRefused) as e:
         SealedEnvelope.from_bytes(wire)
@@ -292,7 +331,9 @@ def _payload_variants():
     yield "a list", b"[]"
     yield "NaN", good.replace(b'"issued_at":' + str(doc["issued_at"]).encode(), b'"issued_at":NaN')
     yield "other format", _canonical({**doc, "format": "something/else"})
-    yield "inner version", _canonical({**doc, "version": 2})
+    yield "inner version", _canonical({**doc, "version": FORMAT_VERSION + 1})
+    yield "inner version 1", _canonical({**doc, "version": 1})
+    yield "no worker id", _canonical({k: v for k, v in doc.items() if k != "worker_id"})
     yield "inner key id", _canonical({**doc, "key_id": key_id(generate_private_key().public_key())})
     yield "out of range", _canonical({**doc, "profile": {**doc["profile"], "cpus": 64.0}})
     yield "deep", b"[" * 100_000 + b"]" * 100_000
@@ -410,7 +451,7 @@ def test_red_check_the_tamper_loop_turns_red_without_verification(monkeypatch):
             passed.append(name)
         except EnvelopeRefused:
             pass
-    assert "tenant" in passed and "run_id" in passed and "profile.pids" in passed
+    assert "tenant" in passed and "run_id" in passed and "profile.pids" in passed and "worker_id" in passed
 
 
 # -- keys --------------------------------------------------------------------------------------

@@ -1,0 +1,63 @@
+"""The worker layer's one exception hierarchy: everything ringfence_server.worker raises on purpose
+is a WorkerError, so the worker's loop can tell its own refusals from bugs with one `except`.
+
+Pure (no imports): admission, which must load no database driver, catches CallConflict from
+whatever `Results` it is given without importing the SQLite store that raises it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CallConflict",
+    "InvalidTransition",
+    "NotClaimant",
+    "ResultsError",
+    "WorkerError",
+]
+
+
+class WorkerError(Exception):
+    """Base of this layer's errors (envelope refusals, key files, the results store)."""
+
+
+class ResultsError(WorkerError):
+    """The results store refused a change (ringfence_server.worker.results): nothing was written."""
+
+
+class CallConflict(ResultsError):
+    """The logical call (tenant, run, call) is held or recorded for another call digest: the same
+    ids with other content. Never run, never answered with the other call's result."""
+
+    def __init__(self, key: object, held_digest: str, offered_digest: str) -> None:
+        super().__init__(f"call {key} is held for call digest {held_digest[:16]}…, "
+                         f"this delivery is {offered_digest[:16]}…")
+        self.held_digest = held_digest
+        """The digest the store holds the logical call for."""
+        self.offered_digest = offered_digest
+        """The digest of the delivery that was refused."""
+
+
+class NotClaimant(ResultsError):
+    """A delivery asked to change a logical call whose claim it does not hold (there is no claim,
+    another delivery holds it, or its own claim was released)."""
+
+    def __init__(self, key: object, envelope_id: str, holder: str | None) -> None:
+        held = f"held by {holder}" if holder is not None else "not claimed"
+        super().__init__(f"call {key}: delivery {envelope_id} does not hold its claim ({held})")
+        self.envelope_id = envelope_id
+        """The delivery that asked."""
+        self.holder = holder
+        """The delivery the store names for the call, or None when there is no row."""
+
+
+class InvalidTransition(ResultsError):
+    """The claimant asked for a change its call's state does not allow (results.py's docstring has
+    the states): a release after the call started, a record before it started, a second record
+    of other bytes, a start after the call was recorded."""
+
+    def __init__(self, key: object, envelope_id: str, state: str, action: str, why: str) -> None:
+        super().__init__(f"call {key} is {state} (delivery {envelope_id}): cannot {action}: {why}")
+        self.state = state
+        """The call's state when it was refused ("started", "recorded", ...)."""
+        self.action = action
+        """What was refused ("release", "record", "mark_started")."""
