@@ -56,7 +56,7 @@ INSTALLER = {"pip", "setuptools", "wheel"}
 # The server's dependencies a client must never pull in.
 SERVER_ONLY = {"docker", "psycopg", "psycopg-binary", "psycopg-pool", "jsonschema", "opentelemetry-sdk",
                "prometheus-client", "ringfence-server"}
-CLIENT_COMMANDS = ["submit", "watch", "files", "approvals", "runs", "run", "tools"]
+CLIENT_COMMANDS = ["submit", "watch", "files", "approvals", "whoami", "runs", "run", "tools"]
 SERVER_COMMANDS = ["serve", "sandbox", "images", "conformance", "mcp-servers", "trace", "demo", "eval", "console"]
 STORE_ACTIONS = ["show", "export", "verify", "prune"]
 

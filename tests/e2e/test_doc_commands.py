@@ -140,10 +140,16 @@ def test_every_command_of_every_page_works_as_written(pinned_images, tmp_path):
         out = s.run(submit).stdout
         s.ids["RUN_ID"] = re.match(r"run (\S+)", out).group(1)
         assert "note         write_note   pending_approval" in out
+        [whoami] = take(r"ringfence whoami$")
+        assert re.fullmatch(r"tenant \S+  principal \S+  role approver\n", s.run(whoami).stdout)
         [listing] = take(r"ringfence approvals$")
         s.ids["APPROVAL_ID"] = re.search(r"^(apr-\S+)", s.run(listing).stdout, re.M).group(1)
         [approve] = take(r"ringfence approvals approve ")
         assert "approved" in s.run(approve).stdout
+        [show] = take(r"ringfence approvals show APPROVAL_ID$")
+        shown = s.run(show).stdout
+        assert shown.startswith(f"approval {s.ids['APPROVAL_ID']}\n") and "  tool      write_note\n" in shown
+        assert re.search(r"^  status    (approved|used), by demo-approver: looks fine$", shown, re.M), shown
         [finish] = take(r"ringfence run RUN_ID --finish")
         shown = s.run(finish).stdout
         assert "status finished, outcome completed" in shown and "write_note   executed" in shown

@@ -9,6 +9,7 @@ the server recorded (the client and the store).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -23,7 +24,7 @@ from api_support import TOKENS, RealCore, fake_backend, make_config
 
 from ringfence import Client
 from ringfence.cli.plan import PlanError, load_plan
-from ringfence.model import ApprovalStatus, ObservationStatus, Role, RunOutcome
+from ringfence.model import ApprovalStatus, ObservationStatus, Role, RunOutcome, ToolRisk
 from ringfence_server.control.api.background import BackgroundServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -221,15 +222,25 @@ def test_approvals_list_shows_exact_arguments_and_digest_then_approve_and_declin
 
     listed = cli(server, "approvals", token=APPROVER)
     assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
     for a, args in ((pending["small"], '{"account":"acme-9","amount":50}'),
                     (pending["other"], '{"account":"acme-7","amount":20}')):
         block = listed.stdout.split(a.approval_id, 1)[1].split("\n  digest")[0]
         assert "run pay-1" in block and f"call {a.call_id}" in block and "tool credit" in block
         assert f"  arguments {args}" in block
         assert f"  digest    {a.digest}" in listed.stdout
+        # The header, who proposed it and the rule that asked, the arguments, the digest: in that order.
+        i = next(n for n, line in enumerate(lines) if line.startswith(a.approval_id + "  "))
+        assert re.fullmatch(rf"{a.approval_id}  run pay-1  call {a.call_id}  tool credit  expires in \S+", lines[i])
+        assert a.proposer == "acme-agent" and re.fullmatch(r"policy:rule\[\d+\]:ask", a.policy_rule)
+        assert lines[i + 1:i + 4] == [f"  proposed by acme-agent  asked by {a.policy_rule}", f"  arguments {args}",
+                                      f"  digest    {a.digest}"]
     as_json = [json.loads(line) for line in cli(server, "approvals", "--json", token=APPROVER).stdout.splitlines()]
     assert {(o["approval_id"], o["digest"], o["status"]) for o in as_json} == {
         (a.approval_id, a.digest, "pending") for a in pending.values()}
+    for o in as_json:
+        assert o["proposer"] == "acme-agent" and o["policy_rule"] == pending[o["call_id"]].policy_rule
+        assert o["tool_risk"]["mutates"] is True and o["tool_risk"]["paths"] == {}
 
     # Whoever proposed the call cannot list or decide approvals: the error says which token to use.
     refused = cli(server, "approvals", "approve", pending["small"].approval_id, token=AGENT)
@@ -260,6 +271,111 @@ def test_approvals_list_shows_exact_arguments_and_digest_then_approve_and_declin
     assert nothing.returncode == 0 and nothing.stdout.strip() == "no pending approvals"
     twice = cli(server, "approvals", "approve", pending["small"].approval_id, token=APPROVER)
     assert twice.returncode == 1 and "nothing to decide" in twice.stderr
+
+
+def _show_lines(a, status: str) -> list[str]:
+    """What `ringfence approvals show` prints for the credit approval `a` (in its state `status`)
+    down to its tool's risk, the times matched loosely."""
+    return [
+        f"approval {a.approval_id}",
+        f"  status    {status}",
+        "  kind      call",
+        "  tool      credit",
+        f"  run       {a.run_id}",
+        f"  call      {a.call_id}",
+        "  tenant    acme",
+        "  proposer  acme-agent",
+        f"  rule      {a.policy_rule}",
+        r"  created   \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \(\S+ ago\)",
+        r"  expires   \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \(in \S+\)",
+        f"  digest    {a.digest}",
+        "  arguments",
+        "    {",
+        '      "account": "acme-9",',
+        '      "amount": 50',
+        "    }",
+        "  tool risk (credit)",
+    ]
+
+
+def _assert_lines(printed: list[str], expected: list[str]) -> None:
+    assert len(printed) >= len(expected), printed
+    for got, want in zip(printed, expected, strict=False):
+        assert got == want or re.fullmatch(want, got), (got, want)
+
+
+def test_approvals_show_one_approval_pending_decided_and_not_anyone_elses(server, agent, approver):
+    agent.start_run("one credit", "show-1")
+    [obs] = agent.submit_batch("show-1", [
+        {"call_id": "pay", "tool": "credit", "arguments": {"account": "acme-9", "amount": 50}}])
+    a = approver.get_approval(obs.approval_id)
+
+    pending = cli(server, "approvals", "show", a.approval_id, token=APPROVER)
+    assert pending.returncode == 0, pending.stderr
+    lines = pending.stdout.splitlines()
+    _assert_lines(lines, _show_lines(a, r"pending, expires in \S+"))
+    # Every field of the tool's risk, one a line, in the dataclass's order.
+    risk = [line.split()[0] for line in lines[len(_show_lines(a, "")):-1]]
+    assert risk == [f.name for f in dataclasses.fields(ToolRisk)]
+    assert "    mutates       yes" in lines and "    irreversible  yes" in lines
+    assert "    egress_hosts  ledger.ringfence.internal" in lines and "    paths         -" in lines
+    assert lines[-1] == (f"decide with `ringfence approvals approve|decline {a.approval_id} --digest {a.digest} "
+                         "[--reason TEXT]`")
+
+    as_json = cli(server, "approvals", "show", a.approval_id, "--json", token=APPROVER)
+    assert as_json.returncode == 0, as_json.stderr
+    [obj] = [json.loads(line) for line in as_json.stdout.splitlines()]
+    assert obj["approval_id"] == a.approval_id and obj["status"] == "pending" and obj["proposer"] == "acme-agent"
+    assert obj["policy_rule"] == a.policy_rule and obj["arguments"] == {"account": "acme-9", "amount": 50}
+    assert obj["tool_risk"]["egress_hosts"] == ["ledger.ringfence.internal"] and obj["tool_risk"]["paths"] == {}
+
+    # Decided, and its run finished: still shown, with who decided it and why.
+    approver.decide_approval(a.approval_id, False, "not today")
+    agent.finish_run("show-1")
+    decided = cli(server, "approvals", "show", a.approval_id, token=APPROVER)
+    assert decided.returncode == 0, decided.stderr
+    _assert_lines(decided.stdout.splitlines(), _show_lines(a, "declined, by acme-approver: not today"))
+    assert "decide with" not in decided.stdout
+
+    # Another tenant's approval is not found; a malformed id is a usage error; an agent may not look.
+    elsewhere = cli(server, "approvals", "show", a.approval_id, token=TOKENS[("globex", Role.APPROVER)])
+    assert (elsewhere.returncode, elsewhere.stdout) == (1, "")
+    assert elsewhere.stderr.splitlines()[0] == f"error: approval '{a.approval_id}' not found"
+    malformed = cli(server, "approvals", "show", "not a valid id!", token=APPROVER)
+    assert malformed.returncode == 2 and malformed.stdout == ""
+    assert malformed.stderr.splitlines()[:2] == [
+        "error: the server refused the request: the request is invalid",
+        "  approval_id: must be 1-100 characters of [A-Za-z0-9_.:-], starting with a letter or digit"]
+    as_agent = cli(server, "approvals", "show", a.approval_id, token=AGENT)
+    assert as_agent.returncode == 1 and as_agent.stderr.startswith("error: permission denied: ")
+
+
+def test_whoami_for_any_token(server):
+    agent = cli(server, "whoami", token=AGENT)
+    assert (agent.returncode, agent.stdout) == (0, "tenant acme  principal acme-agent  role agent\n"), agent.stderr
+    approver = cli(server, "whoami", "--json", token=APPROVER)
+    assert approver.returncode == 0, approver.stderr
+    assert json.loads(approver.stdout) == {"tenant": "acme", "principal": "acme-approver", "role": "approver"}
+    stranger = cli(server, "whoami", token="no-such-token")
+    assert stranger.returncode == 1 and "did not accept the token in RINGFENCE_TOKEN" in stranger.stderr
+
+
+def test_four_eyes_refusal_says_so_plainly(server, approver):
+    """An admin token may propose calls and decide approvals, but never both for the same call:
+    the server's PERMISSION_DENIED is shown as it is, with a hint about four eyes (not about roles)."""
+    with Client(server.address, TOKENS[("acme", Role.ADMIN)]) as admin:
+        admin.start_run("an admin's own credit", "eyes-1")
+        [obs] = admin.submit_batch("eyes-1", [
+            {"call_id": "pay", "tool": "credit", "arguments": {"account": "acme-9", "amount": 50}}])
+    listed = cli(server, "approvals", token=APPROVER)
+    assert f"  proposed by acme-admin  asked by {approver.get_approval(obs.approval_id).policy_rule}" in listed.stdout
+    refused = cli(server, "approvals", "approve", obs.approval_id, token=TOKENS[("acme", Role.ADMIN)])
+    assert (refused.returncode, refused.stdout) == (1, "")
+    assert refused.stderr.splitlines() == [
+        "error: permission denied: acme-admin proposed this call and cannot decide its approval",
+        "four eyes: whoever proposed a call cannot decide it; someone else decides it with their own approver "
+        "(or admin) token (`ringfence whoami` says whose token RINGFENCE_TOKEN holds)"]
+    assert approver.get_approval(obs.approval_id).status is ApprovalStatus.PENDING
 
 
 # --- runs, run, tools ------------------------------------------------------------------------------
@@ -389,7 +505,7 @@ def test_bad_plan_files_exit_2_with_what_is_wrong_and_start_nothing(server, agen
 
 def test_every_command_has_help_with_an_example():
     for argv in (["submit"], ["watch"], ["approvals"], ["approvals", "approve"], ["approvals", "decline"],
-                 ["approvals", "withdraw"],
+                 ["approvals", "withdraw"], ["approvals", "show"], ["whoami"],
                  ["runs"], ["runs", "list"], ["run"], ["tools"]):
         done = subprocess.run([sys.executable, "-m", "ringfence.cli", *argv, "--help"], cwd=ROOT,
                               env=cli_env(None, None), capture_output=True, text=True, timeout=120)
@@ -399,7 +515,7 @@ def test_every_command_has_help_with_an_example():
             assert option in done.stdout, (argv, option)
     top = subprocess.run([sys.executable, "-m", "ringfence.cli", "--help"], cwd=ROOT, env=cli_env(None, None),
                          capture_output=True, text=True, timeout=120)
-    for command in ("submit", "watch", "approvals", "runs", "run", "tools", "serve", "sandbox"):
+    for command in ("submit", "watch", "approvals", "whoami", "runs", "run", "tools", "serve", "sandbox"):
         assert re.search(rf"^    {command}\b", top.stdout, re.M), command
 
 

@@ -51,12 +51,16 @@ def report_failure(out: Output, error: BaseException, s: Settings | None, comman
         return EXIT_SERVER
     if isinstance(error, E.PermissionDenied):
         role_hint = {
-            "approvals": "deciding and listing approvals needs an approver (or admin) token",
+            "approvals": "listing, showing and deciding approvals needs an approver (or admin) token",
             "submit": "starting runs and executing plans needs an agent (or admin) token",
             "files": "moving files in and out of a run needs an agent (or admin) token",
         }.get(command, "use a token with the role this command needs")
-        out.error(f"permission denied: {error.message}", code="PERMISSION_DENIED",
-                  hint=f"{role_hint}: set {token_env} to one")
+        denied_hint = f"{role_hint}: set {token_env} to one"
+        if command == "approvals" and "proposed this call" in error.message:
+            # Four eyes: the role is right, the person is not; another token will not be this one's.
+            denied_hint = ("four eyes: whoever proposed a call cannot decide it; someone else decides it with their "
+                           f"own approver (or admin) token (`ringfence whoami` says whose token {token_env} holds)")
+        out.error(f"permission denied: {error.message}", code="PERMISSION_DENIED", hint=denied_hint)
         return EXIT_SERVER
     if isinstance(error, E.Unavailable):
         if _transport_failure(error.message):

@@ -37,6 +37,7 @@ def build() -> tuple[argparse.ArgumentParser, CommandLine]:
     submit.register(commands, common)
     files.register(commands, common)
     approvals.register(commands, common)
+    approvals.register_whoami(commands, common)
     runs_parser, runs_actions = runs.register_runs(commands, common)
     runs.register_run(commands, common)
     tools_parser = tools.register(commands, common)
