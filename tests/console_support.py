@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ringfence_server.console.app import ConsoleSettings, create_app
+from ringfence_server.console.app import Console, ConsoleSettings, create_app
 from ringfence_server.console.render import Pages
 from ringfence_server.console.server import ConsoleServer
+from ringfence_server.console.throttle import SignInThrottle
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -34,11 +35,21 @@ WAIT_S = 60.0
 def console(server: str, *, pages: Pages | None = None, headers: dict[str, str] | None = None,
             timeout: float = 30.0) -> Iterator[str]:
     """A console for the control plane at `server`, on a free loopback port; yields its URL."""
-    app = create_app(ConsoleSettings(server=server, timeout=timeout), pages=pages, headers=headers)
+    with console_app(server, pages=pages, headers=headers, timeout=timeout) as (url, _):
+        yield url
+
+
+@contextmanager
+def console_app(server: str, *, pages: Pages | None = None, headers: dict[str, str] | None = None,
+                timeout: float = 30.0, throttle: SignInThrottle | None = None) -> Iterator[tuple[str, Console]]:
+    """As console(), yielding its URL and the app's state (to wrap its client factory, say);
+    `throttle` replaces the sign-in throttle (one with a clock the test moves)."""
+    app = create_app(ConsoleSettings(server=server, timeout=timeout), pages=pages, headers=headers,
+                     throttle=throttle)
     served = ConsoleServer(app, "127.0.0.1", 0)
     served.start_in_thread()
     try:
-        yield served.url
+        yield served.url, app.state.console
     finally:
         served.stop()
 

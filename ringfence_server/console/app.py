@@ -5,6 +5,8 @@
   no authority of its own: what the API refuses, the console cannot do either, and it shows the
   server's reason.
 - A state-changing request (a POST) must pass the CSRF checks (csrf.py), else 403.
+- Sign-in attempts are throttled per client address and in all (throttle.py): a refused one
+  gets 429 and never reaches the control plane.
 - Every response carries the security headers (headers.py); every page is rendered with
   autoescape on (render.py).
 """
@@ -16,7 +18,7 @@ import contextlib
 import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -46,6 +48,7 @@ from ringfence_server.console.headers import SecurityHeaders
 from ringfence_server.console.render import Pages, approval_summary
 from ringfence_server.console.runview import artifacts_of, egress_of, turns_of
 from ringfence_server.console.sessions import COOKIE, Session, SessionStore
+from ringfence_server.console.throttle import Admitted, SignInThrottle, ThrottleSettings
 from ringfence_server.control.tracing import trace_from_events
 
 __all__ = ["ConsoleSettings", "create_app"]
@@ -72,6 +75,8 @@ class ConsoleSettings:
     timeout: float = 30.0
     idle_s: float = 8 * 3600
     """A session unused this long is signed out."""
+    signin: ThrottleSettings = field(default_factory=ThrottleSettings)
+    """The limits on failed sign-ins, per client address and across all (throttle.py)."""
 
 
 Handler = Callable[[Request, Session], Awaitable[Response]]
@@ -80,10 +85,19 @@ Handler = Callable[[Request, Session], Awaitable[Response]]
 class Console:
     """The app's state: settings, sessions, templates; its methods are the routes."""
 
-    def __init__(self, settings: ConsoleSettings, pages: Pages | None = None) -> None:
+    def __init__(self, settings: ConsoleSettings, pages: Pages | None = None,
+                 throttle: SignInThrottle | None = None) -> None:
         self.settings = settings
         self.sessions = SessionStore(idle_s=settings.idle_s)
         self.pages = pages or Pages()
+        # `is not None`, not `or`: a throttle with no failures yet has length 0, so it is falsy
+        self.throttle = throttle if throttle is not None else SignInThrottle(settings.signin)
+
+    def open_client(self, token: str) -> AsyncClient:
+        """A client of the control plane with `token`: the console's one way to reach it (the
+        throttle's tests count the clients made here and the RPCs they send)."""
+        return AsyncClient(self.settings.server, token, tls=self.settings.tls, timeout=self.settings.timeout,
+                           stream_timeout=None)
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -181,9 +195,17 @@ class Console:
         target = _safe_next(_text(form, "next"))
         if not isinstance(token, str) or not token.strip() or len(token) > _MAX_TOKEN_CHARS:
             return self.render(request, session, "signin.html", 400, next=target, problem="Enter your token.")
-        client = AsyncClient(self.settings.server, token.strip(), tls=self.settings.tls,
-                             timeout=self.settings.timeout, stream_timeout=None)
+        # Throttled before the token goes anywhere: a refused attempt asks the control plane
+        # nothing, so a right token then is refused alike (the refusal tells no guess apart).
+        # Behind a reverse proxy every request has the proxy's address: the global cap holds then.
+        attempt = self.throttle.admit(request.client.host if request.client is not None else "")
+        if not isinstance(attempt, Admitted):
+            response = self.render(request, session, "signin.html", 429, next=target, problem=attempt.message)
+            response.headers["retry-after"] = str(attempt.retry_after_s)
+            return response
+        client = self.open_client(token.strip())
         problem = ""
+        answered = True  # the control plane said something about this token (else: not a guess's failure)
         identity: Identity | None = None
         try:
             # Who the control plane takes this token to be (kept: the approval page compares its
@@ -198,9 +220,13 @@ class Console:
             problem = f"This token{who} cannot review approvals (it is not an approver's or an admin's)."
         except ControlError as e:
             problem = f"The control plane could not be asked: {e}"
+            answered = identity is not None
         if problem or identity is None:
+            if not answered:  # unreachable, timed out: no oracle, and a reviewer retrying is not locked out
+                self.throttle.succeeded(attempt)
             await client.close()
             return self.render(request, session, "signin.html", 401, next=target, problem=problem)
+        self.throttle.succeeded(attempt)
         self.sessions.end(session)  # a new id once signed in: an id planted before is worth nothing
         fresh = self.sessions.new(client, identity)
         response = RedirectResponse(target, status_code=303)
@@ -393,11 +419,12 @@ def _enum(kind: Any, value: str | None) -> Any:
 
 
 def create_app(settings: ConsoleSettings, *, pages: Pages | None = None,
-               headers: dict[str, str] | None = None) -> Starlette:
+               headers: dict[str, str] | None = None, throttle: SignInThrottle | None = None) -> Starlette:
     """The console for the control plane at `settings.server`. `pages` and `headers` replace the
     templates and the security headers (the tests' red checks weaken them to show the attack then
-    lands)."""
-    console = Console(settings, pages)
+    lands); `throttle` replaces the sign-in throttle made from `settings.signin` (the tests give
+    one a clock they move by hand)."""
+    console = Console(settings, pages, throttle)
     s = console.signed_in
     post = console.state_changing
 

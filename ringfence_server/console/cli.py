@@ -54,6 +54,16 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     listen.add_argument("--tls-key", type=Path, metavar="KEY.pem", help="the private key of --tls-cert")
     listen.add_argument("--session-idle", type=float, default=8 * 3600, metavar="SECONDS",
                         help="sign a session out after this long without a request (default 28800)")
+    signin = p.add_argument_group(
+        "sign-in throttle", "Failed sign-ins are limited per client address and across all addresses; a refused "
+        "attempt gets HTTP 429 with Retry-After and is never sent to the control plane. Behind a reverse proxy "
+        "every request has the proxy's address: then the global cap is what protects.")
+    signin.add_argument("--signin-failures", type=int, default=5, metavar="N",
+                        help="failed sign-ins one address may make within --signin-window (default 5)")
+    signin.add_argument("--signin-window", type=float, default=300.0, metavar="SECONDS",
+                        help="the per-address window (default 300)")
+    signin.add_argument("--signin-global", type=int, default=60, metavar="N",
+                        help="failed sign-ins all addresses together may make per minute (default 60)")
     server = p.add_argument_group("the control plane it talks to")
     server.add_argument("--server", metavar="HOST:PORT", default=None,
                         help="the ringfence server (default: $RINGFENCE_SERVER, else 127.0.0.1:50051)")
@@ -74,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     from ringfence.options import TlsConfig
     from ringfence_server.console.app import ConsoleSettings, create_app
     from ringfence_server.console.server import ConsoleServer, ListenRefused, check_listen, parse_host_port
+    from ringfence_server.console.throttle import ThrottleSettings
 
     try:
         host, port = parse_host_port(args.listen, "--listen")
@@ -87,8 +98,10 @@ def run(args: argparse.Namespace) -> int:
                            ("--server-tls-key", args.server_tls_key)):
             if path and not Path(path).is_file():
                 raise ListenRefused(f"{flag}: there is no file {path}")
-        if not args.timeout > 0 or not args.session_idle > 0:
-            raise ListenRefused("--timeout and --session-idle want a number of seconds above 0")
+        if not args.timeout > 0 or not args.session_idle > 0 or not args.signin_window > 0:
+            raise ListenRefused("--timeout, --session-idle and --signin-window want a number of seconds above 0")
+        if args.signin_failures < 1 or args.signin_global < 1:
+            raise ListenRefused("--signin-failures and --signin-global want a whole number of at least 1")
     except ListenRefused as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -97,7 +110,9 @@ def run(args: argparse.Namespace) -> int:
         tls = TlsConfig.from_files(ca, certificate_chain=args.server_tls_cert, private_key=args.server_tls_key,
                                    server_name=args.server_tls_server_name)
     settings = ConsoleSettings(server=target, tls=tls, https=args.tls_cert is not None, timeout=args.timeout,
-                               idle_s=args.session_idle)
+                               idle_s=args.session_idle,
+                               signin=ThrottleSettings(failures=args.signin_failures, window_s=args.signin_window,
+                                                       global_failures=args.signin_global))
     try:
         server = ConsoleServer(create_app(settings), host, port, tls_cert=args.tls_cert, tls_key=args.tls_key)
     except OSError as e:
