@@ -5,5 +5,5 @@ So far the foundation, used by nothing else yet: `envelope` (the signed work env
 worker it was placed on), `keys` (the control plane's Ed25519 keys and a worker's trusted set),
 `admission` (what a worker checks before it runs anything: pure, no Docker, network or
 database), `results` (the worker's durable record of claims, start marks, results and releases,
-in SQLite) and `errors` (the layer's one exception hierarchy).
+in SQLite, with its restart recovery and pruning) and `errors` (the layer's one exception hierarchy).
 """

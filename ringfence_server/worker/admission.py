@@ -21,7 +21,9 @@ the tool only on a `Run` decision, and records the result under the envelope's l
 4. runtime        the profile's runtime is available here ("runtime_unavailable"), and a call
                   with egress has an egress proxy here ("egress_unavailable")
 5. delivery       a result recorded for the logical call: ReturnRecorded (or "call_conflict" when
-                  it was recorded for other content under the same ids); otherwise the claim:
+                  it was recorded for other content under the same ids); the same for a call the
+                  worker's restart recovery made uncertain (ReturnRecorded carrying an
+                  UncertainResult: it may have run, so it is never run again); otherwise the claim:
                   won → Run; held by another delivery of the same content → InProgress (its
                   result is recorded later), held for other content → "call_conflict" (the
                   store's CallConflict), or ReturnRecorded if the result landed between the
@@ -52,6 +54,7 @@ __all__ = [
     "Results",
     "ReturnRecorded",
     "Run",
+    "UncertainResult",
     "VerifiedImages",
     "WorkRefusal",
     "admit",
@@ -98,6 +101,19 @@ class RecordedResult:
     """The result as the worker reports it (opaque here)."""
 
 
+@dataclass(frozen=True)
+class UncertainResult:
+    """A logical call that started but whose result was never recorded (the worker died while the
+    tool ran: it may or may not have taken effect). Final, like a RecordedResult: the worker
+    reports it instead of a result and never runs the call again; the control plane reconciles
+    it, as after a crash of its own."""
+
+    envelope_id: str
+    """The delivery that started it."""
+    call_digest: str
+    """`Envelope.call_digest` of that delivery."""
+
+
 class Results(Protocol):
     """The worker's record of logical calls: claims and results, keyed by the logical call.
 
@@ -105,8 +121,8 @@ class Results(Protocol):
     (a durable store: across the worker's restarts too), until the claim is released (a call that
     never started: ringfence_server.worker.results)."""
 
-    def get(self, key: LogicalKey) -> RecordedResult | None:
-        """The result recorded for the logical call, or None."""
+    def get(self, key: LogicalKey) -> RecordedResult | UncertainResult | None:
+        """The result recorded for the logical call (or its uncertain record), or None."""
         ...
 
     def claim(self, key: LogicalKey, envelope_id: str, call_digest: str) -> bool:
@@ -126,10 +142,11 @@ class Run:
 
 @dataclass(frozen=True)
 class ReturnRecorded:
-    """The logical call already ran: answer with its recorded result, run nothing."""
+    """The logical call already ran (or may have: an UncertainResult): answer with its record,
+    run nothing."""
 
     envelope: Envelope
-    recorded: RecordedResult
+    recorded: RecordedResult | UncertainResult
 
 
 @dataclass(frozen=True)
@@ -173,7 +190,7 @@ def _check_runtime(envelope: Envelope, capabilities: Capabilities) -> Refuse | N
     return None
 
 
-def _recorded(envelope: Envelope, recorded: RecordedResult) -> Decision:
+def _recorded(envelope: Envelope, recorded: RecordedResult | UncertainResult) -> Decision:
     if recorded.call_digest != envelope.call_digest:
         # The same (tenant, run, call) with other content: never answer one call with another's
         # result, and never run it (its id is taken).

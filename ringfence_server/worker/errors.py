@@ -11,6 +11,7 @@ __all__ = [
     "CallConflict",
     "InvalidTransition",
     "NotClaimant",
+    "PruneHorizonTooShort",
     "ResultsError",
     "WorkerError",
 ]
@@ -61,3 +62,17 @@ class InvalidTransition(ResultsError):
         """The call's state when it was refused ("started", "recorded", ...)."""
         self.action = action
         """What was refused ("release", "record", "mark_started")."""
+
+
+class PruneHorizonTooShort(ResultsError):
+    """A prune asked to drop finished calls younger than the store's minimum age (its configured
+    bound on an envelope's lifetime): a delivery of such a call may still be live, and would find
+    no record and run it again."""
+
+    def __init__(self, older_than: float, minimum: float) -> None:
+        super().__init__(f"prune horizon {older_than}s is shorter than the minimum {minimum}s "
+                         "(the longest an envelope may live): a pruned call could be run again")
+        self.older_than = older_than
+        """The horizon asked for, in seconds."""
+        self.minimum = minimum
+        """The store's minimum, in seconds."""

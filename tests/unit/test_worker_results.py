@@ -2,7 +2,10 @@
 state change and every refused one, N threads claiming one call (exactly one wins), a restart
 (claims, start marks, results and releases still there), and a child process killed with SIGKILL
 right after a change returned (the change is there when the file is opened again). And admission
-over it: a call runs once across a restart, and a call that never started runs on the retry."""
+over it: a call runs once across a restart, and a call that never started runs on the retry.
+Restart recovery (claimed → released, started → uncertain, idempotent, after a real kill -9, and a
+red check without the uncertain step) and pruning (what goes, what stays, the minimum horizon), on
+an injected clock."""
 
 from __future__ import annotations
 
@@ -18,19 +21,35 @@ from pathlib import Path
 import pytest
 from worker_support import CONTROL_KEY, DIGEST, NOW, TRUSTED, WORKER, envelope
 
+from ringfence_server.worker import results as results_module
 from ringfence_server.worker.admission import (
+    Decision,
     InProgress,
     RecordedResult,
     Refuse,
     ReturnRecorded,
     Run,
+    UncertainResult,
     WorkRefusal,
     admit,
 )
-from ringfence_server.worker.envelope import EnvelopeRefused, LogicalKey, seal
-from ringfence_server.worker.errors import CallConflict, InvalidTransition, NotClaimant, ResultsError, WorkerError
+from ringfence_server.worker.envelope import Envelope, EnvelopeRefused, LogicalKey, seal
+from ringfence_server.worker.errors import (
+    CallConflict,
+    InvalidTransition,
+    NotClaimant,
+    PruneHorizonTooShort,
+    ResultsError,
+    WorkerError,
+)
 from ringfence_server.worker.keys import KeyFileError
-from ringfence_server.worker.results import SCHEMA_VERSION, CallState, SqliteResults
+from ringfence_server.worker.results import (
+    RECOVERY_RELEASE_REASON,
+    SCHEMA_VERSION,
+    CallState,
+    Recovery,
+    SqliteResults,
+)
 
 ENV = envelope()
 KEY = ENV.logical_key
@@ -232,9 +251,10 @@ def test_malformed_arguments_are_programming_errors(store, call):
 
 
 def test_the_layer_has_one_exception_hierarchy():
-    for error in (ResultsError, CallConflict, NotClaimant, InvalidTransition, EnvelopeRefused, KeyFileError):
+    for error in (ResultsError, CallConflict, NotClaimant, InvalidTransition, PruneHorizonTooShort, EnvelopeRefused,
+                  KeyFileError):
         assert issubclass(error, WorkerError)
-    for error in (CallConflict, NotClaimant, InvalidTransition):
+    for error in (CallConflict, NotClaimant, InvalidTransition, PruneHorizonTooShort):
         assert issubclass(error, ResultsError)
 
 
@@ -396,7 +416,7 @@ def test_a_start_mark_survives_kill_9_and_the_call_is_never_released(path):
         with pytest.raises(InvalidTransition):
             s.release(KEY, "env-child", "worker restarted")
         d = admit(seal(envelope(), CONTROL_KEY), **_worker(s))
-        assert isinstance(d, InProgress)  # uncertain: never run a second time
+        assert isinstance(d, InProgress)  # until recovery makes it uncertain: never run a second time
 
 
 def test_a_result_survives_kill_9_right_after_it_returned(path):
@@ -454,3 +474,205 @@ def test_a_call_the_engine_refused_to_start_runs_on_the_retry(store):
     retry = admit(seal(envelope(deadline=NOW + 120), CONTROL_KEY), **_worker(store))
     assert isinstance(retry, Run) and retry.envelope.envelope_id != first.envelope.envelope_id
     assert store.entry(KEY).envelope_id == retry.envelope.envelope_id
+
+
+# -- restart recovery ------------------------------------------------------------------------------
+
+
+class Clock:
+    """The store's clock, moved by the test: no sleeps."""
+
+    def __init__(self, now: float = NOW) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class CountingRunner:
+    """The witness: every call that reached the tool."""
+
+    def __init__(self) -> None:
+        self.runs: list[Envelope] = []
+
+    def __call__(self, env: Envelope) -> bytes:
+        self.runs.append(env)
+        return b"ran " + env.envelope_id.encode()
+
+
+def _deliver(store: SqliteResults, runner: CountingRunner, *, crash: bool = False, **changes: object) -> Decision:
+    """The worker's loop for one delivery (a fresh envelope of the same logical call): admission,
+    then on Run the start mark, the tool, and the record, unless the worker `crash`es while the
+    tool runs (it ran; nothing recorded)."""
+    d = admit(seal(envelope(**changes), CONTROL_KEY), **_worker(store))
+    if isinstance(d, Run):
+        store.mark_started(d.envelope.logical_key, d.envelope.envelope_id)
+        out = runner(d.envelope)
+        if not crash:
+            store.record(d.envelope.logical_key, d.envelope.envelope_id, out)
+    return d
+
+
+def _keys(*names: str) -> dict[str, LogicalKey]:
+    return {name: LogicalKey("acme", "run-1", name) for name in names}
+
+
+def _one_of_each(s: SqliteResults) -> dict[str, LogicalKey]:
+    keys = _keys("claimed", "started", "recorded", "released")
+    assert s.claim(keys["claimed"], A, DIG)
+    started(s, keys["started"])
+    started(s, keys["recorded"])
+    s.record(keys["recorded"], A, b"out")
+    assert s.claim(keys["released"], A, DIG)
+    s.release(keys["released"], A, REASON)
+    return keys
+
+
+def test_recovery_releases_a_claimed_call_and_makes_a_started_one_uncertain(path):
+    clock = Clock()
+    with SqliteResults(path, clock=clock) as s:
+        keys = _one_of_each(s)
+        before = {name: s.entry(key) for name, key in keys.items()}
+    clock.now += 10
+    with SqliteResults(path, clock=clock) as s:  # the worker's restart
+        summary = s.recover()
+        assert summary == Recovery(released=(keys["claimed"],), uncertain=(keys["started"],))
+        assert (summary.released_count, summary.uncertain_count) == (1, 1)
+        released = s.entry(keys["claimed"])
+        assert released.state is CallState.RELEASED and released.release_reason == RECOVERY_RELEASE_REASON
+        assert released.changed_at == clock.now
+        uncertain = s.entry(keys["started"])
+        assert uncertain.state is CallState.UNCERTAIN and uncertain.result is None and uncertain.envelope_id == A
+        assert s.get(keys["started"]) == UncertainResult(A, DIG)
+        # Finished calls are untouched, their stamps included.
+        assert s.entry(keys["recorded"]) == before["recorded"] and s.entry(keys["released"]) == before["released"]
+        # The claimed one never started: the retry claims it and runs it.
+        assert s.claim(keys["claimed"], B, DIG) is True
+        # The uncertain one is held for good: never claimed again.
+        assert s.claim(keys["started"], B, DIG) is False
+
+
+def test_recovery_twice_changes_nothing_the_second_time(path):
+    clock = Clock()
+    with SqliteResults(path, clock=clock) as s:
+        keys = _one_of_each(s)
+        s.recover()
+        after = {name: s.entry(key) for name, key in keys.items()}
+        clock.now += 10
+        assert s.recover() == Recovery(released=(), uncertain=())
+        assert {name: s.entry(key) for name, key in keys.items()} == after
+
+
+def test_an_uncertain_call_is_final(store):
+    started(store)
+    store.recover()
+    for action, act in (("mark_started", lambda: store.mark_started(KEY, A)),
+                        ("record", lambda: store.record(KEY, A, b"late result")),
+                        ("release", lambda: store.release(KEY, A, REASON))):
+        with pytest.raises(InvalidTransition, match="uncertain") as e:
+            act()
+        assert (e.value.state, e.value.action) == ("uncertain", action)
+    with pytest.raises(CallConflict):
+        store.claim(KEY, B, OTHER_DIG)
+    assert store.entry(KEY).state is CallState.UNCERTAIN
+
+
+def test_a_redelivery_after_a_crash_while_the_tool_ran_gets_the_uncertain_record(path):
+    runner = CountingRunner()
+    with SqliteResults(path) as s:
+        first = _deliver(s, runner, crash=True)  # the worker dies while the tool runs
+    assert isinstance(first, Run) and len(runner.runs) == 1
+    with SqliteResults(path) as s:
+        assert s.recover().uncertain == (KEY,)
+        again = _deliver(s, runner, deadline=NOW + 300)  # the control plane's re-issue
+        assert isinstance(again, ReturnRecorded)
+        assert again.recorded == UncertainResult(first.envelope.envelope_id, DIG)
+    assert len(runner.runs) == 1  # never run a second time
+
+
+def test_red_check_without_the_uncertain_step_a_redelivery_after_a_crash_runs_again(path, monkeypatch):
+    monkeypatch.setattr(results_module, "_make_uncertain", lambda db, now: ())
+    runner = CountingRunner()
+    with SqliteResults(path) as s:
+        _deliver(s, runner, crash=True)
+    with SqliteResults(path) as s:
+        s.recover()  # now releases the started call as if nothing ran
+        again = _deliver(s, runner, deadline=NOW + 300)
+    assert isinstance(again, Run) and len(runner.runs) == 2  # the tool ran twice: the test above turns red
+
+
+def test_recovery_after_kill_9_of_a_child_that_claimed_and_started(path):
+    _killed_after(path, "start")
+    runner = CountingRunner()
+    with SqliteResults(path) as s:
+        assert s.recover() == Recovery(released=(), uncertain=(KEY,))
+        d = _deliver(s, runner)
+        assert isinstance(d, ReturnRecorded) and d.recorded == UncertainResult("env-child", DIG)
+    assert runner.runs == []
+
+
+def test_recovery_after_kill_9_of_a_child_that_only_claimed(path):
+    _killed_after(path, "claim")
+    runner = CountingRunner()
+    with SqliteResults(path) as s:
+        assert s.recover() == Recovery(released=(KEY,), uncertain=())
+        d = _deliver(s, runner)
+        assert isinstance(d, Run) and len(runner.runs) == 1  # nothing ran: the retry runs it
+        assert s.get(KEY) == RecordedResult(d.envelope.envelope_id, DIG, b"ran " + d.envelope.envelope_id.encode())
+
+
+# -- pruning ----------------------------------------------------------------------------------------
+
+DAY = 24 * 3600.0
+
+
+def test_prune_removes_only_finished_calls_older_than_the_horizon(path):
+    clock = Clock()
+    with SqliteResults(path, clock=clock, min_prune_age=DAY) as s:
+        old = _keys("old-recorded", "old-released", "old-uncertain", "old-claimed", "old-started")
+        started(s, old["old-recorded"])
+        s.record(old["old-recorded"], A, b"out")
+        assert s.claim(old["old-released"], A, DIG)
+        s.release(old["old-released"], A, REASON)
+        started(s, old["old-uncertain"])
+        s.recover()  # old-uncertain → uncertain (nothing else live yet)
+        assert s.claim(old["old-claimed"], A, DIG)
+        started(s, old["old-started"])
+        clock.now += 2 * DAY
+        young = _keys("young-recorded")
+        started(s, young["young-recorded"])
+        s.record(young["young-recorded"], A, b"out")
+        assert s.prune(DAY) == 3
+        assert [name for name, key in old.items() if s.entry(key) is not None] == ["old-claimed", "old-started"]
+        assert s.entry(young["young-recorded"]) is not None
+        assert s.prune(DAY) == 0  # again: nothing more is old enough
+        # A pruned call held nothing: a later claim starts afresh (only after every deadline).
+        assert s.claim(old["old-released"], B, DIG) is True
+
+
+def test_prune_judges_age_by_the_last_change(path):
+    clock = Clock()
+    with SqliteResults(path, clock=clock, min_prune_age=DAY) as s:
+        assert s.claim(KEY, A, DIG)
+        clock.now += 2 * DAY
+        s.mark_started(KEY, A)
+        s.record(KEY, A, b"out")  # recorded just now, claimed long ago: young
+        assert s.prune(DAY) == 0 and s.get(KEY) is not None
+        clock.now += DAY + 1
+        assert s.prune(DAY) == 1 and s.entry(KEY) is None
+
+
+def test_prune_refuses_a_horizon_under_the_minimum(path):
+    clock = Clock()
+    with SqliteResults(path, clock=clock, min_prune_age=DAY) as s:
+        started(s)
+        s.record(KEY, A, b"out")
+        clock.now += 10 * DAY
+        with pytest.raises(PruneHorizonTooShort, match="minimum") as e:
+            s.prune(DAY - 1)
+        assert (e.value.older_than, e.value.minimum) == (DAY - 1, DAY)
+        assert isinstance(e.value, ResultsError) and s.get(KEY) is not None  # nothing deleted
+        with pytest.raises(PruneHorizonTooShort):
+            s.prune(float("nan"))
+    with pytest.raises(ValueError, match="min_prune_age"):
+        SqliteResults(path, min_prune_age=0)
