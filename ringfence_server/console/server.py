@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import signal
 import socket
 import threading
@@ -17,22 +16,13 @@ from pathlib import Path
 import uvicorn
 from starlette.applications import Starlette
 
-__all__ = ["ConsoleServer", "ListenRefused", "check_listen", "is_loopback_host", "parse_host_port"]
+from ringfence_server.control.netloc import is_loopback_host
+
+__all__ = ["ConsoleServer", "ListenRefused", "check_listen", "parse_host_port"]
 
 
 class ListenRefused(ValueError):
     """The listen address and TLS settings break the rule (the message says what to do)."""
-
-
-def is_loopback_host(host: str) -> bool:
-    """`localhost` or a loopback IP literal; a name that would need resolving is not loopback."""
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def parse_host_port(text: str, flag: str) -> tuple[str, int]:

@@ -185,6 +185,18 @@ def call_status(driver: Any, call_id: str) -> str:
     return str(rows[0].text) if rows else ""
 
 
+def wait_until_executed(driver: Any, call_id: str) -> None:
+    """Reload the run page until the call shows executed (the run page is drawn, not live)."""
+
+    def executed(d: Any) -> bool:
+        if call_status(d, call_id).startswith("executed"):
+            return True
+        d.refresh()
+        return False
+
+    wait(driver, executed)
+
+
 # -- the reviewer's work ------------------------------------------------------------------------
 
 
@@ -219,13 +231,7 @@ def test_an_ask_arrives_live_is_approved_runs_once_and_the_run_page_shows_it(wor
     wait(d, lambda d: d.current_url.endswith(f"/runs/{run_id}"))
     assert f"{asked.approval_id} approved" in text(d, ".flash")
 
-    def executed(d: Any) -> bool:
-        if call_status(d, "c1").startswith("executed"):
-            return True
-        d.refresh()
-        return False
-
-    wait(d, executed)
+    wait_until_executed(d, "c1")
     assert int(world.ledger.balance(acct)["credits"]) == 1
     assert text(d, "#audit").startswith("verified:")
     assert d.find_elements(By.CSS_SELECTOR, "#trace rect")
@@ -390,13 +396,7 @@ def test_payloads_in_arguments_goal_and_output_show_as_text_and_never_run(world,
     d.find_element(By.ID, "approve").click()
     wait(d, lambda d: d.current_url.endswith(f"/runs/{run_id}"))
 
-    def executed(d: Any) -> bool:
-        if call_status(d, "c1").startswith("executed"):
-            return True
-        d.refresh()
-        return False
-
-    wait(d, executed)
+    wait_until_executed(d, "c1")
     [obs] = run_view(world, run_id).trajectory
     assert obs.content is not None and XSS["svg"] in str(obs.content)  # the output holds them too
     assert_shown_as_text(d)

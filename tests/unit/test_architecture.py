@@ -14,7 +14,8 @@ Two distributions: the client `ringfence` (client/ringfence/) and the server `ri
 - the wire (the client's generated ringfence.v1 and its ringfence.wire conversions) is imported
   only at the server's edge (control.api, the CLI's extension, the demo);
 - control.orchestration is imported by nothing but the edge (and itself);
-- the console imports nothing of the server but control.tracing (pure rendering): it reaches the
+- the console imports nothing of the server but control.tracing (pure rendering) and control.netloc
+  (what a loopback host is, the rule every listener shares): it reaches the
   control plane through the client, with the signed-in person's token;
 - the worker (ringfence_server/worker: sandbox workers on other hosts, docs/workers.md) imports
   nothing of the control plane but control.validation (the canonical JSON an envelope's arguments
@@ -127,15 +128,16 @@ def test_only_the_edge_depends_on_orchestration():
 def test_the_console_reaches_the_control_plane_only_through_the_client():
     # The console (ringfence_server/console) has no authority of its own: it talks to the control
     # plane over the public API with the signed-in person's token. Of the server it may import only
-    # the pure span-tree rendering of control.tracing (a run's trace rebuilt from its events), never
-    # the store, the orchestration or anything else that holds state or power.
+    # the pure span-tree rendering of control.tracing (a run's trace rebuilt from its events) and
+    # control.netloc (which hosts are loopback, as for serve's listeners), never the store, the
+    # orchestration or anything else that holds state or power.
     console = list(modules("console"))
     assert console, "the console's sources moved: update this rule"
 
     def forbidden(name: str) -> bool:
         if name == S or not name.startswith(f"{S}."):
             return False
-        return not from_package("console", "control.tracing")(name)
+        return not from_package("console", "control.tracing", "control.netloc")(name)
 
     assert offenders(console, forbidden) == []
 

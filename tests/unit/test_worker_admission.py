@@ -254,8 +254,8 @@ def test_an_envelope_placed_on_another_worker_is_refused_and_nothing_runs():
 
 
 def test_a_captured_envelope_runs_at_most_on_the_worker_it_was_placed_on():
-    # Issue 30's gap before format version 2: one captured envelope, replayed to every worker
-    # that trusts the key, ran once on each. Now it runs on its own worker only.
+    # An envelope that named no worker, replayed to every worker that trusts the key, would run
+    # once on each: the signed worker id confines it to the worker it was placed on.
     s = sealed()
     workers = [Worker(worker_id=f"worker-{i}") for i in range(1, 5)]
     decisions = [w.deliver(s) for w in workers]

@@ -34,7 +34,8 @@ class PersonApproves:
 def checked_listen(listen: str) -> tuple[str, int]:
     """--console's HOST:PORT, on loopback only (the demo's tokens are public); ListenRefused
     (the console's ValueError) otherwise, before the demo starts anything."""
-    from ringfence_server.console.server import ListenRefused, is_loopback_host, parse_host_port
+    from ringfence_server.console.server import ListenRefused, parse_host_port
+    from ringfence_server.control.netloc import is_loopback_host
 
     host, port = parse_host_port(listen, "--console")
     if not is_loopback_host(host):
