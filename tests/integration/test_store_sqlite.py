@@ -236,7 +236,7 @@ def test_a_version_1_file_is_migrated_and_its_chain_computed(tmp_path):
 
     s = SqliteEventStore(path)
     try:
-        assert s.schema_version() == SCHEMA_VERSION == 5
+        assert s.schema_version() == SCHEMA_VERSION == 6
         old = s.read("r1")
         assert [(e.seq, e.type, e.schema_version, e.at) for e in old] == [
             (1, "run_started", 1, 101.25), (2, "observation", 1, 102.0), (3, "run_finished", 1, 103.0)]

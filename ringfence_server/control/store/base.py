@@ -49,6 +49,17 @@ through a path the database itself sanctions.
         database's clock. lease_holder(run_id) -> owner | None; break_lease(run_id, owner) drops
         a lease whose owner is known to be dead (its process on this host is gone).
     prune(older_than_s) -> list[str]            remove finished runs older than that, return them
+    store_now() -> float                        the clock leases expire by (the database's), epoch s
+    acquire_worker_lease(worker_id, holder, ttl_s) -> WorkerLease
+    renew_worker_lease(lease, ttl_s) -> WorkerLease | None
+    worker_lease_current(worker_id, epoch) -> bool
+    end_worker_lease(lease) / worker_leases() -> list[WorkerLease]
+        which attachment of a sandbox worker is current, agreed by every control plane on the
+        database: each acquisition gets the worker's next epoch, fencing every earlier one at
+        once; a result under an epoch that is not current and unexpired is late. Expiry is
+        judged by the database's clock; a lapsed or fenced epoch is never current again.
+    record_late_result(late) -> bool / late_results(limit=100) -> list[LateResult]
+        results that arrived late (never applied), append-only, one per (worker, envelope).
     subscribe(callback) -> unsubscribe            callback(event) after each durable append here
     close()
 
@@ -86,11 +97,12 @@ from typing import Any, Protocol, runtime_checkable
 from ringfence.errors import FailedPrecondition, ResourceExhausted, Unavailable
 from ringfence.model import Event
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """The store schema this code writes. 1: events only (SQLite, no meta table). 2: schema_meta,
 the audit hash chain (prev_hash, hash), leases, sanctioned pruning. 3: keys. 4: records
 (revisioned documents outside any run: evidence, assessments, routing decisions). 5: the
-indexes of `run_page` (a tenant's runs newest first; a run's run_finished by run id). Each event
+indexes of `run_page` (a tenant's runs newest first; a run's run_finished by run id). 6: sandbox
+workers' leases (worker_leases) and the results that came too late (late_results). Each event
 records the schema version it was written under."""
 
 FINISHED = "run_finished"
@@ -250,6 +262,110 @@ def check_lease_args(owner: str, ttl_s: float) -> None:
         raise ValueError(f"a lease ttl is a positive number of seconds, not {ttl_s!r}")
 
 
+@dataclass(frozen=True)
+class WorkerLease:
+    """One attachment of a sandbox worker to a control plane: the worker's current epoch while
+    it is the latest acquisition and `expires_at` is still ahead (by the database's clock)."""
+
+    worker_id: str
+    epoch: int
+    """1 for a worker's first attachment, one more for each later one, on any control plane:
+    an epoch is never given twice for one worker (the database refuses to lower it), so a
+    result carrying an older one is told apart from a current one."""
+    holder: str
+    """The control plane that holds the worker's stream (like a run lease's `owner`)."""
+    expires_at: float
+    """Epoch seconds, by the database's clock, when it lapses unless renewed. Informational:
+    compare it with the store's `store_now()`, never with this host's clock."""
+
+    def __post_init__(self) -> None:
+        check_worker_lease_args(self.worker_id, self.holder)
+        check_epoch(self.epoch)
+        at = self.expires_at
+        if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
+            raise ValueError(f"expires_at is a finite number of seconds, not {at!r}")
+
+
+def check_worker_lease_args(worker_id: str, holder: str, ttl_s: float | None = None) -> None:
+    """ValueError unless the worker id and the holder are non-empty strings (and `ttl_s`, when
+    given, a positive number of seconds)."""
+    check_worker_id(worker_id)
+    if not isinstance(holder, str) or not holder:
+        raise ValueError(f"a worker lease holder is a non-empty string, not {holder!r}")
+    if ttl_s is not None:
+        check_lease_args(holder, ttl_s)
+
+
+def check_worker_id(worker_id: str) -> None:
+    if not isinstance(worker_id, str) or not worker_id:
+        raise ValueError(f"a worker id is a non-empty string, not {worker_id!r}")
+
+
+def check_epoch(epoch: int) -> None:
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 1:
+        raise ValueError(f"a worker lease epoch is an integer from 1, not {epoch!r}")
+
+
+LATE_REASONS = frozenset({"fenced", "run_ended", "unknown_envelope", "lease_lapsed"})
+"""Why a result was not applied. fenced: its epoch is not the worker's current one (the worker
+attached again, or its dispatch was taken back); run_ended: the run finished first;
+unknown_envelope: no dispatch of that envelope is known; lease_lapsed: its epoch expired before
+the result came (its calls were already treated as lost)."""
+
+_SHA256_HEX = frozenset("0123456789abcdef")
+
+
+@dataclass(frozen=True)
+class LateResult:
+    """A result a worker sent that was not applied, kept as evidence (append-only): what came,
+    from whom, under which epoch, and why it was refused. The result itself is not kept, only
+    its digest: it may hold a tenant's data that no run will ever own."""
+
+    worker_id: str
+    epoch: int
+    envelope_id: str
+    tenant: str
+    run_id: str
+    call_id: str
+    """tenant, run_id, call_id: as the worker reported them, unchecked (a late result is the
+    evidence of what a worker sent, which may be wrong or missing: empty is kept as empty)."""
+    attempt: int
+    """Which try of the call the result answers, from 1; 0 when unknown (an unknown envelope)."""
+    reason: str
+    """One of LATE_REASONS."""
+    result_sha256: str
+    """sha256 of the result's bytes, 64 lowercase hex digits."""
+    recorded_at: float | None = None
+    """Epoch seconds by the store's clock (that of events' and records' `at`). None in a value
+    about to be recorded: the store stamps it; what `late_results` returns always has it."""
+
+    def __post_init__(self) -> None:
+        for name in ("worker_id", "envelope_id"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"a late result's {name} is a non-empty string, not {value!r}")
+        check_epoch(self.epoch)
+        if self.reason not in LATE_REASONS:
+            raise ValueError(f"a late result's reason is one of {sorted(LATE_REASONS)}, not {self.reason!r}")
+        for name in ("tenant", "run_id", "call_id"):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise ValueError(f"a late result's {name} is a string, not {value!r}")
+        if isinstance(self.attempt, bool) or not isinstance(self.attempt, int) or self.attempt < 0:
+            raise ValueError(f"a late result's attempt is a non-negative integer, not {self.attempt!r}")
+        digest = self.result_sha256
+        if not isinstance(digest, str) or len(digest) != 64 or not set(digest) <= _SHA256_HEX:
+            raise ValueError(f"result_sha256 is 64 lowercase hex digits, not {digest!r}")
+        at = self.recorded_at
+        if at is not None and (isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at)):
+            raise ValueError(f"recorded_at is a finite number of seconds or None, not {at!r}")
+
+
+def check_late_limit(limit: int) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"a limit is a positive integer, not {limit!r}")
+
+
 def next_event(run_id: str, head: tuple[int, str] | None, data: Mapping[str, Any], expected_seq: int | None,
                tenant: str | None) -> tuple[int, str]:
     """The seq and tenant of a run's next event, by the rules every store shares.
@@ -357,6 +473,49 @@ class EventStore(Protocol):
     def release_lease(self, lease: Lease) -> None: ...
 
     def prune(self, older_than_s: float) -> list[str]: ...
+
+    def store_now(self) -> float:
+        """The clock every lease's expiry is judged by (the database's), as epoch seconds: what
+        a caller compares a lease's `expires_at` with."""
+        ...
+
+    def acquire_worker_lease(self, worker_id: str, holder: str, ttl_s: float) -> WorkerLease:
+        """Make `holder`'s attachment the worker's current one for `ttl_s` seconds. Always
+        succeeds, with the worker's previous epoch + 1 (1 for a new worker), which fences every
+        earlier epoch at once; of concurrent acquisitions each gets its own epoch, and the last
+        to commit (the highest) is current. ValueError for an empty id or holder, a ttl <= 0."""
+        ...
+
+    def renew_worker_lease(self, lease: WorkerLease, ttl_s: float) -> WorkerLease | None:
+        """Move the lease's expiry to `ttl_s` seconds from now, if its epoch is still the
+        worker's current one and has not expired (by the database's clock); None otherwise: a
+        fenced or lapsed epoch is never revived."""
+        ...
+
+    def worker_lease_current(self, worker_id: str, epoch: int) -> bool:
+        """Whether `epoch` is the worker's current epoch and unexpired, by the database's clock
+        now (a result under any other epoch is late)."""
+        ...
+
+    def end_worker_lease(self, lease: WorkerLease) -> None:
+        """The worker's stream ended: its epoch expires now, if it is still the current one (an
+        older epoch's end never touches a newer one). The epoch is not given again."""
+        ...
+
+    def worker_leases(self) -> list[WorkerLease]:
+        """Every worker's current (latest) lease, expired ones included, by worker id."""
+        ...
+
+    def record_late_result(self, late: LateResult) -> bool:
+        """Durably record a result that was not applied (committed before it returns), stamped
+        with the store's clock unless `late.recorded_at` is given. True when recorded; False
+        when (worker_id, envelope_id) was recorded before: the first stays as it was."""
+        ...
+
+    def late_results(self, limit: int = 100) -> list[LateResult]:
+        """The most recent late results, newest first (by recorded_at, then by the order they
+        were recorded), at most `limit` (a positive integer)."""
+        ...
 
     def subscribe(self, callback: Callable[[Event], None]) -> Callable[[], None]: ...
 

@@ -40,6 +40,7 @@ from ringfence_server.control.store.base import (
     FINISHED,
     SCHEMA_VERSION,
     KeyTaken,
+    LateResult,
     Lease,
     NewEvent,
     Record,
@@ -50,9 +51,14 @@ from ringfence_server.control.store.base import (
     StoreFull,
     StoreUnavailable,
     Subscribers,
+    WorkerLease,
     WriteOutage,
+    check_epoch,
+    check_late_limit,
     check_lease,
     check_lease_args,
+    check_worker_id,
+    check_worker_lease_args,
     next_event,
     next_revision,
     refuse_existing_run,
@@ -73,6 +79,16 @@ _WRITE_PROBE = ("CREATE TEMP TABLE ringfence_write_probe (x int) ON COMMIT DROP"
 its commit): a new relation that grows by one block, in the database's tablespace as the
 events' tables (unless temp_tablespaces says otherwise). A row written into an existing table
 would fit in a page with room left and succeed while the events could not grow."""
+
+_RENEW_WORKER_LEASE = ("UPDATE worker_leases SET expires_at = now() + make_interval(secs => %s) "
+                       "WHERE worker_id = %s AND epoch = %s AND expires_at > now() "
+                       "RETURNING extract(epoch FROM expires_at)::float8")
+"""Only the worker's current epoch, and only before it lapsed by the database's clock: the epoch
+is the fencing token (a renewal for an attachment the worker has since replaced must fail,
+whoever holds either). An acquisition racing it holds the row: the UPDATE waits for it and then
+re-checks the new row, whose epoch no longer matches."""
+_LATE_COLUMNS = ("worker_id, epoch, envelope_id, tenant, run_id, call_id, attempt, reason, result_sha256, "
+                 "recorded_at")
 
 DEFAULT_TIMEOUT_S = 5.0
 """How long a call waits for a database connection by default (control.config.Limits.store_timeout_s)."""
@@ -240,6 +256,88 @@ class PostgresEventStore:
             conn.execute("DELETE FROM leases WHERE run_id IN (SELECT run_id FROM prune_allowed)")
             conn.execute("DELETE FROM prune_allowed")
         return doomed
+
+    # ------------------------------------------------------------------ sandbox workers
+
+    def store_now(self) -> float:
+        """The database's clock (its now()), which every lease's expiry is judged by, as epoch
+        seconds: the same for every control plane on the database, whatever their hosts' clocks."""
+        with self._conn() as conn:
+            return float(_first(conn.execute("SELECT extract(epoch FROM now())::float8").fetchone()))
+
+    def acquire_worker_lease(self, worker_id: str, holder: str, ttl_s: float) -> WorkerLease:
+        """The worker's next epoch (1 for a new worker) for `holder`, expiring `ttl_s` seconds
+        from the database's now(); every earlier epoch is fenced by the same statement. Of
+        concurrent acquisitions (any control planes) the row lock of the upsert lets one at a
+        time in, so each gets its own epoch and the last to commit is current."""
+        check_worker_lease_args(worker_id, holder, ttl_s)
+        with self._conn() as conn, conn.transaction():
+            row = conn.execute(
+                "INSERT INTO worker_leases (worker_id, epoch, holder, expires_at) "
+                "VALUES (%s, 1, %s, now() + make_interval(secs => %s)) "
+                "ON CONFLICT (worker_id) DO UPDATE SET epoch = worker_leases.epoch + 1, holder = EXCLUDED.holder, "
+                "expires_at = EXCLUDED.expires_at "
+                "RETURNING epoch, extract(epoch FROM expires_at)::float8",
+                (worker_id, holder, float(ttl_s))).fetchone()
+        self._writes.succeeded()
+        assert row is not None, "an upsert returns its row"
+        return WorkerLease(worker_id, int(row[0]), holder, float(row[1]))
+
+    def renew_worker_lease(self, lease: WorkerLease, ttl_s: float) -> WorkerLease | None:
+        """The lease expiring `ttl_s` seconds from the database's now(), if its epoch is still
+        the worker's current one and unexpired by that clock; None (and nothing changed) otherwise."""
+        check_worker_lease_args(lease.worker_id, lease.holder, ttl_s)
+        with self._conn() as conn, conn.transaction():
+            row = conn.execute(_RENEW_WORKER_LEASE, (float(ttl_s), lease.worker_id, lease.epoch)).fetchone()
+        self._writes.succeeded()
+        return WorkerLease(lease.worker_id, lease.epoch, lease.holder, float(row[0])) if row else None
+
+    def worker_lease_current(self, worker_id: str, epoch: int) -> bool:
+        """Whether `epoch` is the worker's current epoch and unexpired by the database's clock now."""
+        check_worker_id(worker_id)
+        check_epoch(epoch)
+        with self._conn() as conn:
+            row = conn.execute("SELECT epoch = %s AND expires_at > now() FROM worker_leases WHERE worker_id = %s",
+                               (epoch, worker_id)).fetchone()
+        return bool(row and row[0])
+
+    def end_worker_lease(self, lease: WorkerLease) -> None:
+        """The lease's epoch expires at the database's now(), if it is still current and
+        unexpired; a newer epoch, or one that already lapsed, is left exactly as it is."""
+        with self._conn() as conn, conn.transaction():
+            conn.execute("UPDATE worker_leases SET expires_at = now() "
+                         "WHERE worker_id = %s AND epoch = %s AND expires_at > now()", (lease.worker_id, lease.epoch))
+        self._writes.succeeded()
+
+    def worker_leases(self) -> list[WorkerLease]:
+        """Every worker's latest lease, expired ones included, by worker id."""
+        with self._conn() as conn:
+            rows = conn.execute("SELECT worker_id, epoch, holder, extract(epoch FROM expires_at)::float8 "
+                                "FROM worker_leases ORDER BY worker_id").fetchall()
+        return [WorkerLease(w, int(e), h, float(x)) for w, e, h, x in rows]
+
+    def record_late_result(self, late: LateResult) -> bool:
+        """Record `late`, committed (synchronous_commit=on) before it returns, stamped with this
+        store's clock unless it carries recorded_at. False, and nothing written, when its
+        (worker_id, envelope_id) was recorded before (by any control plane)."""
+        at = float(self._clock()) if late.recorded_at is None else float(late.recorded_at)
+        with self._conn() as conn, conn.transaction():
+            row = conn.execute(
+                f"INSERT INTO late_results ({_LATE_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                "ON CONFLICT (worker_id, envelope_id) DO NOTHING RETURNING 1",
+                (late.worker_id, late.epoch, late.envelope_id, late.tenant, late.run_id, late.call_id, late.attempt,
+                 late.reason, late.result_sha256, at)).fetchone()
+        self._writes.succeeded()
+        return row is not None
+
+    def late_results(self, limit: int = 100) -> list[LateResult]:
+        """At most `limit` late results, newest first (recorded_at, then the order recorded)."""
+        check_late_limit(limit)
+        with self._conn() as conn:
+            rows = conn.execute(f"SELECT {_LATE_COLUMNS} FROM late_results ORDER BY recorded_at DESC, id DESC "
+                                "LIMIT %s", (limit,)).fetchall()
+        return [LateResult(r[0], int(r[1]), r[2], r[3], r[4], r[5], int(r[6]), r[7], r[8], float(r[9]))
+                for r in rows]
 
     # ------------------------------------------------------------------ reading
 

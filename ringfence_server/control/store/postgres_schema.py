@@ -3,8 +3,9 @@
 Version numbers are shared with the SQLite store (ringfence_server.control.store.base.SCHEMA_VERSION); the
 PostgreSQL store first appeared at version 2, so there is no earlier PostgreSQL layout to
 migrate from; version 3 adds the `keys` table, version 4 `records`, version 5 the index of
-run_page's finished filter. Creation and migration run in one transaction under an advisory
-lock, so instances starting together on an empty database create it once.
+run_page's finished filter, version 6 sandbox workers' leases and late results. Creation and
+migration run in one transaction under an advisory lock, so instances starting together on an
+empty database create it once.
 
 `data` is TEXT, not JSONB: the audit chain hashes the exact canonical JSON that was written, and
 JSONB would re-encode numbers and keys on the way back.
@@ -134,7 +135,63 @@ def _v4_to_v5(conn: Any) -> None:
         conn.execute(statement)
 
 
-MIGRATIONS: dict[int, Callable[[Any], None]] = {2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5}
+# Version 6: sandbox workers. `worker_leases`: one row per worker, its latest epoch; the row is
+# never deleted and its epoch never lowered (nor its holder changed under one epoch), so an epoch
+# is never handed out twice and a result carrying an old one is always told apart. Expiry is a
+# TIMESTAMPTZ compared with the database's now(), as run leases. `late_results`: results that were
+# not applied, append-only like records, one per (worker, envelope); `id` orders those recorded
+# at one recorded_at, and the index serves late_results' newest-first walk.
+_V6 = [
+    """CREATE TABLE worker_leases (
+        worker_id TEXT PRIMARY KEY,
+        epoch BIGINT NOT NULL CHECK (epoch >= 1),
+        holder TEXT NOT NULL,
+        expires_at TIMESTAMPTZ NOT NULL
+    )""",
+    """CREATE FUNCTION ringfence_worker_leases_forward_only() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF TG_OP = 'UPDATE' AND NEW.worker_id = OLD.worker_id AND (NEW.epoch > OLD.epoch
+                OR (NEW.epoch = OLD.epoch AND NEW.holder = OLD.holder)) THEN
+            RETURN NEW;
+        END IF;
+        RAISE EXCEPTION 'a worker lease epoch never goes back or changes hands';
+    END $$""",
+    """CREATE TRIGGER worker_leases_forward_only BEFORE UPDATE OR DELETE ON worker_leases
+    FOR EACH ROW EXECUTE FUNCTION ringfence_worker_leases_forward_only()""",
+    """CREATE TRIGGER worker_leases_no_truncate BEFORE TRUNCATE ON worker_leases
+    FOR EACH STATEMENT EXECUTE FUNCTION ringfence_worker_leases_forward_only()""",
+    """CREATE TABLE late_results (
+        id BIGINT GENERATED ALWAYS AS IDENTITY,
+        worker_id TEXT NOT NULL,
+        envelope_id TEXT NOT NULL,
+        epoch BIGINT NOT NULL CHECK (epoch >= 1),
+        tenant TEXT NOT NULL,
+        run_id TEXT NOT NULL,
+        call_id TEXT NOT NULL,
+        attempt BIGINT NOT NULL CHECK (attempt >= 0),
+        reason TEXT NOT NULL,
+        result_sha256 TEXT NOT NULL,
+        recorded_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (worker_id, envelope_id)
+    )""",
+    "CREATE INDEX late_results_newest ON late_results (recorded_at, id)",
+    """CREATE FUNCTION ringfence_late_results_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        RAISE EXCEPTION 'late results are append-only';
+    END $$""",
+    """CREATE TRIGGER late_results_append_only BEFORE UPDATE OR DELETE ON late_results
+    FOR EACH ROW EXECUTE FUNCTION ringfence_late_results_append_only()""",
+    """CREATE TRIGGER late_results_no_truncate BEFORE TRUNCATE ON late_results
+    FOR EACH STATEMENT EXECUTE FUNCTION ringfence_late_results_append_only()""",
+]
+
+
+def _v5_to_v6(conn: Any) -> None:
+    for statement in _V6:
+        conn.execute(statement)
+
+
+MIGRATIONS: dict[int, Callable[[Any], None]] = {2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6}
 """version -> the step that takes a database from it to version + 1."""
 
 
@@ -171,17 +228,15 @@ def open_schema(conn: Any) -> int:
         found = current_version(conn)  # another instance may have done it while we waited
         if found > SCHEMA_VERSION:
             raise _too_new(found)
+        # A new database is version 2's layout and every step since: the one path a migrated
+        # database takes too, so the two cannot drift apart.
         if found == 0:
             for statement in _V2:
                 conn.execute(statement)
-            _v2_to_v3(conn)
-            _v3_to_v4(conn)
-            _v4_to_v5(conn)
-        else:
-            for version in range(found, SCHEMA_VERSION):
-                if version not in MIGRATIONS:
-                    raise StoreError(f"no migration from schema version {version}")
-                MIGRATIONS[version](conn)
+        for version in range(2 if found == 0 else found, SCHEMA_VERSION):
+            if version not in MIGRATIONS:
+                raise StoreError(f"no migration from schema version {version}")
+            MIGRATIONS[version](conn)
         conn.execute("INSERT INTO schema_meta (key, value) VALUES ('version', %s) "
                      "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value", (SCHEMA_VERSION,))
     return found

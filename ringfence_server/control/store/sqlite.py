@@ -29,6 +29,7 @@ from ringfence_server.control.store.base import (
     FINISHED,
     SCHEMA_VERSION,
     KeyTaken,
+    LateResult,
     Lease,
     NewEvent,
     Record,
@@ -38,9 +39,14 @@ from ringfence_server.control.store.base import (
     StoreFull,
     StoreUnavailable,
     Subscribers,
+    WorkerLease,
     WriteOutage,
+    check_epoch,
+    check_late_limit,
     check_lease,
     check_lease_args,
+    check_worker_id,
+    check_worker_lease_args,
     next_event,
     next_revision,
     refuse_existing_run,
@@ -55,6 +61,12 @@ _WRITE_PROBE = ("INSERT INTO schema_meta (key, value) VALUES ('write_probe', 1) 
 """The write `ping` tries while writes fail for want of space: a counter that changes, so its
 commit appends a page to the write-ahead log, which needs new space as every commit does (a
 row rewritten as it is would write nothing)."""
+_RENEW_WORKER_LEASE = ("UPDATE worker_leases SET expires_at = ? "
+                       "WHERE worker_id = ? AND epoch = ? AND expires_at > ?")
+"""Only the worker's current epoch, and only before it lapsed: the epoch is the fencing token (a
+renewal for an attachment the worker has since replaced must fail, whoever holds either)."""
+_LATE_COLUMNS = ("worker_id, epoch, envelope_id, tenant, run_id, call_id, attempt, reason, result_sha256, "
+                 "recorded_at")
 
 
 class SqliteEventStore:
@@ -191,6 +203,85 @@ class SqliteEventStore:
             cur.execute("DELETE FROM leases WHERE run_id IN (SELECT run_id FROM prune_allowed)")
             cur.execute("DELETE FROM prune_allowed")
         return doomed
+
+    # ------------------------------------------------------------------ sandbox workers
+
+    def store_now(self) -> float:
+        """SQLite's own clock (this host's), which every lease's expiry is judged by, as epoch
+        seconds (millisecond precision)."""
+        with self._lock:
+            return float(self._db.execute(f"SELECT {DB_NOW}").fetchone()[0])
+
+    def acquire_worker_lease(self, worker_id: str, holder: str, ttl_s: float) -> WorkerLease:
+        """The worker's next epoch (1 for a new worker) for `holder`, expiring `ttl_s` seconds
+        from now; every earlier epoch is fenced in the same IMMEDIATE transaction, so of
+        concurrent acquisitions (threads, processes sharing the file) each gets its own epoch
+        and the last one is current."""
+        check_worker_lease_args(worker_id, holder, ttl_s)
+        with self._lock, self._write() as cur:
+            expires_at = float(cur.execute(f"SELECT {DB_NOW}").fetchone()[0]) + ttl_s
+            cur.execute("INSERT INTO worker_leases (worker_id, epoch, holder, expires_at) VALUES (?, 1, ?, ?) "
+                        "ON CONFLICT (worker_id) DO UPDATE SET epoch = epoch + 1, holder = excluded.holder, "
+                        "expires_at = excluded.expires_at", (worker_id, holder, expires_at))
+            epoch = cur.execute("SELECT epoch FROM worker_leases WHERE worker_id = ?", (worker_id,)).fetchone()[0]
+        return WorkerLease(worker_id, int(epoch), holder, expires_at)
+
+    def renew_worker_lease(self, lease: WorkerLease, ttl_s: float) -> WorkerLease | None:
+        """The lease expiring `ttl_s` seconds from now, if its epoch is still the worker's
+        current one and unexpired by SQLite's clock; None (and nothing changed) otherwise."""
+        check_worker_lease_args(lease.worker_id, lease.holder, ttl_s)
+        with self._lock, self._write() as cur:
+            now = float(cur.execute(f"SELECT {DB_NOW}").fetchone()[0])
+            changed = cur.execute(_RENEW_WORKER_LEASE, (now + ttl_s, lease.worker_id, lease.epoch, now)).rowcount
+        if not changed:
+            return None
+        return WorkerLease(lease.worker_id, lease.epoch, lease.holder, now + ttl_s)
+
+    def worker_lease_current(self, worker_id: str, epoch: int) -> bool:
+        """Whether `epoch` is the worker's current epoch and unexpired by SQLite's clock now."""
+        check_worker_id(worker_id)
+        check_epoch(epoch)
+        with self._lock:
+            row = self._db.execute(f"SELECT epoch = ? AND expires_at > {DB_NOW} FROM worker_leases "
+                                   "WHERE worker_id = ?", (epoch, worker_id)).fetchone()
+        return bool(row and row[0])
+
+    def end_worker_lease(self, lease: WorkerLease) -> None:
+        """The lease's epoch expires now, if it is still current and unexpired; a newer epoch,
+        or one that already lapsed, is left exactly as it is."""
+        with self._lock, self._write() as cur:
+            now = float(cur.execute(f"SELECT {DB_NOW}").fetchone()[0])
+            cur.execute("UPDATE worker_leases SET expires_at = ? WHERE worker_id = ? AND epoch = ? AND expires_at > ?",
+                        (now, lease.worker_id, lease.epoch, now))
+
+    def worker_leases(self) -> list[WorkerLease]:
+        """Every worker's latest lease, expired ones included, by worker id."""
+        with self._lock:
+            rows = self._db.execute("SELECT worker_id, epoch, holder, expires_at FROM worker_leases "
+                                    "ORDER BY worker_id").fetchall()
+        return [WorkerLease(w, int(e), h, float(x)) for w, e, h, x in rows]
+
+    def record_late_result(self, late: LateResult) -> bool:
+        """Record `late`, committed (synchronous=FULL) before it returns, stamped with this
+        store's clock unless it carries recorded_at. False, and nothing written, when its
+        (worker_id, envelope_id) was recorded before."""
+        at = float(self._clock()) if late.recorded_at is None else float(late.recorded_at)
+        with self._lock, self._write() as cur:
+            # ON CONFLICT of the key alone: INSERT OR IGNORE would also swallow a CHECK failure.
+            cur.execute(f"INSERT INTO late_results ({_LATE_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?) "
+                        "ON CONFLICT (worker_id, envelope_id) DO NOTHING",
+                        (late.worker_id, late.epoch, late.envelope_id, late.tenant, late.run_id, late.call_id,
+                         late.attempt, late.reason, late.result_sha256, at))
+            return cur.rowcount == 1
+
+    def late_results(self, limit: int = 100) -> list[LateResult]:
+        """At most `limit` late results, newest first (recorded_at, then the order recorded)."""
+        check_late_limit(limit)
+        with self._lock:
+            rows = self._db.execute(f"SELECT {_LATE_COLUMNS} FROM late_results "
+                                    "ORDER BY recorded_at DESC, rowid DESC LIMIT ?", (limit,)).fetchall()
+        return [LateResult(r[0], int(r[1]), r[2], r[3], r[4], r[5], int(r[6]), r[7], r[8], float(r[9]))
+                for r in rows]
 
     # ------------------------------------------------------------------ reading
 

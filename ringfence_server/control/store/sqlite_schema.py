@@ -3,8 +3,9 @@
 Version 1 (the first release) had only the `events` table and no meta table: a database with
 `events` and no `schema_meta` is version 1. Version 2 adds `schema_meta`, the audit chain
 columns, leases and sanctioned pruning; version 3 the `keys` table (unique names held by
-events); version 4 `records`; version 5 the indexes of run_page. A migration runs in one write
-transaction (SQLite DDL is transactional), so a failure leaves the file exactly as it was.
+events); version 4 `records`; version 5 the indexes of run_page; version 6 sandbox workers'
+leases and late results. A migration runs in one write transaction (SQLite DDL is
+transactional), so a failure leaves the file exactly as it was.
 
 The statements are run one by one, never with `executescript`: that COMMITs a pending
 transaction first, which would split a migration.
@@ -161,8 +162,52 @@ def _v4_to_v5(db: sqlite3.Connection) -> None:
         db.execute(statement)
 
 
+# Version 6: sandbox workers. `worker_leases`: one row per worker, its latest epoch; the row is
+# never deleted and its epoch never lowered (nor its holder changed under one epoch), so an epoch
+# is never handed out twice and a result carrying an old one is always told apart.
+# `late_results`: results that were not applied, append-only like records, one per (worker,
+# envelope); the index serves late_results' newest-first walk.
+_V6 = [
+    """CREATE TABLE worker_leases (
+    worker_id TEXT PRIMARY KEY,
+    epoch INTEGER NOT NULL CHECK (epoch >= 1),
+    holder TEXT NOT NULL,
+    expires_at REAL NOT NULL
+)""",
+    """CREATE TRIGGER worker_leases_forward_only BEFORE UPDATE ON worker_leases
+    WHEN NEW.worker_id IS NOT OLD.worker_id OR NEW.epoch < OLD.epoch
+        OR (NEW.epoch = OLD.epoch AND NEW.holder IS NOT OLD.holder)
+    BEGIN SELECT RAISE(ABORT, 'a worker lease epoch never goes back or changes hands'); END""",
+    """CREATE TRIGGER worker_leases_no_delete BEFORE DELETE ON worker_leases
+    BEGIN SELECT RAISE(ABORT, 'a worker lease epoch never goes back or changes hands'); END""",
+    """CREATE TABLE late_results (
+    worker_id TEXT NOT NULL,
+    envelope_id TEXT NOT NULL,
+    epoch INTEGER NOT NULL CHECK (epoch >= 1),
+    tenant TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL CHECK (attempt >= 0),
+    reason TEXT NOT NULL,
+    result_sha256 TEXT NOT NULL,
+    recorded_at REAL NOT NULL,
+    PRIMARY KEY (worker_id, envelope_id)
+)""",
+    "CREATE INDEX late_results_newest ON late_results (recorded_at)",
+    """CREATE TRIGGER late_results_append_only_u BEFORE UPDATE ON late_results
+    BEGIN SELECT RAISE(ABORT, 'late results are append-only'); END""",
+    """CREATE TRIGGER late_results_append_only_d BEFORE DELETE ON late_results
+    BEGIN SELECT RAISE(ABORT, 'late results are append-only'); END""",
+]
+
+
+def _v5_to_v6(db: sqlite3.Connection) -> None:
+    for statement in _V6:
+        db.execute(statement)
+
+
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4,
-                                                               4: _v4_to_v5}
+                                                               4: _v4_to_v5, 5: _v5_to_v6}
 """version -> the step that takes a database from it to version + 1."""
 
 
@@ -178,14 +223,12 @@ def open_schema(db: sqlite3.Connection) -> int:
             raise SchemaVersionError(
                 f"the event store has schema version {found}, newer than this ringfence knows "
                 f"({SCHEMA_VERSION}); upgrade ringfence to open it")
+        # A new database is version 2's layout and every step since: the one path a migrated
+        # database takes too, so the two cannot drift apart.
         if found == 0:
             _create(db)
-            _v2_to_v3(db)
-            _v3_to_v4(db)
-            _v4_to_v5(db)
-        else:
-            for version in range(found, SCHEMA_VERSION):
-                MIGRATIONS[version](db)
+        for version in range(2 if found == 0 else found, SCHEMA_VERSION):
+            MIGRATIONS[version](db)
         db.execute("INSERT INTO schema_meta (key, value) VALUES ('version', ?) "
                    "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (SCHEMA_VERSION,))
         db.execute("COMMIT")
