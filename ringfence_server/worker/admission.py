@@ -2,10 +2,11 @@
 anything runs, and nothing else.
 
 Pure: no Docker, no network, no database, no clock. What it reads of the worker is behind three
-Protocols (the images it has verified, the runtimes it can run, the results it has recorded and
-the calls it has claimed: ringfence_server.worker.results is the durable one), and the worker's
-own id and `now` are arguments. The worker does the I/O around it: it runs
-the tool only on a `Run` decision, and records the result under the envelope's logical key.
+Protocols (the images it has verified, what its sandbox can run and mount, the results it has
+recorded and the calls it has claimed: ringfence_server.worker.results is the durable one), and
+the worker's own id and `now` are arguments. The worker does the I/O around it
+(ringfence_server.worker.executor): it runs the tool only on a `Run` decision, and records the
+result under the envelope's logical key.
 
 `admit` checks in this order, the first failure deciding:
 
@@ -20,7 +21,11 @@ the tool only on a `Run` decision, and records the result under the envelope's l
                   worker runs only images it checked by content itself, whatever the envelope says
 4. runtime        the profile's runtime is available here ("runtime_unavailable"), and a call
                   with egress has an egress proxy here ("egress_unavailable")
-5. delivery       a result recorded for the logical call: ReturnRecorded (or "call_conflict" when
+5. mounts         a profile with a workspace can have one here ("workspace_unavailable"), and one
+                  with input roots can have its input folders here ("inputs_unavailable"): the
+                  executor (ringfence_server.worker.executor) mounts neither yet, so an envelope
+                  that needs them is refused before it claims anything, not run without them
+6. delivery       a result recorded for the logical call: ReturnRecorded (or "call_conflict" when
                   it was recorded for other content under the same ids); the same for a call the
                   worker's restart recovery made uncertain (ReturnRecorded carrying an
                   UncertainResult: it may have run, so it is never run again); otherwise the claim:
@@ -28,6 +33,9 @@ the tool only on a `Run` decision, and records the result under the envelope's l
                   result is recorded later), held for other content → "call_conflict" (the
                   store's CallConflict), or ReturnRecorded if the result landed between the
                   look-up and the claim
+
+The logical call is one attempt of one call (`LogicalKey`): a retry (a new attempt) is a delivery
+of another key and runs; a redelivery of one attempt is answered by step 6.
 
 Why this order: the checks that need no state come first, and the claim comes last, so a claim is
 made only for a call this worker will run. A forged or unrunnable envelope never claims the
@@ -38,7 +46,7 @@ cannot fetch another call's output), and never starts a container.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from ringfence_server.worker.envelope import Envelope, EnvelopeRefused, LogicalKey, Refusal, SealedEnvelope, open_sealed
@@ -68,6 +76,8 @@ class WorkRefusal(enum.StrEnum):
     IMAGE_UNVERIFIED = "image_unverified"
     RUNTIME_UNAVAILABLE = "runtime_unavailable"
     EGRESS_UNAVAILABLE = "egress_unavailable"
+    WORKSPACE_UNAVAILABLE = "workspace_unavailable"
+    INPUTS_UNAVAILABLE = "inputs_unavailable"
     CALL_CONFLICT = "call_conflict"
 
 
@@ -86,6 +96,14 @@ class Capabilities(Protocol):
 
     def has_egress(self) -> bool:
         """This worker runs an egress proxy (a call with an egress grant needs one)."""
+        ...
+
+    def has_workspace(self) -> bool:
+        """This worker can mount a run's workspace (a profile with `workspace` needs it)."""
+        ...
+
+    def has_inputs(self) -> bool:
+        """This worker can mount input folders (a profile with `input_roots` needs them)."""
         ...
 
 
@@ -162,6 +180,10 @@ class Refuse:
 
     reason: Refusal | WorkRefusal
     detail: str = ""
+    envelope: Envelope | None = field(default=None, compare=False)
+    """The envelope refused, when it opened (a WorkRefusal: the worker may say which envelope it
+    refused); None when the envelope itself was refused, since nothing of an unverified envelope
+    is worth repeating. Not compared: a refusal is its reason."""
 
 
 Decision = Run | ReturnRecorded | InProgress | Refuse
@@ -199,6 +221,17 @@ def _recorded(envelope: Envelope, recorded: RecordedResult | UncertainResult) ->
     return ReturnRecorded(envelope, recorded)
 
 
+def _check_mounts(envelope: Envelope, capabilities: Capabilities) -> Refuse | None:
+    profile = envelope.profile
+    if profile.workspace is not None and not capabilities.has_workspace():
+        return Refuse(WorkRefusal.WORKSPACE_UNAVAILABLE,
+                      f"the call needs the run's workspace ({profile.workspace}); this worker mounts none")
+    if profile.input_roots and not capabilities.has_inputs():
+        return Refuse(WorkRefusal.INPUTS_UNAVAILABLE,
+                      f"the call reads input folders ({', '.join(profile.input_roots)}); this worker mounts none")
+    return None
+
+
 def _delivery(envelope: Envelope, results: Results) -> Decision:
     key = envelope.logical_key
     recorded = results.get(key)
@@ -223,7 +256,8 @@ def admit(sealed: SealedEnvelope, *, worker_id: str, trusted_keys: TrustedKeys, 
     except EnvelopeRefused as e:
         return Refuse(e.reason, e.detail)
     refused = (_check_worker(envelope, worker_id) or _check_image(envelope, images)
-               or _check_runtime(envelope, capabilities))
+               or _check_runtime(envelope, capabilities) or _check_mounts(envelope, capabilities))
     if refused is not None:
-        return refused
-    return _delivery(envelope, results)
+        return replace(refused, envelope=envelope)
+    decision = _delivery(envelope, results)
+    return replace(decision, envelope=envelope) if isinstance(decision, Refuse) else decision

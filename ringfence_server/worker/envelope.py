@@ -27,7 +27,8 @@ envelope opens the same on every worker, and only the worker knows its own id.
 `open_sealed` checks in this order, the first failure raising EnvelopeRefused with its reason:
 
 1. wrong_version   the sealed envelope's format version is not FORMAT_VERSION (nothing else of it
-                   can be read by this code; version 1, before `worker_id`, included)
+                   can be read by this code; version 1, before `worker_id`, and version 2, before
+                   `attempt`, included)
 2. unsigned        no signature
 3. unknown_key     its key id is not one of the trusted keys
 4. bad_signature   the signature does not verify over `signed_message` with that key
@@ -67,6 +68,7 @@ __all__ = [
     "DOMAIN",
     "FORMAT",
     "FORMAT_VERSION",
+    "MAX_ATTEMPT",
     "MAX_PAYLOAD_BYTES",
     "Envelope",
     "EnvelopeRefused",
@@ -83,13 +85,17 @@ __all__ = [
 ]
 
 FORMAT = "ringfence/work-envelope"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 """Raised for any change to the fields or their encoding: a worker refuses a version it does not
 know (wrong_version) rather than reading it as the one it does. Version 2 added `worker_id` (the
-envelope names the worker it was placed on); version 1 envelopes are refused as wrong_version, and
-there is nothing to stay compatible with: no version 1 worker was ever deployed (nothing ran the
-worker package before version 2)."""
+envelope names the worker it was placed on); version 3 added `attempt` (which attempt of the call
+this is: a result is keyed by one attempt of one call). Versions 1 and 2 are refused as
+wrong_version, and there is nothing to stay compatible with: no worker of either was ever deployed
+(nothing ran the worker package before version 3's executor)."""
 DOMAIN = FORMAT.encode("ascii") + b"\0"
+MAX_ATTEMPT = 1_000_000
+"""An attempt number at most: far past any retry policy (the control plane's allows 10 attempts
+per dispatch), and it bounds the sandbox call id `{call_id}.a{attempt}` the worker derives."""
 MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
 """An envelope's payload at most: the arguments are capped far below this by the control plane
 (max_argument_bytes); a bigger one is refused before it is verified or parsed."""
@@ -156,13 +162,17 @@ def _integer(field_name: str, value: object) -> int:
 
 @dataclass(frozen=True)
 class LogicalKey:
-    """What a result is keyed by: the logical call, never its delivery. Two deliveries of one call
-    (a redelivery, another control plane's re-issue with a new envelope id and deadline) share it,
-    so a worker runs the tool once and answers the second with the first's result."""
+    """What a result is keyed by: one attempt of one logical call, never its delivery. Two
+    deliveries of one attempt (a redelivery, another control plane's re-issue with a new envelope
+    id and deadline) share it, so a worker runs the tool once and answers the second with the
+    first's result. A retry is a new attempt, so a new key: the control plane retries a read that
+    failed (on this worker or another), and the retry must run, not be answered with the failure."""
 
     tenant: str
     run_id: str
     call_id: str
+    attempt: int
+    """The attempt's number, from 1 (Envelope.attempt)."""
 
 
 @dataclass(frozen=True)
@@ -267,7 +277,13 @@ class Envelope:
     run_id: str
     """The run the call belongs to."""
     call_id: str
-    """The call's id in its run (the control plane's, as in its log)."""
+    """The call's id in its run (the control plane's, as in its log): the logical call, the id the
+    tool sees in its request whichever attempt this is."""
+    attempt: int
+    """Which attempt of the call this is, from 1 (since format version 3): the control plane runs
+    a failed read again as attempt 2, 3, ..., each its own sandbox call (`{call_id}.a{attempt}`, as
+    on the control plane's own engine) and its own logical key, so a retry runs and a redelivery
+    of one attempt does not. Part of `call_digest` too (it is part of the key anyway)."""
     idempotency_key: str | None
     """The key a mutating call carries to its receiver (ringfence_server.control.idempotency); None for
     a read."""
@@ -296,6 +312,8 @@ class Envelope:
             _name(name, getattr(self, name))
         if self.idempotency_key is not None:
             _name("idempotency_key", self.idempotency_key)
+        if not 1 <= _integer("attempt", self.attempt) <= MAX_ATTEMPT:
+            raise ValueError(f"attempt: from 1 to {MAX_ATTEMPT}")
         object.__setattr__(self, "issued_at", _number("issued_at", self.issued_at))
         object.__setattr__(self, "deadline", _number("deadline", self.deadline))
         if self.deadline <= self.issued_at:
@@ -317,20 +335,22 @@ class Envelope:
                 raise ValueError("egress: egress calls run on runc")
 
     @classmethod
-    def for_call(cls, *, worker_id: str, run_id: str, call_id: str, tenant: str, tool: str,
+    def for_call(cls, *, worker_id: str, run_id: str, call_id: str, attempt: int, tenant: str, tool: str,
                  arguments: Mapping[str, Any], image_digest: str, profile: SandboxSpec, deadline: float, now: float,
                  idempotency_key: str | None = None, traceparent: str = "",
                  egress: GrantedEgress | None = None) -> Envelope:
-        """A new envelope for one call placed on `worker_id`: a fresh envelope id, issued `now`, its arguments in the
-        control plane's canonical form (raises ValueError for arguments that are not JSON)."""
+        """A new envelope for attempt `attempt` of one call placed on `worker_id`: a fresh envelope
+        id, issued `now`, its arguments in the control plane's canonical form (raises ValueError for
+        arguments that are not JSON). `attempt` has no default: the control plane says which."""
         return cls(envelope_id="env-" + uuid.uuid4().hex, issued_at=now, key_id="", worker_id=worker_id,
-                   run_id=run_id, call_id=call_id, idempotency_key=idempotency_key, traceparent=traceparent,
+                   run_id=run_id, call_id=call_id, attempt=attempt, idempotency_key=idempotency_key,
+                   traceparent=traceparent,
                    deadline=deadline, tenant=tenant, tool=tool, arguments_json=canonical_json(dict(arguments)),
                    image_digest=image_digest, profile=profile, egress=egress)
 
     @property
     def logical_key(self) -> LogicalKey:
-        return LogicalKey(self.tenant, self.run_id, self.call_id)
+        return LogicalKey(self.tenant, self.run_id, self.call_id, self.attempt)
 
     def arguments(self) -> dict[str, Any]:
         """The arguments as a fresh dict (the tool's input)."""
@@ -438,7 +458,7 @@ def _is_str_list(v: Any) -> bool:
 # Each field's JSON type: a decoded value of another type is malformed, never coerced.
 _ENVELOPE_TYPES: dict[str, Callable[[Any], bool]] = {
     "envelope_id": _is_str, "issued_at": _is_num, "key_id": _is_str, "worker_id": _is_str, "run_id": _is_str,
-    "call_id": _is_str,
+    "call_id": _is_str, "attempt": _is_int,
     "idempotency_key": _is_opt_str, "traceparent": _is_str, "deadline": _is_num, "tenant": _is_str,
     "tool": _is_str, "arguments_json": _is_str, "image_digest": _is_str,
 }

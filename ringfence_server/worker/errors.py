@@ -1,24 +1,30 @@
 """The worker layer's one exception hierarchy: everything ringfence_server.worker raises on purpose
 is a WorkerError, so the worker's loop can tell its own refusals from bugs with one `except`.
 
-Pure (no imports): admission, which must load no database driver, catches CallConflict from
-whatever `Results` it is given without importing the SQLite store that raises it.
+Pure (the standard library only): admission, which must load no database driver, catches
+CallConflict from whatever `Results` it is given without importing the SQLite store that raises it.
 """
 
 from __future__ import annotations
 
+import enum
+
 __all__ = [
     "CallConflict",
+    "ExecutorError",
     "InvalidTransition",
     "NotClaimant",
     "PruneHorizonTooShort",
     "ResultsError",
+    "WireError",
+    "WireFault",
     "WorkerError",
 ]
 
 
 class WorkerError(Exception):
-    """Base of this layer's errors (envelope refusals, key files, the results store)."""
+    """Base of this layer's errors (envelope refusals, key files, the results store, the result's
+    wire form, the executor)."""
 
 
 class ResultsError(WorkerError):
@@ -76,3 +82,39 @@ class PruneHorizonTooShort(ResultsError):
         """The horizon asked for, in seconds."""
         self.minimum = minimum
         """The store's minimum, in seconds."""
+
+
+class WireFault(enum.StrEnum):
+    """Why a result's wire form was refused (WireError.reason; ringfence_server.worker.wire)."""
+
+    TOO_LARGE = "too_large"
+    NOT_JSON = "not_json"
+    NON_FINITE = "non_finite"
+    WRONG_FORMAT = "wrong_format"
+    FIELDS = "fields"
+    WRONG_TYPE = "wrong_type"
+    OUT_OF_RANGE = "out_of_range"
+    UNKNOWN_OUTCOME = "unknown_outcome"
+    UNKNOWN_ERROR_CLASS = "unknown_error_class"
+    BAD_BASE64 = "bad_base64"
+    OUTPUT_OVER_LIMIT = "output_over_limit"
+    TOO_MANY_EVENTS = "too_many_events"
+    NOT_FLAT = "not_flat"
+    NOT_CANONICAL = "not_canonical"
+
+
+class WireError(WorkerError):
+    """A sandbox result's wire form that will not be read (or cannot be written): the one
+    exception of ringfence_server.worker.wire. `reason` is machine-readable (the control plane
+    counts a worker's malformed results by it); the message is for people."""
+
+    def __init__(self, reason: WireFault, detail: str = "") -> None:
+        super().__init__(f"{reason.value}: {detail}" if detail else reason.value)
+        self.reason = reason
+        self.detail = detail
+
+
+class ExecutorError(WorkerError):
+    """The executor cannot turn an admitted envelope into a sandbox request on this worker (an
+    image it cannot name, a mount it does not make): raised before the call is marked started, so
+    the executor gives the claim back (nothing ran)."""

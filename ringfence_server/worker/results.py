@@ -1,20 +1,27 @@
 """The worker's durable record of logical calls: who claimed each, whether it started, its result,
 and claims released because the call never started. SQLite: the worker's own file, on its host.
 
-One row per logical call (tenant, run, call: `LogicalKey`), held for one call digest forever
-(`Envelope.call_digest`): the same ids with other content are a CallConflict, whatever the state.
-The states, and the only changes between them:
+One row per logical call (tenant, run, call, attempt: `LogicalKey`; "call" below is one attempt
+of one call), held for one call digest forever (`Envelope.call_digest`): the same ids with other
+content are a CallConflict, whatever the state. The states, and the only changes between them:
 
     (none) ──claim──▶ claimed ──mark_started──▶ started ──record──▶ recorded
                       claimed ──release──▶ released ──claim──▶ claimed (a later delivery)
+                                           started ──release_not_started──▶ released
+                                                     (the sandbox answered: no container started)
                       claimed ──recover──▶ released        (the worker died before the start)
                                            started ──recover──▶ uncertain (died while it ran)
 
     claimed    a delivery (its envelope id) won the call; no container has been asked for yet.
     started    written BEFORE the worker asks its engine for the container: from here the call
-               may have had effects, so it is never released. It ends recorded; if the worker
-               dies first, its restart's `recover` makes it uncertain. Until then a later
-               delivery is answered "in progress", never run.
+               may have had effects, so it is never released on the worker's own judgement. It
+               ends recorded; if the worker dies first, its restart's `recover` makes it
+               uncertain. Until then a later delivery is answered "in progress", never run. One
+               way back: the sandbox itself answered that the container never started (a
+               START_FAILED result, or EngineError/ImageError raised by the backend, which the
+               sandbox raises only before any container existed): `release_not_started`, so the
+               control plane's retry runs it. The start mark was a precaution against dying while
+               the engine was asked; the engine's answer settles that nothing ran.
     recorded   final: the result every later delivery of the call is answered with (`get`).
     uncertain  final: it started and its result was never recorded, so it may or may not have
                taken effect. `get` answers every later delivery with an UncertainResult (admission:
@@ -29,6 +36,7 @@ Refused, each with a ResultsError (ringfence_server.worker.errors) and nothing w
     any change by a delivery that does not hold the live claim          NotClaimant
     a claim for another call digest under the same key (any state)      CallConflict
     release after mark_started (or after record)                        InvalidTransition
+    release_not_started before mark_started (use release) or after record InvalidTransition
     record before mark_started (nothing started, so nothing ran)        InvalidTransition
     mark_started after record                                           InvalidTransition
     a second record of OTHER bytes                                      InvalidTransition
@@ -56,7 +64,8 @@ clock (injected, for tests).
 
 Idempotent, because each is the same fact again and a worker that cannot tell whether its
 write landed (an error after the commit) must be able to retry it: mark_started of a started
-call, record of the same bytes, release of a claim the same delivery already released, each by
+call, record of the same bytes, release (or release_not_started) of a claim the same delivery
+already released, each by
 the delivery that did it. A claim, by contrast, is never "again": any claim of a held call
 returns False, the claimant's own included (a redelivery of a running envelope is in progress).
 
@@ -103,10 +112,11 @@ __all__ = [
     "SqliteResults",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """PRAGMA user_version of a results file this code wrote; a file of another version is refused
-(ResultsError) rather than read as this one. Version 2 added the uncertain state and `changed_at`;
-no worker ran version 1 (the worker command is not built), so there is no migration."""
+(ResultsError) rather than read as this one. Version 2 added the uncertain state and `changed_at`,
+version 3 the `attempt` column (a result is keyed by one attempt of one call); no worker ran
+version 1 or 2 (the worker command is not built), so there is no migration."""
 DEFAULT_MIN_PRUNE_AGE_S = 24 * 3600.0
 """The shortest prune horizon a store accepts unless configured otherwise: the longest an
 envelope may live (deadline minus issue) must stay under it."""
@@ -122,6 +132,7 @@ CREATE TABLE calls (
     tenant         TEXT NOT NULL,
     run_id         TEXT NOT NULL,
     call_id        TEXT NOT NULL,
+    attempt        INTEGER NOT NULL CHECK (attempt >= 1),
     call_digest    TEXT NOT NULL,
     envelope_id    TEXT NOT NULL,
     state          TEXT NOT NULL
@@ -129,7 +140,7 @@ CREATE TABLE calls (
     result         BLOB,
     release_reason TEXT,
     changed_at     REAL NOT NULL,
-    PRIMARY KEY (tenant, run_id, call_id),
+    PRIMARY KEY (tenant, run_id, call_id, attempt),
     -- The states' invariants, held by the file itself: a result exactly when recorded, a reason
     -- exactly when released.
     CHECK ((state = 'recorded') = (result IS NOT NULL)),
@@ -280,8 +291,8 @@ class SqliteResults:
     @staticmethod
     def _row(db: sqlite3.Connection, key: LogicalKey) -> CallEntry | None:
         row = db.execute("SELECT state, envelope_id, call_digest, result, release_reason, changed_at FROM calls "
-                         "WHERE tenant = ? AND run_id = ? AND call_id = ?",
-                         (key.tenant, key.run_id, key.call_id)).fetchone()
+                         "WHERE tenant = ? AND run_id = ? AND call_id = ? AND attempt = ?",
+                         (key.tenant, key.run_id, key.call_id, key.attempt)).fetchone()
         if row is None:
             return None
         return CallEntry(key, CallState(row[0]), row[1], row[2], row[3], row[4], row[5])
@@ -313,9 +324,10 @@ class SqliteResults:
         with self._write() as db:
             entry = self._row(db, key)
             if entry is None:
-                db.execute("INSERT INTO calls (tenant, run_id, call_id, call_digest, envelope_id, state, changed_at) "
-                           "VALUES (?, ?, ?, ?, ?, 'claimed', ?)",
-                           (key.tenant, key.run_id, key.call_id, call_digest, envelope_id, self._clock()))
+                db.execute("INSERT INTO calls (tenant, run_id, call_id, attempt, call_digest, envelope_id, state, "
+                           "changed_at) VALUES (?, ?, ?, ?, ?, ?, 'claimed', ?)",
+                           (key.tenant, key.run_id, key.call_id, key.attempt, call_digest, envelope_id,
+                            self._clock()))
                 return True
             if entry.call_digest != call_digest:
                 raise CallConflict(key, entry.call_digest, call_digest)
@@ -350,10 +362,34 @@ class SqliteResults:
             entry = self._claimant(db, key, envelope_id, "release")
             if entry.state is CallState.STARTED:
                 raise InvalidTransition(key, envelope_id, entry.state, "release",
-                                        "a call that started may have had effects and is never released; "
-                                        "it ends recorded, or uncertain for the control plane to reconcile")
+                                        "a call that started may have had effects and is never released "
+                                        "(release_not_started, only on the sandbox's answer that no container "
+                                        "started); it ends recorded, or uncertain for the control plane to "
+                                        "reconcile")
             if entry.state is CallState.RECORDED:
                 raise InvalidTransition(key, envelope_id, entry.state, "release", "it ran; its result is recorded")
+            self._set(db, key, "state = 'released', release_reason = ?", reason)
+
+    def release_not_started(self, key: LogicalKey, envelope_id: str, reason: str) -> None:
+        """Give back the claim of a call marked started whose container the sandbox answered never
+        started (a START_FAILED result; EngineError or ImageError raised by the backend), so the
+        next delivery runs it. Only from started: a claimed call is `release`d (no start mark to
+        take back), a recorded one ran. The worker's word alone never releases a started call:
+        only the sandbox's answer that nothing ran does (the module's docstring)."""
+        _check_args(envelope_id)
+        if not isinstance(reason, str) or not reason:
+            raise ValueError("reason: a non-empty str (why the container never started)")
+        with self._write() as db:
+            entry = self._row(db, key)
+            if entry is not None and entry.state is CallState.RELEASED and entry.envelope_id == envelope_id:
+                return  # released by this delivery already: the same fact again
+            entry = self._claimant(db, key, envelope_id, "release_not_started")
+            if entry.state is CallState.CLAIMED:
+                raise InvalidTransition(key, envelope_id, entry.state, "release_not_started",
+                                        "it was never marked started (a claimed call is released with release)")
+            if entry.state is CallState.RECORDED:
+                raise InvalidTransition(key, envelope_id, entry.state, "release_not_started",
+                                        "it ran; its result is recorded")
             self._set(db, key, "state = 'released', release_reason = ?", reason)
 
     def record(self, key: LogicalKey, envelope_id: str, result: bytes) -> RecordedResult:
@@ -393,8 +429,9 @@ class SqliteResults:
 
     def _set(self, db: sqlite3.Connection, key: LogicalKey, assignments: str, *values: object) -> None:
         # `assignments` is one of this module's literals, never input: only values are bound.
-        db.execute(f"UPDATE calls SET {assignments}, changed_at = ? WHERE tenant = ? AND run_id = ? AND call_id = ?",
-                   (*values, self._clock(), key.tenant, key.run_id, key.call_id))
+        db.execute(f"UPDATE calls SET {assignments}, changed_at = ? "
+                   "WHERE tenant = ? AND run_id = ? AND call_id = ? AND attempt = ?",
+                   (*values, self._clock(), key.tenant, key.run_id, key.call_id, key.attempt))
 
     # -- restart recovery and pruning (the module's docstring says when and why) ----------------
 
@@ -422,8 +459,8 @@ class SqliteResults:
 
 def _live_keys(db: sqlite3.Connection, states: tuple[CallState, ...]) -> tuple[LogicalKey, ...]:
     marks = ", ".join("?" for _ in states)
-    rows = db.execute(f"SELECT tenant, run_id, call_id FROM calls WHERE state IN ({marks}) "
-                      "ORDER BY tenant, run_id, call_id", states).fetchall()
+    rows = db.execute(f"SELECT tenant, run_id, call_id, attempt FROM calls WHERE state IN ({marks}) "
+                      "ORDER BY tenant, run_id, call_id, attempt", states).fetchall()
     return tuple(LogicalKey(*row) for row in rows)
 
 

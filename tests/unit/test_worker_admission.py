@@ -53,15 +53,24 @@ class Images:
         return digest in self.digests
 
 
+@dataclasses.dataclass(frozen=True)
 class Caps:
-    def __init__(self, runtimes=("runc", "gvisor"), egress=True) -> None:
-        self.runtimes, self.egress = set(runtimes), egress
+    runtimes: tuple[str, ...] = ("runc", "gvisor")
+    egress: bool = True
+    workspace: bool = True
+    inputs: bool = True
 
     def has_runtime(self, runtime: str) -> bool:
         return runtime in self.runtimes
 
     def has_egress(self) -> bool:
         return self.egress
+
+    def has_workspace(self) -> bool:
+        return self.workspace
+
+    def has_inputs(self) -> bool:
+        return self.inputs
 
 
 class Results:
@@ -286,6 +295,46 @@ def test_an_egress_call_on_a_worker_without_a_proxy_is_refused():
     assert isinstance(Worker(caps=Caps(egress=False)).deliver(sealed(egress=None)), Run)
 
 
+def test_a_workspace_call_on_a_worker_without_workspaces_is_refused():
+    w = Worker(caps=Caps(workspace=False))
+    d = w.deliver(sealed())  # the tests' envelope reads the run's workspace
+    assert isinstance(d, Refuse) and d.reason is WorkRefusal.WORKSPACE_UNAVAILABLE
+    assert "workspace" in d.detail
+    assert_nothing_happened(w)
+    no_workspace = SandboxSpec(input_roots=("/data",))
+    assert isinstance(Worker(caps=Caps(workspace=False)).deliver(sealed(profile=no_workspace)), Run)
+
+
+def test_a_call_with_input_roots_on_a_worker_without_input_folders_is_refused():
+    w = Worker(caps=Caps(inputs=False))
+    d = w.deliver(sealed())  # the tests' envelope reads /data
+    assert isinstance(d, Refuse) and d.reason is WorkRefusal.INPUTS_UNAVAILABLE
+    assert "/data" in d.detail
+    assert_nothing_happened(w)
+    no_inputs = SandboxSpec(workspace="read")
+    assert isinstance(Worker(caps=Caps(inputs=False)).deliver(sealed(profile=no_inputs)), Run)
+
+
+def test_a_refusal_names_the_envelope_only_when_it_opened():
+    s = sealed()
+    d = Worker(worker_id="worker-2").deliver(s)
+    assert isinstance(d, Refuse) and d.envelope is not None and d.envelope.envelope_id == envelope_mod.decode(
+        s.payload).envelope_id
+    unsigned = Worker().deliver(dataclasses.replace(s, signature=b""))
+    assert isinstance(unsigned, Refuse) and unsigned.envelope is None
+
+
+def test_a_retry_is_another_attempt_and_runs():
+    # The control plane retries a read that failed as attempt 2: another logical key, so it runs
+    # even though attempt 1 was recorded; a redelivery of attempt 2 then does not.
+    w = Worker()
+    first = w.deliver(sealed())
+    retry = w.deliver(sealed(attempt=2))
+    again = w.deliver(sealed(attempt=2, deadline=NOW + 90))
+    assert isinstance(first, Run) and isinstance(retry, Run) and isinstance(again, ReturnRecorded)
+    assert [e.attempt for e in w.runner.runs] == [1, 2]
+
+
 def _forged() -> SealedEnvelope:
     s = sealed(arguments={"amount": 1})
     doc = json.loads(s.payload)
@@ -327,6 +376,10 @@ class Setup:
     worker_id: str = WORKER
 
 
+def _caps(setup: Setup, **changes) -> Setup:
+    return dataclasses.replace(setup, caps=dataclasses.replace(setup.caps, **changes))
+
+
 def test_the_refusal_order_is_the_documented_one():
     # One fault per check, in the docstring's order; with the faults from the i-th on, the
     # decision names the i-th.
@@ -334,7 +387,9 @@ def test_the_refusal_order_is_the_documented_one():
         ("unsigned", lambda w, s: (w, dataclasses.replace(s, signature=b""))),
         ("wrong_worker", lambda w, s: (dataclasses.replace(w, worker_id="worker-other"), s)),
         ("image_unverified", lambda w, s: (dataclasses.replace(w, images=Images()), s)),
-        ("runtime_unavailable", lambda w, s: (dataclasses.replace(w, caps=Caps(runtimes=())), s)),
+        ("runtime_unavailable", lambda w, s: (_caps(w, runtimes=()), s)),
+        ("workspace_unavailable", lambda w, s: (_caps(w, workspace=False), s)),
+        ("inputs_unavailable", lambda w, s: (_caps(w, inputs=False), s)),
     ]
     base = sealed()
     for i, (expected, _) in enumerate(faults):
@@ -342,7 +397,7 @@ def test_the_refusal_order_is_the_documented_one():
         for _, apply in faults[i:]:
             setup, s = apply(setup, s)
         results = Results()
-        results.recorded[envelope().logical_key] = RecordedResult("env-x", "0" * 64, b"{}")  # the 4th check's answer
+        results.recorded[envelope().logical_key] = RecordedResult("env-x", "0" * 64, b"{}")  # the last check's answer
         d = Worker(worker_id=setup.worker_id, images=setup.images, caps=setup.caps, results=results).deliver(s)
         assert isinstance(d, Refuse) and d.reason.value == expected
     # No fault before it: the delivery check answers (the recorded result is for other content).
@@ -351,7 +406,7 @@ def test_the_refusal_order_is_the_documented_one():
     assert Worker(results=results).deliver(base).reason is WorkRefusal.CALL_CONFLICT
     doc = admission_mod.__doc__ or ""
     steps = [line.split()[1] for line in doc.splitlines() if line[:2] in {f"{n}." for n in range(1, 10)}]
-    assert steps == ["envelope", "worker", "image", "runtime", "delivery"]
+    assert steps == ["envelope", "worker", "image", "runtime", "mounts", "delivery"]
 
 
 def test_admission_loads_no_engine_client_database_or_control_plane_state():

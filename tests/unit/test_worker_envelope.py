@@ -214,6 +214,7 @@ def test_tampering_with_any_field_breaks_the_signature():
         assert refused(dataclasses.replace(sealed, payload=payload)) is Refusal.BAD_SIGNATURE, name
         seen.append(name)
     assert "worker_id" in seen  # format version 2's field: signed, so covered by the loop
+    assert "attempt" in seen  # and version 3's
     assert len(seen) == len(dataclasses.fields(Envelope)) + 2 + len(dataclasses.fields(SandboxSpec)) \
         + len(dataclasses.fields(GrantedEgress))
 
@@ -266,27 +267,53 @@ def test_wrong_version():
     assert e.value.reason is Refusal.WRONG_VERSION
 
 
-def _version_1(env: Envelope) -> bytes:
-    """`env` as format version 1 encoded it: the same fields less worker_id."""
+# The fields each earlier format version lacked: version 1 named no worker, version 2 no attempt.
+_ADDED_SINCE = {1: ("worker_id", "attempt"), 2: ("attempt",)}
+
+
+def _old_version(env: Envelope, version: int) -> bytes:
+    """`env` as format version `version` encoded it: the same fields less those added since."""
     doc = json.loads(encode(dataclasses.replace(env, key_id=OWN_ID)))
-    del doc["worker_id"]
-    doc["version"] = 1
+    for name in _ADDED_SINCE[version]:
+        del doc[name]
+    doc["version"] = version
     return _canonical(doc)
 
 
-def test_a_version_1_envelope_is_refused_as_wrong_version():
-    # Version 1 named no worker. Properly signed by a trusted key, in version 1's own framing, it
-    # is still refused before anything of it is read (no version 1 worker was ever deployed: there
-    # is nothing to stay compatible with).
-    assert FORMAT_VERSION == 2
-    v1 = signed(_version_1(envelope()), version=1)
-    assert refused(v1) is Refusal.WRONG_VERSION
-    assert refused(dataclasses.replace(seal(envelope(), CONTROL_KEY), version=1)) is Refusal.WRONG_VERSION
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_envelope_of_an_earlier_version_is_refused_as_wrong_version(version):
+    # Properly signed by a trusted key, in its own version's framing, it is still refused before
+    # anything of it is read (no worker of versions 1 or 2 was ever deployed: there is nothing to
+    # stay compatible with).
+    assert FORMAT_VERSION == 3
+    old = signed(_old_version(envelope(), version), version=version)
+    assert refused(old) is Refusal.WRONG_VERSION
+    assert refused(dataclasses.replace(seal(envelope(), CONTROL_KEY), version=version)) is Refusal.WRONG_VERSION
     with pytest.raises(EnvelopeRefused) as e:
-        SealedEnvelope.from_bytes(v1.to_bytes())
+        SealedEnvelope.from_bytes(old.to_bytes())
     assert e.value.reason is Refusal.WRONG_VERSION
-    # Its payload under a version 2 seal: not a version 2 envelope (no worker id): malformed.
-    assert refused(signed(_version_1(envelope()))) is Refusal.MALFORMED
+    # Its payload under this version's seal: not an envelope of this version (a field missing).
+    assert refused(signed(_old_version(envelope(), version))) is Refusal.MALFORMED
+
+
+def test_the_attempt_is_signed_and_part_of_the_logical_key():
+    # Attempt 2 of a call is another logical key (the retry runs); a redelivery of attempt 1 is
+    # the same key (it does not).
+    first, retry = envelope(), envelope(attempt=2)
+    assert first.logical_key != retry.logical_key and first.logical_key.attempt == 1
+    assert envelope(deadline=NOW + 120).logical_key == first.logical_key
+    sealed = seal(first, CONTROL_KEY)
+    doc = json.loads(sealed.payload)
+    assert doc["attempt"] == 1
+    doc["attempt"] = 2  # an attacker turning a redelivery into a retry, to run it again
+    assert refused(dataclasses.replace(sealed, payload=_canonical(doc))) is Refusal.BAD_SIGNATURE
+    assert open_sealed(seal(retry, CONTROL_KEY), TRUSTED, NOW).attempt == 2
+
+
+@pytest.mark.parametrize("attempt", [0, -1, True, 1.0, "1", None, envelope_mod.MAX_ATTEMPT + 1])
+def test_an_attempt_that_is_not_a_positive_integer_is_never_built(attempt):
+    with pytest.raises(ValueError):
+        envelope(attempt=attempt)
 
 
 def test_the_worker_id_is_signed_and_not_part_of_the_call():
@@ -334,6 +361,10 @@ def _payload_variants():
     yield "inner version", _canonical({**doc, "version": FORMAT_VERSION + 1})
     yield "inner version 1", _canonical({**doc, "version": 1})
     yield "no worker id", _canonical({k: v for k, v in doc.items() if k != "worker_id"})
+    yield "no attempt", _canonical({k: v for k, v in doc.items() if k != "attempt"})
+    yield "attempt 0", _canonical({**doc, "attempt": 0})
+    yield "attempt 1.0", _canonical({**doc, "attempt": 1.0})
+    yield "attempt true", _canonical({**doc, "attempt": True})
     yield "inner key id", _canonical({**doc, "key_id": key_id(generate_private_key().public_key())})
     yield "out of range", _canonical({**doc, "profile": {**doc["profile"], "cpus": 64.0}})
     yield "deep", b"[" * 100_000 + b"]" * 100_000
@@ -387,7 +418,7 @@ _ids = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x2FF, exclude_ch
 def _envelopes(draw):
     issued = draw(st.floats(0, 4e9))
     return envelope(
-        run_id=draw(_ids), call_id=draw(_ids), tenant=draw(_ids), tool=draw(_ids),
+        run_id=draw(_ids), call_id=draw(_ids), attempt=draw(st.integers(1, 20)), tenant=draw(_ids), tool=draw(_ids),
         arguments=draw(st.dictionaries(st.text(max_size=6), _json, max_size=4)),
         image_digest="sha256:" + draw(st.text("0123456789abcdef", min_size=64, max_size=64)),
         now=issued, deadline=issued + draw(st.floats(0.001, 1e6)),
@@ -452,6 +483,7 @@ def test_red_check_the_tamper_loop_turns_red_without_verification(monkeypatch):
         except EnvelopeRefused:
             pass
     assert "tenant" in passed and "run_id" in passed and "profile.pids" in passed and "worker_id" in passed
+    assert "attempt" in passed
 
 
 # -- keys --------------------------------------------------------------------------------------

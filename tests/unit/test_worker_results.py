@@ -171,7 +171,7 @@ def test_only_the_claimant_starts_or_releases(store):
     with pytest.raises(NotClaimant):
         store.release(KEY, B, REASON)
     with pytest.raises(NotClaimant):
-        store.mark_started(LogicalKey("acme", "run-1", "never-claimed"), A)
+        store.mark_started(LogicalKey("acme", "run-1", "never-claimed", 1), A)
     assert store.entry(KEY).state is CallState.CLAIMED
     # A released claim taken by B: A's release of it again is refused, not "idempotent".
     store.release(KEY, A, REASON)
@@ -211,11 +211,68 @@ def test_the_same_fact_again_is_idempotent(store):
     store.mark_started(KEY, A)
     store.mark_started(KEY, A)
     assert store.entry(KEY).state is CallState.STARTED
-    other = LogicalKey("acme", "run-1", "call-2")
+    other = LogicalKey("acme", "run-1", "call-2", 1)
     assert store.claim(other, A, DIG)
     store.release(other, A, REASON)
     store.release(other, A, "said again")
     assert store.entry(other).release_reason == REASON  # the first reason stands
+
+
+def test_a_started_call_the_sandbox_never_started_is_released_for_the_retry(store):
+    # The sandbox answered START_FAILED (or raised before any container existed): nothing ran,
+    # so the start mark is taken back and the next delivery runs the call.
+    started(store)
+    store.release_not_started(KEY, A, REASON)
+    entry = store.entry(KEY)
+    assert (entry.state, entry.release_reason, entry.envelope_id) == (CallState.RELEASED, REASON, A)
+    store.release_not_started(KEY, A, "said again")  # the same fact again: a no-op
+    assert store.entry(KEY).release_reason == REASON
+    assert store.claim(KEY, B, DIG) is True
+    with pytest.raises(NotClaimant):
+        store.release_not_started(KEY, A, REASON)  # A's claim is gone: B holds the call now
+
+
+def test_release_not_started_is_refused_before_the_start_mark_after_the_record_and_to_others(store):
+    assert store.claim(KEY, A, DIG)
+    with pytest.raises(InvalidTransition, match="never marked started") as e:
+        store.release_not_started(KEY, A, REASON)  # a claimed call is released with `release`
+    assert (e.value.state, e.value.action) == ("claimed", "release_not_started")
+    store.mark_started(KEY, A)
+    with pytest.raises(NotClaimant):
+        store.release_not_started(KEY, B, REASON)
+    with pytest.raises(ValueError):
+        store.release_not_started(KEY, A, "")
+    store.record(KEY, A, b"out")
+    with pytest.raises(InvalidTransition, match="recorded") as e:
+        store.release_not_started(KEY, A, REASON)
+    assert e.value.state == "recorded"
+    assert store.get(KEY) == RecordedResult(A, DIG, b"out")
+
+
+def test_release_not_started_of_an_uncertain_call_is_refused(store):
+    started(store)
+    store.recover()
+    with pytest.raises(InvalidTransition, match="uncertain"):
+        store.release_not_started(KEY, A, REASON)
+    assert store.entry(KEY).state is CallState.UNCERTAIN
+
+
+def test_each_attempt_of_a_call_is_its_own_row(store):
+    # A retry (attempt 2) is claimed, run and recorded on its own; attempt 1's record stands.
+    retry = envelope(attempt=2)
+    started(store)
+    store.record(KEY, A, b"attempt 1 failed")
+    assert store.claim(retry.logical_key, B, retry.call_digest) is True
+    store.mark_started(retry.logical_key, B)
+    store.record(retry.logical_key, B, b"attempt 2 ran")
+    assert store.get(KEY).result == b"attempt 1 failed"
+    assert store.get(retry.logical_key).result == b"attempt 2 ran"
+    assert store.recover() == Recovery(released=(), uncertain=())
+    # Recovery names the attempt it changed.
+    third = envelope(attempt=3)
+    assert store.claim(third.logical_key, A, third.call_digest)
+    store.mark_started(third.logical_key, A)
+    assert store.recover().uncertain == (LogicalKey("acme", "run-1", "call-1", 3),)
 
 
 @pytest.mark.parametrize("state", ["claimed", "started", "recorded", "released"])
@@ -303,7 +360,7 @@ def test_concurrent_calls_of_many_keys_each_go_through_their_states(store):
     errors: list[BaseException] = []
 
     def go(i: int) -> None:
-        key = LogicalKey("acme", "run-1", f"call-{i}")
+        key = LogicalKey("acme", "run-1", f"call-{i}", 1)
         try:
             barrier.wait()
             assert store.claim(key, f"env-{i}", DIG)
@@ -318,7 +375,7 @@ def test_concurrent_calls_of_many_keys_each_go_through_their_states(store):
     for t in threads:
         t.join()
     assert errors == []
-    assert [store.get(LogicalKey("acme", "run-1", f"call-{i}")).result for i in range(8)] == \
+    assert [store.get(LogicalKey("acme", "run-1", f"call-{i}", 1)).result for i in range(8)] == \
         [f"out-{i}".encode() for i in range(8)]
 
 
@@ -332,7 +389,7 @@ def test_the_file_is_durable_and_private(store, path):
 
 
 def test_claims_starts_results_and_releases_survive_a_restart(path):
-    keys = {state: LogicalKey("acme", "run-1", state) for state in ("claimed", "started", "recorded", "released")}
+    keys = {state: LogicalKey("acme", "run-1", state, 1) for state in ("claimed", "started", "recorded", "released")}
     with SqliteResults(path) as s:
         assert s.claim(keys["claimed"], A, DIG)
         started(s, keys["started"])
@@ -348,10 +405,14 @@ def test_claims_starts_results_and_releases_survive_a_restart(path):
         assert s.claim(keys["released"], B, DIG) is True
 
 
-def test_a_file_of_another_schema_version_is_refused(path):
+@pytest.mark.parametrize("version", [SCHEMA_VERSION - 1, SCHEMA_VERSION + 1])
+def test_a_file_of_another_schema_version_is_refused(path, version):
+    # Version 2, before the attempt column, included: refused, not read as if every row were
+    # attempt 1 (no worker ran it, so there is nothing to migrate).
+    assert SCHEMA_VERSION == 3
     SqliteResults(path).close()
     db = sqlite3.connect(path)
-    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    db.execute(f"PRAGMA user_version = {version}")
     db.close()
     with pytest.raises(ResultsError, match="schema version"):
         SqliteResults(path)
@@ -364,8 +425,8 @@ import sys
 from ringfence_server.worker.envelope import LogicalKey
 from ringfence_server.worker.results import SqliteResults
 
-path, action, tenant, run_id, call_id, digest = sys.argv[1:]
-key = LogicalKey(tenant, run_id, call_id)
+path, action, tenant, run_id, call_id, attempt, digest = sys.argv[1:]
+key = LogicalKey(tenant, run_id, call_id, int(attempt))
 store = SqliteResults(path)
 assert store.claim(key, "env-child", digest)
 if action in ("start", "record"):
@@ -381,7 +442,7 @@ sys.stdin.read()
 
 def _killed_after(path: Path, action: str) -> None:
     child = subprocess.Popen([sys.executable, "-c", _CHILD, str(path), action, KEY.tenant, KEY.run_id, KEY.call_id,
-                              DIG], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                              str(KEY.attempt), DIG], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None
         assert child.stdout.readline() == "returned\n"  # the change returned: now, kill -9
@@ -446,6 +507,12 @@ class Caps:
         return True
 
     def has_egress(self) -> bool:
+        return True
+
+    def has_workspace(self) -> bool:
+        return True
+
+    def has_inputs(self) -> bool:
         return True
 
 
@@ -514,7 +581,7 @@ def _deliver(store: SqliteResults, runner: CountingRunner, *, crash: bool = Fals
 
 
 def _keys(*names: str) -> dict[str, LogicalKey]:
-    return {name: LogicalKey("acme", "run-1", name) for name in names}
+    return {name: LogicalKey("acme", "run-1", name, 1) for name in names}
 
 
 def _one_of_each(s: SqliteResults) -> dict[str, LogicalKey]:

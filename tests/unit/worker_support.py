@@ -26,7 +26,8 @@ def envelope(**changes: Any) -> Envelope:
     """A call with every field set to something other than its default: an egress grant, a
     workspace, input roots, an idempotency key and a traceparent."""
     fields: dict[str, Any] = {
-        "worker_id": WORKER, "run_id": "run-1", "call_id": "call-1", "tenant": "acme", "tool": "post_invoice",
+        "worker_id": WORKER, "run_id": "run-1", "call_id": "call-1", "attempt": 1, "tenant": "acme",
+        "tool": "post_invoice",
         "arguments": {"amount": 50.0, "account": "ACME-1", "lines": [{"sku": "x", "n": 2}]},
         "image_digest": DIGEST, "deadline": NOW + 60, "now": NOW, "idempotency_key": "k" * 64,
         "traceparent": TRACEPARENT,
