@@ -29,8 +29,10 @@ def extend(cli: CommandLine) -> None:
     from ringfence_server.control.store import cli as store_cli
     from ringfence_server.control.toolpkg import cli as toolpkg_cli
     from ringfence_server.control.tracing import cli as trace_cli
+    from ringfence_server.control.workers import cli as workers_cli
     from ringfence_server.imagebuild import cli as images_cli
     from ringfence_server.sandbox import cli as sandbox_cli
+    from ringfence_server.worker import cli as worker_cli
 
     serve.register(cli.commands)
     sandbox_cli.register(cli.commands)
@@ -44,6 +46,8 @@ def extend(cli: CommandLine) -> None:
     demo_cli.register(cli.commands)  # the demos run a server in-process
     eval_cli.register(cli.commands)  # `ringfence eval SUITE`: scripted agents on a real stack, scored
     console_cli.register(cli.commands)  # `ringfence console`: the reviewer's web console (over the public API)
+    worker_cli.register(cli.commands)  # `ringfence worker`: a sandbox worker on another host, its keys and tokens
+    workers_cli.register(cli.commands)  # `ringfence workers`: the workers' leases and late results, from the store
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -381,6 +381,53 @@ TOOL_LIMIT_CAPS: dict[str, float] = {
 
 
 @dataclass(frozen=True)
+class WorkersConfig:
+    """`[workers]`: sandbox workers on other hosts (docs/workers.md). Off by default: the calls
+    run on this host's own Docker engine, as they always did."""
+
+    enabled: bool = False
+    """Place the calls on attached workers (`ringfence worker`), never on this host's engine.
+    The Attach service is then served on `listen` beside the API."""
+
+    run_here: bool = False
+    """What workers cannot run yet (a call with a workspace, input folders or an MCP server, a
+    file transfer): false (the default) refuses such a call, saying why; true runs it on this
+    host's own engine, which then runs tool code beside this process's secrets again (a
+    transition, not a deployment)."""
+
+    signing_key: Path | None = None
+    """The Ed25519 private key (PEM, mode 0600) this control plane seals envelopes with
+    (`ringfence worker keygen`); its public key is what the workers trust. Required when enabled;
+    relative to the config file."""
+
+    tokens: Mapping[str, str] = field(default_factory=dict)
+    """worker id -> sha256 hex of its token (`ringfence worker token`): the only credential a
+    worker holds, naming that worker alone."""
+
+    lease_s: float = 10.0
+    """A worker's lease past each heartbeat: one not renewed for this long is lost (its reads
+    run again elsewhere, its mutations become uncertain) and the worker, fenced, stops."""
+
+    heartbeat_s: float = 2.0
+    """How often a worker sends a heartbeat (less than a third of lease_s, so one lost
+    heartbeat does not cost the lease)."""
+
+    tenant_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    """tenant -> placement labels its calls need (`[workers.tenant_labels.acme] pool = "acme"`):
+    a tenant's calls run only on workers that advertise every one of them (`ringfence worker run
+    --label pool=acme`), e.g. to keep one tenant's tool code off the hosts others share. A tenant
+    not named runs on any worker that can run the call."""
+
+    place_timeout_s: float = 10.0
+    """How long a call waits for a worker that can run it (all busy, or none attached yet)
+    before it fails as not started (transient: the retry policy tries again)."""
+
+    start_allowance_s: float = 30.0
+    """Time an envelope gives a call to start on its worker, on top of its own timeout: the
+    envelope's deadline is now + the tool's timeout + this."""
+
+
+@dataclass(frozen=True)
 class Config:
     state_dir: Path
     listen: str
@@ -421,6 +468,9 @@ class Config:
     """`[images] dir`: the user's images dir (image specs and their images.lock), relative to
     the config file; dispatch resolves an image name in its lock first, then in the built-in
     one (ringfence_server.imagebuild.spec). None (the default, `dir = ""`): the built-in images only."""
+
+    workers: WorkersConfig = field(default_factory=WorkersConfig)
+    """`[workers]`: sandbox workers on other hosts, their tokens and leases, the sealing key."""
 
     @property
     def db_path(self) -> Path:
@@ -493,7 +543,7 @@ def parse_config(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> Con
     base_dir = base_dir or Path.cwd()
     _known("", raw, {"state_dir", "listen", "tools_dir", "tenants", "policy", "limits", "inputs", "egress",
                      "pool", "database_url", "routing", "workspace", "files", "images", "tools", "edge",
-                     "mcp"})
+                     "mcp", "workers"})
     state_dir = Path(_expect("state_dir", raw.get("state_dir", "./.state"), str, "a path"))
     if not state_dir.is_absolute():
         state_dir = base_dir / state_dir
@@ -532,6 +582,7 @@ def parse_config(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> Con
     images_dir = _parse_images(_expect("images", raw.get("images", {}), Mapping, "a table"), base_dir)
     tools = _parse_tools(_expect("tools", raw.get("tools", {}), Mapping, "a table"), base_dir)
     mcp = _parse_mcp(_expect("mcp", raw.get("mcp", {}), Mapping, "a table"), base_dir)
+    workers = _parse_workers(_expect("workers", raw.get("workers", {}), Mapping, "a table"), base_dir)
     database_url = _expect("database_url", raw.get("database_url", ""), str, "a postgresql:// URL")
     if database_url and not database_url.startswith(("postgresql://", "postgres://")):
         raise ConfigError("database_url", "must be a postgresql:// URL (or empty for SQLite)")
@@ -553,6 +604,7 @@ def parse_config(raw: Mapping[str, Any], *, base_dir: Path | None = None) -> Con
         images_dir=images_dir,
         tools=tools,
         mcp=mcp,
+        workers=workers,
     )
 
 
@@ -580,6 +632,59 @@ def _parse_mcp(raw: Mapping[str, Any], base_dir: Path) -> McpConfig:
         raise ConfigError("mcp.idle_s", "must be 1 to 86400 seconds")
     return McpConfig(servers=_folders("mcp.servers", raw.get("servers", []), base_dir),
                      max_sessions_per_tenant=cap, idle_s=idle)
+
+
+def _seconds(key: str, value: Any, low: float, high: float) -> float:
+    seconds = float(_expect(key, value, (int, float), "a number of seconds"))
+    if not low <= seconds <= high:
+        raise ConfigError(key, f"must be {low:g} to {high:g} seconds")
+    return seconds
+
+
+def _parse_workers(raw: Mapping[str, Any], base_dir: Path) -> WorkersConfig:
+    _known("workers", raw, {f.name for f in fields(WorkersConfig)})
+    d = WorkersConfig()
+    enabled = _expect("workers.enabled", raw.get("enabled", d.enabled), bool, "true or false")
+    run_here = _expect("workers.run_here", raw.get("run_here", d.run_here), bool, "true or false")
+    key_raw = _expect("workers.signing_key", raw.get("signing_key", ""), str, "a path")
+    signing_key = None
+    if key_raw:
+        signing_key = Path(key_raw) if Path(key_raw).is_absolute() else base_dir / key_raw
+        if not signing_key.is_file():
+            raise ConfigError("workers.signing_key",
+                              f"{signing_key} is not a file (`ringfence worker keygen` makes one)")
+    elif enabled:
+        raise ConfigError("workers.signing_key", "required when workers are enabled (`ringfence worker keygen`)")
+    tokens: dict[str, str] = {}
+    for worker_id, digest in _expect("workers.tokens", raw.get("tokens", {}), Mapping, "a table").items():
+        key = f"workers.tokens.{worker_id}"
+        if not _NAME.fullmatch(worker_id):
+            raise ConfigError(key, "a worker id is 1-64 characters of [A-Za-z0-9_.-]")
+        if not isinstance(digest, str) or not _HEX64.fullmatch(digest):
+            raise ConfigError(key, "must be the sha256 hex of the worker's token (`ringfence worker token`)")
+        tokens[worker_id] = digest
+    tenant_labels: dict[str, dict[str, str]] = {}
+    for tenant, labels in _expect("workers.tenant_labels", raw.get("tenant_labels", {}), Mapping,
+                                  "a table of tenants").items():
+        key = f"workers.tenant_labels.{tenant}"
+        _expect(key, labels, Mapping, "a table of label = value")
+        for name, value in labels.items():
+            if not _NAME.fullmatch(name) or not isinstance(value, str) or len(value) > 256:
+                raise ConfigError(f"{key}.{name}", "a label is a name of [A-Za-z0-9_.-] = a string")
+        tenant_labels[tenant] = dict(labels)
+    if enabled and not tokens:
+        raise ConfigError("workers.tokens", "no worker could attach: add one (`ringfence worker token ID`)")
+    lease = _seconds("workers.lease_s", raw.get("lease_s", d.lease_s), 1, 3600)
+    heartbeat = _seconds("workers.heartbeat_s", raw.get("heartbeat_s", d.heartbeat_s), 0.05, 600)
+    if heartbeat * 3 > lease:
+        raise ConfigError("workers.heartbeat_s", f"must be at most a third of workers.lease_s ({lease:g})")
+    return WorkersConfig(enabled=enabled, run_here=run_here, signing_key=signing_key, tokens=tokens,
+                         tenant_labels=tenant_labels, lease_s=lease,
+                         heartbeat_s=heartbeat,
+                         place_timeout_s=_seconds("workers.place_timeout_s",
+                                                  raw.get("place_timeout_s", d.place_timeout_s), 0.1, 3600),
+                         start_allowance_s=_seconds("workers.start_allowance_s",
+                                                    raw.get("start_allowance_s", d.start_allowance_s), 1, 3600))
 
 
 def _parse_tools(raw: Mapping[str, Any], base_dir: Path) -> ToolsConfig:

@@ -301,6 +301,9 @@ class AttemptFinished:
     setup_ms: float | None = None
     image_id: str | None = None
     runtime: str | None = None
+    worker: str | None = field(default=None, metadata=_OMIT_IF_NONE)
+    """The sandbox worker that ran it (docs/workers.md); None (left out): this control plane's
+    own engine."""
 
 
 @dataclass(frozen=True)
@@ -650,7 +653,8 @@ def _attempt(f: _Fields) -> AttemptFinished:
                            failure_class=f.opt_text("failure_class"), outcome=f.opt_text("outcome"),
                            message=f.text("message"), retry_after_s=f.opt_number("retry_after_s"),
                            duration_ms=f.opt_number("duration_ms"), setup_ms=f.opt_number("setup_ms"),
-                           image_id=f.opt_text("image_id"), runtime=f.opt_text("runtime"))
+                           image_id=f.opt_text("image_id"), runtime=f.opt_text("runtime"),
+                           worker=f.opt_text("worker"))
 
 
 def _egress(f: _Fields) -> EgressDecided:

@@ -82,6 +82,8 @@ class Attempt:
     """The sandbox's start (create, attach, start) before the tool's `duration_ms`."""
     warm: bool = False
     """The sandbox was a warm pool container: `setup_ms` is its claim, not a start."""
+    worker: str | None = None
+    """The sandbox worker it ran on; None: this control plane's own engine."""
     image_id: str = ""
     runtime: str = ""
 

@@ -535,6 +535,20 @@ class DockerBackend:
                 pass  # it exited meanwhile
         return killed
 
+    def kill_running(self, reason: str) -> int:
+        """Kill every container this backend has running now, and go on serving: what a sandbox
+        worker does when it is fenced (its lease lapsed: the control planes treat its calls as
+        lost, so none of them may go on with nobody waiting), before it attaches again. Each
+        call ends `killed` with `reason`. Returns how many were killed."""
+        killed = 0
+        for cid, _progress in self._inflight.current(reason):
+            try:
+                self._client.api.kill(cid)
+                killed += 1
+            except ENGINE_ERRORS:
+                pass  # it exited meanwhile
+        return killed
+
     def start_reaper(self, interval_s: float = 30.0) -> None:
         """Reap orphans now (a killed predecessor's containers) and then every `interval_s`
         (containers past their deadline label), until close()."""

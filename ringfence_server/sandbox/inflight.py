@@ -74,6 +74,15 @@ class Inflight:
             self._stopping = reason
             return [(cid, p) for calls in self._calls.values() for cid, p in calls.items()]
 
+    def current(self, reason: str) -> list[tuple[str, Progress]]:
+        """The calls running now, each marked killed for `reason` (their containers by the
+        caller); unlike `stop`, later calls start as usual."""
+        with self._mutex:
+            found = [(cid, p) for calls in self._calls.values() for cid, p in calls.items()]
+            for _cid, progress in found:
+                progress.killed_reason = reason
+            return found
+
     def mark_run(self, run_id: str, reason: str) -> None:
         """The run's calls running now are killed for `reason` (their containers by the caller),
         and so is any of its calls that registers later, until `end_run`."""

@@ -59,6 +59,9 @@ class SandboxResult:
     # It ran in a ready container of the warm pool: `setup_ms` is then the claim and hand-over
     # (a wait for the pool included), not a container's start.
     warm: bool = False
+    # The sandbox worker that ran it (a worker's result as a control plane received it); "" when
+    # it ran on this host's engine. Not the sandbox's own knowledge: the control plane sets it.
+    worker: str = ""
 
     @property
     def ok(self) -> bool:

@@ -12,7 +12,8 @@ Two distributions: the client `ringfence` (client/ringfence/) and the server `ri
   (sandbox.pinned_images): running a call never loads the image builder, the suite or a demo;
 - control.registry never imports control.policy: a tool must not describe itself as permitted;
 - the wire (the client's generated ringfence.v1 and its ringfence.wire conversions) is imported
-  only at the server's edge (control.api, the CLI's extension, the demo);
+  only at the server's edge (control.api, control.workers: the workers' stream, the CLI's
+  extension, the demo);
 - control.orchestration is imported by nothing but the edge (and itself);
 - the console imports nothing of the server but control.tracing (pure rendering) and control.netloc
   (what a loopback host is, the rule every listener shares): it reaches the
@@ -76,7 +77,8 @@ def offenders(paths, predicate) -> list[str]:
 def is_edge(path: Path) -> bool:
     rel = path.relative_to(ROOT / S).as_posix()
     # control/demo/ runs a server in-process and drives it as a user would (through the client): an edge too.
-    return rel.startswith(("control/api/", "control/demo/")) or rel == "control/cli.py"
+    # control/workers/ is the sandbox workers' gRPC edge (their Attach stream), as control/api/ is the tenants'.
+    return rel.startswith(("control/api/", "control/demo/", "control/workers/")) or rel == "control/cli.py"
 
 
 def test_the_client_imports_nothing_of_the_server():

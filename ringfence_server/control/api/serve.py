@@ -29,6 +29,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -46,6 +47,9 @@ if TYPE_CHECKING:  # the CLI imports this module: the server's dependencies load
     from ringfence_server.control.registry import Registry
     from ringfence_server.control.store.base import EventStore
     from ringfence_server.control.toolpkg.packages import ToolPackage
+    from ringfence_server.control.workers.hub import WorkerHub
+    from ringfence_server.control.workers.registry import WorkerRegistry
+    from ringfence_server.sandbox.backend import SandboxBackend
     from ringfence_server.sandbox.docker_backend import DockerBackend
     from ringfence_server.sandbox.egress.proxy import ProxySettings
     from ringfence_server.sandbox.mcp_session import McpSettings
@@ -180,7 +184,12 @@ class _Running:
     """What serve_command has started so far; close() stops it all, whatever happened. Each
     part is recorded as soon as it exists, so that one which fails half-way is still closed."""
 
-    backend: DockerBackend
+    backend: SandboxBackend
+    """What runs the calls: this host's engine (`docker`), or the attached workers."""
+    docker: DockerBackend | None = None
+    """This host's engine, when it runs calls (without workers, or `[workers] run_here`)."""
+    workers: WorkerRegistry | None = None
+    """The attached sandbox workers, when `[workers] enabled`."""
     store: EventStore | None = None
     orchestrator: Orchestrator | None = None
     metrics: Metrics | None = None
@@ -219,8 +228,7 @@ def serve_command(args: argparse.Namespace) -> int:
     started = _start_backend(setup.config, args)
     if started is None:
         return 1
-    backend, lock = started
-    running = _Running(backend)
+    running, lock = started
     try:
         return _run(args, setup, lock, running)
     except OSError as e:
@@ -356,12 +364,14 @@ def _public_tokens_refused(setup: _Setup, listen: str) -> bool:
     return False
 
 
-def _start_backend(config: Config, args: argparse.Namespace) -> tuple[DockerBackend, ImageLock] | None:
-    """The Docker sandbox backend (reaping orphans every --reap-every seconds) and the image lock
-    it runs; None (after an error on stderr) when the sandbox engine is not usable."""
+def _start_backend(config: Config, args: argparse.Namespace) -> tuple[_Running, ImageLock] | None:
+    """What runs the calls, and the image lock: the Docker sandbox backend (reaping orphans every
+    --reap-every seconds), or with `[workers] enabled` the attached workers (and this host's
+    engine only with `run_here`); None (after an error on stderr) when it cannot start."""
     from ringfence_server.sandbox.docker_backend import DockerBackend
     from ringfence_server.sandbox.errors import SandboxError
     from ringfence_server.sandbox.pinned_images import load_lock
+    from ringfence_server.worker.errors import WorkerError
 
     try:
         # One image lock for the backend and the workspaces' keepers: both run pinned images.
@@ -372,14 +382,37 @@ def _start_backend(config: Config, args: argparse.Namespace) -> tuple[DockerBack
             lock = lock_for(config.images_dir)
         else:
             lock = load_lock()
-        backend = DockerBackend(lock=lock, egress_settings=egress_settings(config), pool=pool_settings(config),
-                                mcp=mcp_settings(config))
-        # A killed predecessor's containers go now; anything past its deadline label, while we run.
-        backend.start_reaper(args.reap_every)
+        docker = None
+        if not config.workers.enabled or config.workers.run_here:
+            docker = DockerBackend(lock=lock, egress_settings=egress_settings(config), pool=pool_settings(config),
+                                   mcp=mcp_settings(config))
+            # A killed predecessor's containers go now; anything past its deadline label, while we run.
+            docker.start_reaper(args.reap_every)
     except SandboxError as e:
         print(f"error: the sandbox engine is not usable: {e}", file=sys.stderr)
         return None
-    return backend, lock
+    if not config.workers.enabled:
+        assert docker is not None
+        return _Running(docker, docker=docker), lock
+    from ringfence_server.control.workers.registry import WorkerRegistry
+    from ringfence_server.control.workers.remote import RemoteBackend
+    from ringfence_server.control.workers.sealing import Sealer
+
+    w = config.workers
+    try:
+        assert w.signing_key is not None  # the config requires it when enabled
+        sealer = Sealer.from_file(w.signing_key, clock=time.time)
+    except (WorkerError, OSError) as e:
+        if docker is not None:
+            docker.close()
+        print(f"error: [workers] signing_key: {e}", file=sys.stderr)
+        return None
+    registry = WorkerRegistry()
+    remote = RemoteBackend(registry, sealer, lock, place_timeout_s=w.place_timeout_s,
+                           start_allowance_s=w.start_allowance_s, local=docker, tenant_labels=w.tenant_labels)
+    print(f"ringfence: calls run on sandbox workers (key {sealer.key_id}; {len(w.tokens)} worker token(s))"
+          + ("; what workers cannot run yet runs here" if docker is not None else ""), flush=True)
+    return _Running(remote, docker=docker, workers=registry), lock
 
 
 def _run(args: argparse.Namespace, setup: _Setup, lock: ImageLock, running: _Running) -> int:
@@ -404,7 +437,7 @@ def _run(args: argparse.Namespace, setup: _Setup, lock: ImageLock, running: _Run
         print(f"ringfence: tool packages: {', '.join(own)}", file=sys.stderr, flush=True)
     orchestrator = running.orchestrator = Orchestrator.from_config(
         config, running.backend, running.store, registry=setup.registry,
-        workspaces=workspaces(running.backend, lock, str(where)))
+        workspaces=workspaces(running.docker, lock, str(where)) if running.docker is not None else None)
     _attach_event_hooks(args, setup, running, orchestrator)
     # Runs whose writer (another instance) died mid-way are taken over when its lease expires;
     # after the hooks, so that what adoption appends is counted and logged too.
@@ -413,7 +446,13 @@ def _run(args: argparse.Namespace, setup: _Setup, lock: ImageLock, running: _Run
     running.reaping = Periodic("rf-ws-reaper", config.workspace.reap_interval_s, orchestrator.reap_workspaces,
                                "reaping workspaces")
     running.reaping.start()
-    return asyncio.run(_serve(setup.listen, orchestrator, config, setup.tls, setup.mcp, setup.console))
+    hub = None
+    if running.workers is not None:
+        from ringfence_server.control.workers.hub import WorkerHub
+        from ringfence_server.sandbox.labels import instance_id
+
+        hub = WorkerHub(running.workers, running.store, config.workers, instance_id())
+    return asyncio.run(_serve(setup.listen, orchestrator, config, setup.tls, setup.mcp, setup.console, hub))
 
 
 def _open_event_store(config: Config, where: str | Path) -> EventStore | None:
@@ -453,12 +492,13 @@ def _attach_event_hooks(args: argparse.Namespace, setup: _Setup, running: _Runni
 
 
 async def _serve(listen: str, orchestrator: Orchestrator, config: Config, tls: TlsOptions | None,
-                 mcp: McpOptions | None = None, console_at: tuple[str, int] | None = None) -> int:
+                 mcp: McpOptions | None = None, console_at: tuple[str, int] | None = None,
+                 worker_hub: WorkerHub | None = None) -> int:
     from ringfence._version import __version__
     from ringfence.wire import version
     from ringfence_server.control.api.server import create_server
 
-    server, port = await create_server(listen, orchestrator, config, tls=tls)
+    server, port = await create_server(listen, orchestrator, config, tls=tls, worker_hub=worker_hub)
     await server.start()
     host = listen.rpartition(":")[0]
     stopping = asyncio.Event()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
@@ -24,6 +25,9 @@ from ringfence_server.control.api.core import Core
 from ringfence_server.control.api.health import HealthMonitor, HealthReporter, Probe
 from ringfence_server.control.api.servicer import SERVICE_NAMES, Edge, EdgeOptions
 from ringfence_server.control.config import Config
+
+if TYPE_CHECKING:
+    from ringfence_server.control.workers.hub import WorkerHub
 
 __all__ = ["ApiServer", "TlsOptions", "create_server"]
 
@@ -86,9 +90,12 @@ async def create_server(
     tracer_provider: trace.TracerProvider | None = None,
     options: EdgeOptions | None = None,
     health_interval_s: float | None = None,
+    worker_hub: WorkerHub | None = None,
 ) -> tuple[ApiServer, int]:
     """Build and bind (not start) the server; `address` "127.0.0.1:0" picks a free port.
     `health_interval_s`: seconds between health rounds (default: limits.health_interval_s).
+    `worker_hub`: sandbox workers attach here too (ringfence.v1.WorkerHub, its own
+    authentication: worker tokens, never a tenant's).
 
     Must be awaited on the event loop that will run the server.
     """
@@ -109,6 +116,10 @@ async def create_server(
     # grpc_health's stubs describe only the synchronous servicer; health.aio exists at runtime.
     health_servicer: HealthReporter = health.aio.HealthServicer()  # type: ignore[attr-defined]  # see above
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    if worker_hub is not None:
+        from ringfence.v1 import workers_pb2_grpc
+
+        workers_pb2_grpc.add_WorkerHubServicer_to_server(worker_hub, server)  # type: ignore[arg-type]
     reflection.enable_server_reflection(
         (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )

@@ -291,7 +291,8 @@ class Dispatcher:
                     call_id=a.call_id, attempt=n, failure_class=result.failure.value if result.failure else None,
                     outcome=result.outcome, message=guardrails.redact(result.message[:1000]),
                     retry_after_s=result.retry_after_s, duration_ms=result.duration_ms,
-                    setup_ms=result.setup_ms, image_id=result.image_id, runtime=result.runtime))
+                    setup_ms=result.setup_ms, image_id=result.image_id, runtime=result.runtime,
+                    worker=result.worker))
                 return result
 
             final = retry_call(attempt, self._retry, sleep=self._sleep, rng=self._rng)
@@ -496,14 +497,15 @@ class Dispatcher:
                 return Attempt(n, FailureClass.FATAL, message=f"tool output is not the runner protocol: {e}",
                                duration_ms=result.duration_ms, outcome=result.outcome.value,
                                setup_ms=result.setup_ms, image_id=result.image_id, runtime=result.runtime,
-                               warm=result.warm)
+                               warm=result.warm, worker=result.worker or None)
             return Attempt(n, None, content=content, duration_ms=result.duration_ms,
                            outcome=result.outcome.value, setup_ms=result.setup_ms, image_id=result.image_id,
-                           runtime=result.runtime, warm=result.warm)
+                           runtime=result.runtime, warm=result.warm, worker=result.worker or None)
         message = result.message or f"{result.outcome.value}"
         return Attempt(n, failure, message=message, retry_after_s=result.retry_after_s,
                        duration_ms=result.duration_ms, outcome=result.outcome.value, setup_ms=result.setup_ms,
-                       image_id=result.image_id, runtime=result.runtime, warm=result.warm)
+                       image_id=result.image_id, runtime=result.runtime, warm=result.warm,
+                       worker=result.worker or None)
 
 
 def completion_observation(completion: CallCompleted, path: tuple[str, ...], approval_id: str | None) -> Observation:
