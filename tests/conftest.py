@@ -14,6 +14,7 @@ from typing import NoReturn
 
 import docker.errors
 import pytest
+from engine_farm_fixtures import engine_farm  # noqa: F401 - the engine farm's fixture
 from pg_support import own_pg_cluster, pg_cluster, pg_url  # noqa: F401 - the PostgreSQL fixtures
 
 from ringfence_server.sandbox import labels as L

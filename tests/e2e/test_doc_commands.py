@@ -23,6 +23,8 @@ untested. What is changed, and why:
 - the lines of the README's "Third-party MCP servers, sandboxed" run as written in a project
   folder of their own, with an MCP host calling the tools and an approver, in
   tests/e2e/test_mcp_servers_readme.py: accounted for here, run there;
+- the lines of the README's "Sandboxes on other hosts" run as written, one host playing both
+  (TLS on loopback), with a real call reaching the worker, in tests/e2e/test_workers_readme.py;
 - the lines of "Your own tools" (docs/tools-and-images.md) run, as written and in their order, in a project folder of
   their own in tests/e2e/test_own_tools.py (which fetches from the Debian mirror and PyPI and
   builds an image twice): they are accounted for here, run there.
@@ -118,6 +120,12 @@ def test_every_command_of_every_page_works_as_written(pinned_images, tmp_path):
     worked = sh_lines(section(README, "Third-party MCP servers, sandboxed"))
     assert len(worked) == 6 and (ROOT / "tests/e2e/test_mcp_servers_readme.py").is_file(), worked
     for line in worked:
+        todo.remove(line)
+    # The README's two-host deployment: run as written (one host playing both, over TLS on
+    # loopback) by tests/e2e/test_workers_readme.py, a real call reaching the worker.
+    hosts = sh_lines(section(README, "Sandboxes on other hosts"))
+    assert len(hosts) == 4 and (ROOT / "tests/e2e/test_workers_readme.py").is_file(), hosts
+    for line in hosts:
         todo.remove(line)
     take(r"^make (demo|test)$")
     assert len(take(r"ringfence eval contract")) == 2 and (ROOT / "tests/e2e/test_eval_contract.py").is_file()
