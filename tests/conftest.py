@@ -16,6 +16,7 @@ import docker.errors
 import pytest
 from engine_farm_fixtures import engine_farm  # noqa: F401 - the engine farm's fixture
 from pg_support import own_pg_cluster, pg_cluster, pg_url  # noqa: F401 - the PostgreSQL fixtures
+from store_targets import target  # noqa: F401 - a store test's `target`: each real store in turn
 
 from ringfence_server.sandbox import labels as L
 from ringfence_server.sandbox import listing

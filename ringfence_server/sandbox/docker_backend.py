@@ -36,7 +36,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import docker
@@ -526,22 +526,21 @@ class DockerBackend:
         `killed` with `reason`; the calls' own code then removes the containers."""
         targets = self._inflight.stop(reason)  # and nothing starts from now on
         killed = self._mcp.kill_all(reason) if self._mcp is not None else 0
-        for cid, progress in targets:
+        for _cid, progress in targets:
             progress.killed_reason = reason
-            try:
-                self._client.api.kill(cid)
-                killed += 1
-            except ENGINE_ERRORS:
-                pass  # it exited meanwhile
-        return killed
+        return killed + self._kill(cid for cid, _progress in targets)
 
     def kill_running(self, reason: str) -> int:
         """Kill every container this backend has running now, and go on serving: what a sandbox
         worker does when it is fenced (its lease lapsed: the control planes treat its calls as
         lost, so none of them may go on with nobody waiting), before it attaches again. Each
         call ends `killed` with `reason`. Returns how many were killed."""
+        return self._kill(cid for cid, _progress in self._inflight.current(reason))
+
+    def _kill(self, container_ids: Iterable[str]) -> int:
+        """Kill each container; how many the engine killed (one that exited meanwhile is not)."""
         killed = 0
-        for cid, _progress in self._inflight.current(reason):
+        for cid in container_ids:
             try:
                 self._client.api.kill(cid)
                 killed += 1

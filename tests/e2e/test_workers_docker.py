@@ -51,8 +51,8 @@ def test_a_client_s_calls_run_on_worker_processes_in_real_containers(tmp_path, p
     assert codes == [0, 0]
     assert all("stopped" in w.log() for w in workers)
     # The operator's view, read from the store: both workers' first epochs, ended with their streams.
-    shown = subprocess.run([sys.executable, "-m", "ringfence.cli", "workers", "--state-dir", str(tmp_path / "state-cp")],
-                           capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    shown = subprocess.run([sys.executable, "-m", "ringfence.cli", "workers", "--state-dir",
+                            str(tmp_path / "state-cp")], capture_output=True, text=True, cwd=ROOT, check=True).stdout
     assert shown.startswith("workers in ") and shown.splitlines()[0].endswith(": 2"), shown
     for w in ("w1", "w2"):
         assert re.search(rf"^  {w} +epoch 1 +lapsed \d+ s ago +held by ", shown, re.M), shown

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from test_store_contract import HANG_GUARD_S, target  # noqa: F401 - the fixture: both stores
+from store_targets import HANG_GUARD_S
 
 from ringfence_server.control.store import RunExists
 
@@ -26,7 +26,7 @@ def create(store, run_id, tenant, goal="g"):
     return store.append(run_id, "run_started", {"tenant": tenant, "goal": goal}, expected_seq=1)
 
 
-def test_creating_a_run_that_exists_is_refused_naming_its_tenant(target):  # noqa: F811 - the fixture
+def test_creating_a_run_that_exists_is_refused_naming_its_tenant(target):
     s, other = target.open(), target.open()
     first = create(s, "r1", "acme", "the first")
     lease = other.acquire_lease("r1", "another-instance", 30)
@@ -63,7 +63,7 @@ def contest(stores, run_id):
     return outcomes
 
 
-def test_of_many_creators_of_one_run_id_exactly_one_wins(target):  # noqa: F811 - the fixture
+def test_of_many_creators_of_one_run_id_exactly_one_wins(target):
     stores = [target.open(), target.open()]  # two instances
     for round_ in range(ROUNDS):
         run_id = f"contested-{round_}"

@@ -7,17 +7,13 @@ second control-plane process would have.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import sqlite3
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
+from store_targets import HANG_GUARD_S, Target
 
 from ringfence_server.control.store import (
     SCHEMA_VERSION,
@@ -32,58 +28,6 @@ from ringfence_server.control.store import (
     open_store,
     verify,
 )
-
-HANG_GUARD_S = 60.0  # only so that a broken store fails instead of hanging; never a time assertion
-
-
-@dataclass
-class Target:
-    """One database and the means to open store objects and raw connections on it."""
-
-    kind: str
-    where: str
-    opened: list[Any] = field(default_factory=list)
-
-    def open(self, clock: Callable[[], float] | None = None) -> EventStore:
-        store = open_store(self.where, clock=clock)
-        self.opened.append(store)
-        return store
-
-    def raw(self):
-        """A plain connection that bypasses the store: what an operator or an attacker would use."""
-        if self.kind == "sqlite":
-            conn = sqlite3.connect(self.where, isolation_level=None)
-        else:
-            import psycopg
-
-            conn = psycopg.connect(self.where, autocommit=True)
-        self.opened.append(conn)
-        return conn
-
-    @property
-    def refused(self) -> type[Exception]:
-        if self.kind == "sqlite":
-            return sqlite3.DatabaseError
-        import psycopg
-
-        return psycopg.Error
-
-    def close(self) -> None:
-        for thing in reversed(self.opened):
-            with contextlib.suppress(Exception):  # closing what a failed test left behind
-                thing.close()
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def target(request, tmp_path):
-    if request.param == "sqlite":
-        t = Target("sqlite", str(tmp_path / "events.sqlite3"))
-    else:
-        t = Target("postgres", request.getfixturevalue("pg_url"))
-    try:
-        yield t
-    finally:
-        t.close()
 
 
 def started(store, run_id="r1", tenant="acme"):

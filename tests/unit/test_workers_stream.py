@@ -65,6 +65,13 @@ class Plane:
                    what=f"{worker_id} attached")
         return worker
 
+    def attach_gated(self, worker_id: str, tool: str, **kw) -> tuple[InProcessWorker, Gate]:
+        """Attach `worker_id` with `tool` blocking in its sandbox until the returned gate opens."""
+        gate = Gate()
+        emulator = ToolEmulator()
+        emulator.overrides[tool] = gate
+        return self.attach(worker_id, FakeBackend(emulator), **kw), gate
+
     def ran(self, worker_id: str) -> list[dict]:
         """The tool runner requests that reached worker_id's sandbox."""
         return [json.loads(r.stdin) for r in self.workers[worker_id].backend.requests]
@@ -138,10 +145,7 @@ class Gate:
 def test_a_read_on_a_lost_worker_runs_again_on_another(tmp_path):
     p = Plane(tmp_path, worker_ids=())
     try:
-        gate = Gate()
-        emulator = ToolEmulator()
-        emulator.overrides["sleep"] = gate
-        p.attach("w1", FakeBackend(emulator))
+        _worker, gate = p.attach_gated("w1", "sleep")
         run = p.h.run()
         out: list = []
         t = threading.Thread(target=lambda: out.extend(p.h.submit(run, ("sleep", {"seconds": 1}))))
@@ -165,10 +169,7 @@ def test_a_read_on_a_lost_worker_runs_again_on_another(tmp_path):
 def test_a_mutation_on_a_lost_worker_is_in_doubt_and_never_runs_again(tmp_path):
     p = Plane(tmp_path, worker_ids=())
     try:
-        gate = Gate()
-        emulator = ToolEmulator()
-        emulator.overrides["write_note"] = gate
-        p.attach("w1", FakeBackend(emulator))
+        _worker, gate = p.attach_gated("w1", "write_note")
         run = p.h.run()
         out: list = []
         t = threading.Thread(target=lambda: out.extend(p.h.submit(run, ("write_note", {"name": "n", "text": "t"}))))
@@ -228,10 +229,7 @@ def test_the_same_envelope_delivered_twice_runs_the_tool_once(tmp_path):
 def test_a_report_after_the_caller_gave_up_is_recorded_late_and_never_applied(tmp_path):
     p = Plane(tmp_path, worker_ids=())
     try:
-        gate = Gate()
-        emulator = ToolEmulator()
-        emulator.overrides["sleep"] = gate
-        p.attach("w1", FakeBackend(emulator))
+        _worker, gate = p.attach_gated("w1", "sleep")
         attachment, placed = _place(p, "w1", tool="sleep", arguments={"seconds": 1})
         pending = p.registry.submit(attachment, placed)
         assert gate.started.wait(20)
@@ -252,10 +250,7 @@ def test_a_report_after_the_caller_gave_up_is_recorded_late_and_never_applied(tm
 def test_a_report_after_its_run_ended_is_late_for_that_reason(tmp_path):
     p = Plane(tmp_path, worker_ids=())
     try:
-        gate = Gate()
-        emulator = ToolEmulator()
-        emulator.overrides["sleep"] = gate
-        p.attach("w1", FakeBackend(emulator))
+        _worker, gate = p.attach_gated("w1", "sleep")
         attachment, placed = _place(p, "w1", tool="sleep", arguments={"seconds": 1})
         pending = p.registry.submit(attachment, placed)
         assert gate.started.wait(20)
@@ -273,10 +268,7 @@ def _partition(tmp_path, *, fencing: bool = True):
     lease; returns (plane, worker, relay, gate, the call's outcome)."""
     p = Plane(tmp_path, worker_ids=(), lease_s=1.5, heartbeat_s=0.1)
     relay = Relay(("127.0.0.1", p.server.port))
-    gate = Gate()
-    emulator = ToolEmulator()
-    emulator.overrides["sleep"] = gate
-    worker = p.attach("w1", FakeBackend(emulator), address=relay.address)
+    worker, gate = p.attach_gated("w1", "sleep", address=relay.address)
     if not fencing:
         worker.attacher._on_fenced = lambda reason: 0  # the red check: fencing kills nothing
     attachment, placed = _place(p, "w1", tool="sleep", arguments={"seconds": 1})
@@ -324,10 +316,7 @@ def test_red_check_without_fencing_a_partitioned_worker_kills_nothing(tmp_path):
 def test_a_worker_attaching_again_fences_its_older_attachment(tmp_path):
     p = Plane(tmp_path, worker_ids=())
     try:
-        gate = Gate()
-        emulator = ToolEmulator()
-        emulator.overrides["sleep"] = gate
-        p.attach("w1", FakeBackend(emulator))
+        _worker, gate = p.attach_gated("w1", "sleep")
         attachment, placed = _place(p, "w1", tool="sleep", arguments={"seconds": 1})
         pending = p.registry.submit(attachment, placed)
         assert gate.started.wait(20)
