@@ -76,3 +76,31 @@ def test_local_is_the_reference_agents_model_only(capsys):
     args = argparse.Namespace(which="showcase", workdir=None, model="local", console=None)
     assert demo_cli.demo_command(args) == 2
     assert "--model local drives the reference agent" in capsys.readouterr().err
+
+
+def test_the_launcher_bounds_every_completion():
+    """llama-cpp-python's function-calling handler asks for its grammar-bound steps with
+    max_tokens=None ("until the context is full"): the launcher turns that into a bound."""
+    from ringfence_server.control.demo.llama_launch import MAX_COMPLETION_TOKENS, bound_completions
+
+    class Llama:
+        def create_completion(self, prompt, max_tokens=16, **kwargs):
+            return max_tokens
+
+    bound_completions(Llama)
+    assert Llama().create_completion("p", max_tokens=None) == MAX_COMPLETION_TOKENS
+    assert Llama().create_completion("p", max_tokens=0) == MAX_COMPLETION_TOKENS
+    assert Llama().create_completion("p", max_tokens=256) == 256
+    assert Llama().create_completion("p") == 16  # the library's own default, untouched
+
+
+def test_the_real_llama_takes_max_tokens_by_that_name():
+    # The bound rests on the library passing max_tokens by keyword, under that name.
+    import inspect
+
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("the local-model extra is not installed (make local-model)")
+    llama = importlib.import_module("llama_cpp.llama").Llama
+    assert "max_tokens" in inspect.signature(llama.create_completion).parameters
+    handler = inspect.getsource(importlib.import_module("llama_cpp.llama_chat_format").chatml_function_calling)
+    assert "max_tokens=None" in handler  # what the bound is for; if this changes, look again

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -57,6 +58,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def demo_command(args: argparse.Namespace) -> int:
+    # SIGTERM (a supervisor, a test's timeout) ends a demo as Ctrl-C does: through its `finally`s,
+    # so the model server it started (a session of its own) and its containers go with it. Python's
+    # default would end the process on the spot and leave them running.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     if args.console is not None and (args.which != "reference" or args.model != "scripted"):
         print("error: --console makes you the approver of the reference demo (scripted model); "
               f"`ringfence demo {args.which}{' --model ' + args.model if args.model != 'scripted' else ''}` "
@@ -89,6 +94,10 @@ def demo_command(args: argparse.Namespace) -> int:
     if args.which == "mcp":
         return _mcp(args.workdir)
     return _reference(args.workdir)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _showcase() -> int:

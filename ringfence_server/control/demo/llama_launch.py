@@ -17,6 +17,17 @@ here, each killed the server process with SIGSEGV on the first request that met 
 3. A grammar llama.cpp still refuses is a NULL sampler the library adds to its chain: here it
    raises instead, so the request fails (HTTP 500) and the server lives.
 
+And one that did not kill it but held it: the `chatml-function-calling` handler asks for its
+grammar-bound steps (the tool's name, its arguments) with `max_tokens=None`, which llama.cpp reads
+as "until the context is full". A model that never closes what the grammar lets it write (endless
+whitespace inside the arguments' JSON) then generated for the whole 8192-token context, minutes on
+two busy cores, and the server answers one request at a time: every later request waited behind
+it (a demo seen running past ten minutes). So:
+
+4. Every completion is bounded: `max_tokens` None (or not positive) becomes MAX_COMPLETION_TOKENS,
+   far more than any tool call of ours needs; a step cut there fails its request, as a truncated
+   answer, instead of holding the server.
+
 The patches touch only this process (the server's), never the library on disk.
 """
 
@@ -28,7 +39,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["grammar_schema", "main"]
+__all__ = ["MAX_COMPLETION_TOKENS", "bound_completions", "grammar_schema", "main"]
+
+MAX_COMPLETION_TOKENS = 1024
 
 LENGTH_KEYWORDS = frozenset({"minLength", "maxLength", "minItems", "maxItems"})
 # The keywords whose value maps names to schemas: the names are arguments, never keywords.
@@ -90,11 +103,25 @@ def _patch(llama_cpp: Any, grammar_module: Any, internals: Any) -> None:
     internals.LlamaSampler.add_grammar = add_grammar
 
 
+def bound_completions(llama_class: Any, limit: int = MAX_COMPLETION_TOKENS) -> None:
+    """4.: `llama_class.create_completion` with an unbounded `max_tokens` asks for `limit` instead."""
+    create: Callable[..., Any] = llama_class.create_completion
+
+    def bounded(self: Any, *args: Any, **kwargs: Any) -> Any:
+        tokens = kwargs.get("max_tokens")
+        if "max_tokens" in kwargs and (tokens is None or tokens <= 0):
+            kwargs["max_tokens"] = limit
+        return create(self, *args, **kwargs)
+
+    llama_class.create_completion = bounded
+
+
 def main(argv: list[str]) -> None:
     # Imported by name: the `local-model` extra is optional, and this module is checked without it.
     llama_cpp = importlib.import_module("llama_cpp.llama_cpp")
     _patch(llama_cpp, importlib.import_module("llama_cpp.llama_grammar"),
            importlib.import_module("llama_cpp._internals"))
+    bound_completions(importlib.import_module("llama_cpp.llama").Llama)
     server = importlib.import_module("llama_cpp.server.__main__")
     sys.argv = ["llama_cpp.server", *argv]
     server.main()
