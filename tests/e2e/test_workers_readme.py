@@ -7,6 +7,7 @@ says it holds. Then a real client's call runs on the worker, in a real container
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import shutil
@@ -56,8 +57,13 @@ def test_the_two_host_deployment_runs_as_written(tmp_path, pinned_images):
     printed = subprocess.run(_ringfence(token), cwd=tmp_path, check=True, capture_output=True, text=True,
                              env=env).stdout.strip()
     assert printed.startswith('tokens.w1 = "') and (tmp_path / "w1.token").stat().st_mode & 0o077 == 0
-    # cp.toml as the page describes it: [workers] with enabled, signing_key and the printed line.
-    (tmp_path / "cp.toml").write_text(f'[workers]\nenabled = true\nsigning_key = "signing-key.pem"\n{printed}\n')
+    # cp.toml as the page describes it: the deployment's own tenants (off loopback serve refuses the
+    # public demo tokens), and [workers] with enabled, signing_key and the printed line.
+    agent_token = "readme-agent-token"
+    (tmp_path / "cp.toml").write_text(
+        f'[tenants.acme]\ntokens = [{{ sha256 = "{hashlib.sha256(agent_token.encode()).hexdigest()}", '
+        f'role = "agent", subject = "acme-agent" }}]\n\n'
+        f'[workers]\nenabled = true\nsigning_key = "signing-key.pem"\n{printed}\n')
 
     words = shlex.split(serve)
     assert words[words.index("--listen") + 1] == "0.0.0.0:50051"
@@ -77,7 +83,7 @@ def test_the_two_host_deployment_runs_as_written(tmp_path, pinned_images):
         while b"worker w1 attached to" not in (tmp_path / "worker.log").read_bytes():
             assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "worker.log").read_text()
             time.sleep(0.1)
-        with Client(served.address, "demo-agent-token", tls=TlsConfig.from_files(tmp_path / "ca.pem")) as agent:
+        with Client(served.address, agent_token, tls=TlsConfig.from_files(tmp_path / "ca.pem")) as agent:
             run = agent.start_run("a call on the sandbox host")
             [obs] = agent.submit_batch(run.run_id, [{"call_id": "hi", "tool": "echo", "arguments": {"text": "hi"}}])
             assert obs.status is ObservationStatus.EXECUTED and obs.content == {"text": "hi"}
