@@ -57,7 +57,8 @@ INSTALLER = {"pip", "setuptools", "wheel"}
 SERVER_ONLY = {"docker", "psycopg", "psycopg-binary", "psycopg-pool", "jsonschema", "opentelemetry-sdk",
                "prometheus-client", "ringfence-server"}
 CLIENT_COMMANDS = ["submit", "watch", "files", "approvals", "whoami", "runs", "run", "tools"]
-SERVER_COMMANDS = ["serve", "sandbox", "images", "conformance", "mcp-servers", "trace", "demo", "eval", "console"]
+SERVER_COMMANDS = ["serve", "sandbox", "images", "conformance", "mcp-servers", "trace", "demo", "eval", "console",
+                   "worker", "workers"]
 STORE_ACTIONS = ["show", "export", "verify", "prune"]
 
 # Run in a venv: its distributions (normalized names), their versions and the bytes of the files
