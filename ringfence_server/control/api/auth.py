@@ -17,7 +17,7 @@ import hashlib
 import hmac
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from ringfence.errors import PermissionDenied, Unauthenticated
 from ringfence.model import Principal, Role
@@ -25,7 +25,7 @@ from ringfence.model import Principal, Role
 if TYPE_CHECKING:
     from ringfence_server.control.config import TenantConfig
 
-__all__ = ["METHOD_ROLES", "Authenticator", "TokenEntry"]
+__all__ = ["METHOD_ROLES", "Authenticator", "TokenEntry", "bearer_digest", "find_by_digest"]
 
 _ANY = frozenset(Role)
 _AGENT = frozenset({Role.AGENT, Role.ADMIN})
@@ -73,8 +73,38 @@ METHOD_ROLES: Mapping[str, frozenset[Role]] = {
     "/ringfence.v1.IdentityService/WhoAmI": _ANY,
 }
 
+T = TypeVar("T")
+
 # Bearer tokens are opaque; this only bounds the work an absurd header can cause.
 _MAX_TOKEN_CHARS = 4096
+
+
+def bearer_digest(metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
+    """The sha256 hex of the request's one `authorization: Bearer <token>` header (Unauthenticated
+    without exactly one well-formed header). Also the workers' stream's (control.workers.hub)."""
+    values = [v for k, v in (metadata or ()) if k.lower() == "authorization"]
+    if not values:
+        raise Unauthenticated("missing bearer token (metadata 'authorization: Bearer <token>')")
+    if len(values) > 1:
+        raise Unauthenticated("more than one authorization header")
+    value = values[0]
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    scheme, _, token = value.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token or len(token) > _MAX_TOKEN_CHARS:
+        raise Unauthenticated("the authorization header must be 'Bearer <token>'")
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def find_by_digest(digest: str, table: Iterable[tuple[str, T]]) -> T | None:
+    """What `table` (sha256 hex, value) holds for `digest`, compared with every entry whatever
+    matches (no early exit: constant work whichever entry it is, or none)."""
+    found: T | None = None
+    for expected, value in table:
+        if hmac.compare_digest(expected, digest):
+            found = value
+    return found
 
 
 @dataclass(frozen=True)
@@ -98,23 +128,7 @@ class Authenticator:
 
     def authenticate(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> Principal:
         """The principal of the request's `authorization: Bearer <token>` header."""
-        values = [v for k, v in (metadata or ()) if k.lower() == "authorization"]
-        if not values:
-            raise Unauthenticated("missing bearer token (metadata 'authorization: Bearer <token>')")
-        if len(values) > 1:
-            raise Unauthenticated("more than one authorization header")
-        value = values[0]
-        if isinstance(value, bytes):
-            value = value.decode("utf-8", "replace")
-        scheme, _, token = value.strip().partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token or len(token) > _MAX_TOKEN_CHARS:
-            raise Unauthenticated("the authorization header must be 'Bearer <token>'")
-        digest = hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
-        found: Principal | None = None
-        for entry in self._entries:  # no early exit: constant work whichever entry matches
-            if hmac.compare_digest(entry.sha256, digest):
-                found = entry.principal
+        found = find_by_digest(bearer_digest(metadata), ((e.sha256, e.principal) for e in self._entries))
         if found is None:
             raise Unauthenticated("unknown bearer token")
         return found

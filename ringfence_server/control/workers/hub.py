@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import hmac
 import logging
 import math
 import re
@@ -37,6 +36,7 @@ import grpc
 
 from ringfence import errors as E
 from ringfence.v1 import workers_pb2
+from ringfence_server.control.api.auth import bearer_digest, find_by_digest
 from ringfence_server.control.api.status import code_for, to_grpc_status
 from ringfence_server.control.config import WorkersConfig
 from ringfence_server.control.store.base import LateResult, WorkerLease
@@ -58,7 +58,6 @@ _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_./-]{0,62}")
 _MAX_SLOTS = 1024
 _MAX_IMAGES = 4096
 _MAX_LABELS = 64
-_MAX_TOKEN_CHARS = 4096
 # A report nobody waits for any more is only hashed, so its cap is the largest result any call
 # may have (every ceiling at its maximum), not a waiting call's own.
 _MAX_ANY_RESULT = max_wire_bytes(SandboxSpec(stdout_limit=int(LIMIT_RANGES["stdout_limit"][1]),
@@ -185,18 +184,8 @@ class WorkerHub:
     # -- its parts --------------------------------------------------------------------------
 
     def _authenticate(self, metadata: Any) -> str:
-        """The worker id the bearer token names; every digest is compared (no early exit)."""
-        token = ""
-        for key, value in metadata or ():
-            if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
-                token = value[len("Bearer "):]
-        if not token or len(token) > _MAX_TOKEN_CHARS:
-            raise E.Unauthenticated("a worker token is required (authorization: Bearer ...)")
-        digest = hashlib.sha256(token.encode()).hexdigest()
-        found = None
-        for worker_id, expected in self._digests.items():
-            if hmac.compare_digest(expected, digest):
-                found = worker_id
+        """The worker id the bearer token names (the tenants' header rules and comparison)."""
+        found = find_by_digest(bearer_digest(metadata), ((d, w) for w, d in self._digests.items()))
         if found is None:
             raise E.Unauthenticated("the worker token is not one of [workers] tokens")
         return found
@@ -261,14 +250,15 @@ class WorkerHub:
                 return
 
     def _join(self, attachment: Attachment, state: _Stream,
-              piece: workers_pb2.WorkReport) -> tuple[workers_pb2.WorkReport, str] | None:
-        """The whole report and its result's sha256 once its last piece is in; None before.
+              piece: workers_pb2.WorkReport) -> tuple[workers_pb2.WorkReport, str | None] | None:
+        """The whole report once its last piece is in, with its result's sha256 when the result
+        was only hashed (nobody waited for it: it is not in the report); None before.
         _Violation for a result past what its call's output caps allow (any call's, for one
         nobody waits for), or too many reports in pieces at once."""
         pieces = state.pieces.get(piece.envelope_id)
         if pieces is None:
             if not piece.more:
-                return piece, hashlib.sha256(piece.result).hexdigest()  # one piece: the usual case
+                return piece, None  # one piece: the usual case
             if len(state.pieces) >= _MAX_PARTIAL_REPORTS:
                 raise _Violation(f"more than {_MAX_PARTIAL_REPORTS} reports in pieces at once")
             waiting = self.registry.same_call(attachment, piece)
@@ -278,9 +268,10 @@ class WorkerHub:
         if pieces.size > pieces.limit:
             raise _Violation(f"the result of envelope {piece.envelope_id} is over {pieces.limit} bytes, "
                              "more than its call's output caps allow")
-        pieces.digest.update(piece.result)
         if pieces.data is not None:
             pieces.data += piece.result
+        else:
+            pieces.digest.update(piece.result)
         if piece.more:
             return None
         del state.pieces[piece.envelope_id]
@@ -288,10 +279,10 @@ class WorkerHub:
         whole.CopyFrom(piece)
         whole.result = bytes(pieces.data) if pieces.data is not None else b""
         whole.more = False
-        return whole, pieces.digest.hexdigest()
+        return whole, pieces.digest.hexdigest() if pieces.data is None else None
 
     async def _report(self, attachment: Attachment, state: _Stream, report: workers_pb2.WorkReport,
-                      digest: str) -> bool:
+                      digest: str | None) -> bool:
         """Settle what `report` answers; False when the attachment turned out to be fenced."""
         if report.kind == "in_progress":
             return True  # the running delivery's own report settles this one too (same_call)
@@ -320,7 +311,11 @@ class WorkerHub:
         # worker's record): the same result again, nothing to apply or keep.
         return True
 
-    async def _late(self, attachment: Attachment, report: workers_pb2.WorkReport, reason: str, digest: str) -> None:
+    async def _late(self, attachment: Attachment, report: workers_pb2.WorkReport, reason: str,
+                    digest: str | None) -> None:
+        """Record `report` as late. `digest`: its result's sha256 when the result was only hashed
+        on arrival; otherwise it is computed here, for late results only, never on a result's
+        usual way."""
         self.late_results += 1
         if not report.envelope_id:
             # An envelope the worker could not even read: nothing to name, nothing to keep.
@@ -334,7 +329,8 @@ class WorkerHub:
         late = LateResult(worker_id=attachment.worker_id, epoch=attachment.epoch,
                           envelope_id=report.envelope_id[:_MAX_REPORTED], tenant=report.tenant[:_MAX_REPORTED],
                           run_id=report.run_id[:_MAX_REPORTED], call_id=report.call_id[:_MAX_REPORTED],
-                          attempt=int(report.attempt), reason=reason, result_sha256=digest)
+                          attempt=int(report.attempt), reason=reason,
+                          result_sha256=digest or hashlib.sha256(report.result).hexdigest())
         log.warning("late result from worker %s (epoch %d): envelope %s, %s/%s/%s attempt %d: %s; not applied",
                     attachment.worker_id, attachment.epoch, report.envelope_id, report.tenant, report.run_id,
                     report.call_id, report.attempt, reason)
